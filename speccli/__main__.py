@@ -1,0 +1,3 @@
+from speccli.cli import main
+
+main()

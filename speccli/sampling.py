@@ -1,0 +1,79 @@
+"""Logits -> the distribution actually sampled from, for many rows at once.
+
+The same function turns the draft's rows into q and the target's rows into p, so the verification
+rule compares exactly the distributions each model samples from. (Comparing raw draft logits while
+sampling from processed ones is a known bug elsewhere, and it breaks exactness.)
+
+Order of the filters follows llama.cpp's default chain: top-k, top-p, min-p on the raw logits, then
+the temperature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8  # 0 means greedy: always the most likely token
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set of most likely tokens with total probability >= top_p
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def validate(self) -> None:
+        from speccli.errors import SpeccliError
+
+        if not self.temperature >= 0:
+            raise SpeccliError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise SpeccliError(f"top-k must be >= 0 (0 keeps every token), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpeccliError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise SpeccliError(f"min-p must be in [0, 1), got {self.min_p}")
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter."""
+    scores = np.array(logits, dtype=np.float32, ndmin=2)  # a copy: the input may be llama.cpp's buffer
+    vocab = scores.shape[1]
+    if 0 < params.top_k < vocab:
+        # The k-th largest value per row; ties with it are kept, so the rule stays deterministic.
+        kth_largest = np.partition(scores, vocab - params.top_k, axis=1)[:, vocab - params.top_k, None]
+        scores[scores < kth_largest] = -np.inf
+    if params.top_p < 1 or params.min_p > 0:
+        untempered = _softmax(scores)
+        if params.min_p > 0:
+            scores[untempered < params.min_p * untempered.max(axis=1, keepdims=True)] = -np.inf
+        if params.top_p < 1:
+            order = np.argsort(-untempered, axis=1, kind="stable")
+            sorted_probs = np.take_along_axis(untempered, order, axis=1)
+            mass_before = np.cumsum(sorted_probs, axis=1) - sorted_probs
+            drop = np.zeros_like(scores, dtype=bool)
+            np.put_along_axis(drop, order, mass_before >= params.top_p, axis=1)
+            scores[drop] = -np.inf
+    if params.greedy:
+        # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
+        one_hot = np.zeros_like(scores)
+        one_hot[np.arange(len(scores)), scores.argmax(axis=1)] = 1
+        return one_hot
+    scores /= params.temperature
+    return _softmax(scores)
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(axis=1, keepdims=True)
+    np.exp(shifted, out=shifted)
+    shifted /= shifted.sum(axis=1, keepdims=True)
+    return shifted
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector (need not sum exactly to 1)."""
+    cumulative = np.cumsum(probs, dtype=np.float64)
+    return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), len(probs) - 1))

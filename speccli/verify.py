@@ -1,0 +1,61 @@
+"""Accept or reject the draft's K tokens against the target's K+1 rows.
+
+Speculative sampling (Leviathan et al. 2023; Chen et al. 2023). With q_i the draft's distribution
+and p_i the target's at draft position i, and x_i ~ q_i the drafted token:
+
+    accept x_i with probability  min(1, p_i(x_i) / q_i(x_i))
+    at the first rejection i:    emit y ~ norm(max(0, p_i - q_i))  and stop
+    if all K are accepted:       emit a bonus y ~ p_K
+
+Each emitted token is then distributed exactly as p_i: the accepted part contributes
+min(q(x), p(x)), the residual sum(max(0, p - q)) * norm(max(0, p - q))(x) = max(0, p(x) - q(x)),
+and the two add up to p(x). Greedy decoding is the limit of one-hot p and q: accept while the
+draft's token is the target's argmax, then emit the target's argmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from speccli.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    n_accepted: int  # how many of the K drafted tokens were kept
+    next_token: int  # the target's own token after them: a correction, or the bonus if all K passed
+
+    def is_bonus(self, k: int) -> bool:
+        return self.n_accepted == k
+
+
+def acceptance_probabilities(p_of_drafted: np.ndarray, q_of_drafted: np.ndarray) -> np.ndarray:
+    """min(1, p(x)/q(x)) for each drafted x. q(x) > 0 because x was drawn from q."""
+    return np.minimum(1.0, p_of_drafted / q_of_drafted)
+
+
+def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)): what to draw from after a rejection. Its mass is positive whenever a
+    rejection is possible, since rejecting needs some x with q(x) > p(x), hence some y with p(y) > q(y)."""
+    residual = np.maximum(p - q, 0)
+    return residual / residual.sum()
+
+
+def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> Verdict:
+    """drafted (K,) ids, q (K, V) draft probabilities, p (K+1, V) target probabilities."""
+    k = len(drafted)
+    positions = np.arange(k)
+    accept = rng.random(k) < acceptance_probabilities(p[positions, drafted], q[positions, drafted])
+    n_accepted = k if accept.all() else int(np.argmin(accept))
+    if n_accepted == k:
+        return Verdict(k, sample(p[k], rng))
+    return Verdict(n_accepted, sample(residual_distribution(p[n_accepted], q[n_accepted]), rng))
+
+
+def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> Verdict:
+    """Keep drafts while they equal the target's argmax; then emit the target's argmax."""
+    target_choice = target_logits.argmax(axis=1)
+    matches = drafted == target_choice[: len(drafted)]
+    n_accepted = len(drafted) if matches.all() else int(np.argmin(matches))
+    return Verdict(n_accepted, int(target_choice[n_accepted]))
