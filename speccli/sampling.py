@@ -39,41 +39,66 @@ class SamplingParams:
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter."""
-    scores = np.array(logits, dtype=np.float32, ndmin=2)  # a copy: the input may be llama.cpp's buffer
+    """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter.
+
+    The input (often a view of llama.cpp's buffer) is never written to. The common case (no
+    filters) is one pass to copy-and-shift and one in-place exp: this runs 2K+1 times per step.
+    """
+    logits = np.atleast_2d(logits)
+    if params.greedy:
+        # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
+        one_hot = np.zeros(logits.shape, dtype=np.float32)
+        one_hot[np.arange(len(logits)), logits.argmax(axis=1)] = 1
+        return one_hot
+    if params.top_k or params.top_p < 1 or params.min_p > 0:
+        logits = _filtered(logits, params)
+    scores = np.subtract(logits, logits.max(axis=1, keepdims=True), dtype=np.float32)
+    scores *= np.float32(1 / params.temperature)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=1, keepdims=True)
+    return scores
+
+
+def _filtered(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """A copy of the logits with the tokens that top-k, top-p and min-p drop set to -inf."""
+    scores = np.array(logits, dtype=np.float32)
     vocab = scores.shape[1]
     if 0 < params.top_k < vocab:
         # The k-th largest value per row; ties with it are kept, so the rule stays deterministic.
         kth_largest = np.partition(scores, vocab - params.top_k, axis=1)[:, vocab - params.top_k, None]
         scores[scores < kth_largest] = -np.inf
     if params.top_p < 1 or params.min_p > 0:
-        untempered = _softmax(scores)
+        untempered = np.exp(scores - scores.max(axis=1, keepdims=True))
+        untempered /= untempered.sum(axis=1, keepdims=True)
         if params.min_p > 0:
             scores[untempered < params.min_p * untempered.max(axis=1, keepdims=True)] = -np.inf
         if params.top_p < 1:
             order = np.argsort(-untempered, axis=1, kind="stable")
             sorted_probs = np.take_along_axis(untempered, order, axis=1)
             mass_before = np.cumsum(sorted_probs, axis=1) - sorted_probs
-            drop = np.zeros_like(scores, dtype=bool)
+            drop = np.zeros(scores.shape, dtype=bool)
             np.put_along_axis(drop, order, mass_before >= params.top_p, axis=1)
             scores[drop] = -np.inf
-    if params.greedy:
-        # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
-        one_hot = np.zeros_like(scores)
-        one_hot[np.arange(len(scores)), scores.argmax(axis=1)] = 1
-        return one_hot
-    scores /= params.temperature
-    return _softmax(scores)
+    return scores
 
 
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    shifted = scores - scores.max(axis=1, keepdims=True)
-    np.exp(shifted, out=shifted)
-    shifted /= shifted.sum(axis=1, keepdims=True)
-    return shifted
+_BLOCK = 1024
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from a probability vector (need not sum exactly to 1)."""
-    cumulative = np.cumsum(probs, dtype=np.float64)
-    return int(min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"), len(probs) - 1))
+    """One draw from a probability vector (need not sum exactly to 1), by inverse CDF.
+
+    Two levels (block totals, then one block) instead of a cumulative sum over the whole
+    vocabulary: the same draw, several times cheaper for 262k tokens.
+    """
+    n_blocks = -(-len(probs) // _BLOCK)
+    padded = probs if len(probs) == n_blocks * _BLOCK else np.pad(probs, (0, n_blocks * _BLOCK - len(probs)))
+    block_cumulative = np.cumsum(padded.reshape(n_blocks, _BLOCK).sum(axis=1, dtype=np.float64))
+    target = rng.random() * block_cumulative[-1]
+    block = min(int(np.searchsorted(block_cumulative, target, side="right")), n_blocks - 1)
+    before = block_cumulative[block - 1] if block else 0.0
+    within = np.cumsum(padded[block * _BLOCK : (block + 1) * _BLOCK], dtype=np.float64)
+    index = int(np.searchsorted(within, target - before, side="right"))
+    # Rounding can put the point just past this block's last positive token: take that token.
+    index = min(index, int(np.flatnonzero(within < within[-1]).size))
+    return block * _BLOCK + index

@@ -1,0 +1,281 @@
+"""The generation loop: prompt -> tokens -> draft -> verify -> accept/resample -> text, with stats.
+
+`Speculator.generate` and `TargetOnly.generate` yield the same events, so chat and bench only
+consume them. Both keep their models' KV caches between calls and decode only what changed: a
+new chat turn costs its new tokens, not the whole history.
+
+Invariant between steps: each model's KV cache holds a prefix of `self.tokens`, and never the
+last token (the "pending" one, whose logits the next step needs).
+"""
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from speccli.backend import Model
+from speccli.errors import SpeccliError
+from speccli.sampling import SamplingParams, probabilities, sample
+from speccli.verify import Verdict, verify_greedy, verify_sampled
+
+MAX_K = 64
+
+
+class Source(Enum):
+    DRAFT = "draft"  # proposed by the draft, accepted by the target
+    CORRECTION = "correction"  # the target's own token where it rejected a draft token
+    BONUS = "bonus"  # the target's extra token after all K drafts were accepted
+    TARGET = "target"  # target-only generation
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # the text this token completes; "" while a UTF-8 character is still partial
+    source: Source
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One target decode: what was drafted, what was kept, where the time went."""
+
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    target_seconds: float
+    other_seconds: float
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reason: str  # "eog", "max_tokens", "stop", "context"
+    stats: RunStats
+    trailing_text: str = ""  # text held back (a possible stop string, a partial character) until the end
+
+
+@dataclass
+class RunStats:
+    k: int
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    generated: int = 0
+    steps: int = 0  # target decodes in the decode phase
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: steps whose draft i+1 was kept
+    drafted_at: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    other_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.accepted_at = self.accepted_at or [0] * self.k
+        self.drafted_at = self.drafted_at or [0] * self.k
+
+    def add(self, step: StepEvent) -> None:
+        self.steps += 1
+        self.drafted += step.drafted
+        self.accepted += step.accepted
+        for position in range(step.drafted):
+            self.drafted_at[position] += 1
+            self.accepted_at[position] += position < step.accepted
+        self.draft_seconds += step.draft_seconds
+        self.target_seconds += step.target_seconds
+        self.other_seconds += step.other_seconds
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds + self.other_seconds
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_target_decode(self) -> float:
+        """Mean tokens each target decode yields, counting its own correction/bonus token."""
+        return self.generated / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated / self.decode_seconds if self.decode_seconds else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+
+Event = TokenEvent | StepEvent | DoneEvent
+
+
+@dataclass(frozen=True)
+class GenerationLimits:
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+
+class TextAssembler:
+    """Token bytes -> text: never splits a UTF-8 character; holds back what may begin a stop string."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = [s for s in stop if s]
+        self._held = ""
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        self._held += self._decoder.decode(data)
+        found = [at for at in (self._held.find(s) for s in self._stop) if at >= 0]
+        if found:
+            self.stopped = True
+            text, self._held = self._held[: min(found)], ""
+            return text
+        hold = max(
+            (n for s in self._stop for n in range(1, min(len(s), len(self._held) + 1)) if s.startswith(self._held[-n:])),
+            default=0,
+        )
+        split = len(self._held) - hold
+        text, self._held = self._held[:split], self._held[split:]
+        return text
+
+    def flush(self) -> str:
+        text, self._held = ("" if self.stopped else self._held + self._decoder.decode(b"", final=True)), ""
+        return text
+
+
+class Generator:
+    """Speculative generation with a draft model, or the target alone (`draft=None`, the baseline).
+
+    Both go through the same backend, sampler and bookkeeping, so a comparison between them is fair.
+    """
+
+    def __init__(
+        self, target: Model, draft: Model | None, sampling: SamplingParams, k: int, seed: int | None = None
+    ) -> None:
+        sampling.validate()
+        if draft is not None and not 1 <= k <= MAX_K:
+            raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
+        self.target = target
+        self.draft = draft
+        self.sampling = sampling
+        self.k = k if draft is not None else 0
+        self.rng = np.random.default_rng(seed)
+        self.tokens: list[int] = []  # everything the models have been shown or have generated
+
+    def _models(self) -> list[Model]:
+        return [self.target] if self.draft is None else [self.target, self.draft]
+
+    def reset(self) -> None:
+        for model in self._models():
+            model.reset()
+        self.tokens = []
+
+    def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
+        if limits.max_tokens < 1:
+            raise SpeccliError(f"max tokens must be >= 1, got {limits.max_tokens}")
+        stats = RunStats(k=self.k, prompt_tokens=len(prompt))
+        stats.prefill_seconds = self._prefill(prompt)
+        text = TextAssembler(limits.stop)
+        tokenizer = self.target.tokenizer
+        reason = None
+        while reason is None:
+            room = min(model.n_ctx for model in self._models()) - len(self.tokens)
+            if room < 0:
+                reason = "context"
+                break
+            new_tokens, sources, step = self._step(min(self.k, room))
+            stats.add(step)
+            yield step
+            for token, source in zip(new_tokens, sources):
+                if tokenizer.is_end_of_generation(token):
+                    reason = "eog"
+                    break
+                stats.generated += 1
+                yield TokenEvent(token, text.push(tokenizer.token_bytes(token)), source)
+                if text.stopped:
+                    reason = "stop"
+                    break
+                if stats.generated >= limits.max_tokens:
+                    reason = "max_tokens"
+                    break
+        yield DoneEvent(reason, stats, text.flush())
+
+    def _prefill(self, prompt: Sequence[int]) -> float:
+        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds."""
+        if not prompt:
+            raise SpeccliError("the prompt is empty")
+        n_ctx = min(model.n_ctx for model in self._models())
+        if len(prompt) > n_ctx:
+            raise SpeccliError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; raise --ctx")
+        shared = 0
+        for old, new in zip(self.tokens, prompt[:-1]):
+            if old != new:
+                break
+            shared += 1
+        started = time.perf_counter()
+        for model in self._models():
+            model.truncate(min(model.n_past, shared))
+            if model.n_past < len(prompt) - 1:
+                model.decode(prompt[model.n_past : -1], n_logit_rows=0)
+        self.tokens = list(prompt)
+        return time.perf_counter() - started
+
+    def _step(self, k: int) -> tuple[list[int], list[Source], StepEvent]:
+        """Draft k tokens, verify them in one target decode, keep the accepted prefix and one more."""
+        started = time.perf_counter()
+        drafted, q_rows, draft_seconds = self._draft(k) if k else ([], [], 0.0)
+        target_started = time.perf_counter()
+        target_logits = self.target.decode(self.tokens[self.target.n_past :] + drafted, n_logit_rows=k + 1)
+        target_seconds = time.perf_counter() - target_started
+        verdict = self._verify(np.array(drafted, dtype=np.int64), q_rows, target_logits)
+        new_tokens = drafted[: verdict.n_accepted] + [verdict.next_token]
+        self.tokens += new_tokens
+        # Forget the rejected drafts; the new last token stays pending for the next step.
+        self.target.truncate(len(self.tokens) - 1)
+        if self.draft is not None:
+            self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
+        sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k, self.draft is not None)]
+        other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
+        return new_tokens, sources, StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds)
+
+    def _draft(self, k: int) -> tuple[list[int], list[np.ndarray], float]:
+        """k tokens from the draft, each drawn from q, with q kept (sampling only) for verification."""
+        draft, decode_seconds = self.draft, 0.0
+        drafted: list[int] = []
+        q_rows: list[np.ndarray] = []
+        pending = self.tokens[draft.n_past :]  # the last token, and the previous bonus if the draft missed it
+        for _ in range(k):
+            decode_started = time.perf_counter()
+            logits = draft.decode(pending, n_logit_rows=1)
+            decode_seconds += time.perf_counter() - decode_started
+            if self.sampling.greedy:
+                token = int(logits[0].argmax())
+            else:
+                q = probabilities(logits, self.sampling)[0]
+                token = sample(q, self.rng)
+                q_rows.append(q)
+            drafted.append(token)
+            pending = [token]
+        # The last draft token is not decoded by the draft: if all k pass, the next step catches up.
+        return drafted, q_rows, decode_seconds
+
+    def _verify(self, drafted: np.ndarray, q_rows: list[np.ndarray], target_logits: np.ndarray) -> Verdict:
+        if self.sampling.greedy:
+            return verify_greedy(drafted, target_logits)
+        p = probabilities(target_logits, self.sampling)
+        if not len(drafted):
+            return Verdict(0, sample(p[0], self.rng))
+        q = np.stack(q_rows)
+        if q.shape[1] != p.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
+            width = max(q.shape[1], p.shape[1])
+            q, p = (np.pad(rows, ((0, 0), (0, width - rows.shape[1]))) for rows in (q, p))
+        return verify_sampled(drafted, q, p, self.rng)
+
+
+def _source_of_next(verdict: Verdict, k: int, speculative: bool) -> Source:
+    if not speculative:
+        return Source.TARGET
+    return Source.BONUS if verdict.is_bonus(k) else Source.CORRECTION
