@@ -1,0 +1,77 @@
+"""From what the user named (a pair, or --target/--draft) to two loaded models, checked first.
+
+Chat and bench both start here: resolve names through the registry, refuse a pair whose
+vocabularies make exact speculative decoding impossible (metadata only, before any weights are
+read), then load both models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from speccli.backend import LoadOptions, Model
+from speccli.registry import ResolvedPair, load_registry, resolve_pair
+from speccli.vocab import ensure_compatible
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    pair: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    config: Path | None = None
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    target_n_gpu_layers: int | None = None  # None: the pair's setting from models.toml
+    draft_n_gpu_layers: int | None = None
+
+
+@dataclass
+class LoadedPair:
+    resolved: ResolvedPair
+    target: Model
+    draft: Model
+
+    def close(self) -> None:
+        self.draft.close()
+        self.target.close()
+
+    def __enter__(self) -> LoadedPair:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
+    registry = load_registry(request.config)
+    resolved = resolve_pair(request.pair, request.target, request.draft, registry, quiet=quiet)
+    ensure_compatible(resolved.draft_path, resolved.target_path)
+    return resolved
+
+
+def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
+    resolved = resolve(request, quiet=quiet)
+    target_layers = request.target_n_gpu_layers
+    draft_layers = request.draft_n_gpu_layers
+    target = Model(
+        resolved.target_path,
+        LoadOptions(
+            n_ctx=request.n_ctx,
+            n_threads=request.n_threads,
+            n_gpu_layers=resolved.target_n_gpu_layers if target_layers is None else target_layers,
+        ),
+    )
+    try:
+        draft = Model(
+            resolved.draft_path,
+            LoadOptions(
+                n_ctx=request.n_ctx,
+                n_threads=request.n_threads,
+                n_gpu_layers=resolved.draft_n_gpu_layers if draft_layers is None else draft_layers,
+            ),
+        )
+    except BaseException:
+        target.close()
+        raise
+    return LoadedPair(resolved, target, draft)

