@@ -1,0 +1,113 @@
+"""Greedy speculative output equals the target's own greedy output: on tiny test models and on the
+real Gemma pair, 20 prompts each. Where they part, the test requires the target's top-two gap there
+to be within llama.cpp's batched-vs-single logit difference for that model, and reports it."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from speccli.backend import LoadOptions, Model
+from speccli.engine import Generator, GenerationLimits, Source, TokenEvent
+from speccli.parting import find_parting
+from speccli.registry import load_registry, resolve_pair
+from speccli.sampling import SamplingParams
+from tests.tiny_gguf import write_related_pair
+
+GREEDY = SamplingParams(temperature=0)
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    '{"name": "Ada", "age":',
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5,",
+    "The quick brown fox",
+    "Water boils at",
+    "import numpy as np\n\n",
+    "Dear Sir or Madam,\n\nI am writing to",
+    "Q: What is the largest planet?\nA:",
+    "SELECT name FROM users WHERE",
+    "The theory of relativity states that",
+    "<html>\n<head>\n<title>",
+    "In 1969, astronauts",
+    "Ingredients:\n- 2 eggs\n-",
+    "for i in range(10):\n    ",
+    "The French word for cat is",
+    "Summary: The meeting discussed",
+    "Roses are red,\nViolets are blue,\n",
+    "#include <stdio.h>\n\nint main() {\n",
+]
+
+
+def greedy_tokens(generator: Generator, prompt: list[int], max_tokens: int) -> tuple[list[int], list[Source]]:
+    generator.reset()
+    events = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)) if isinstance(e, TokenEvent)]
+    return [e.token for e in events], [e.source for e in events]
+
+
+def check_greedy_equality(target: Model, draft: Model, k: int, max_tokens: int) -> list[str]:
+    """Assert equality or a near-tie parting for every prompt; return the partings seen."""
+    partings = []
+    for text in PROMPTS:
+        prompt = target.tokenizer.tokenize(text)
+        reference, _ = greedy_tokens(Generator(target, None, GREEDY, k=0), prompt, max_tokens)
+        speculative, sources = greedy_tokens(Generator(target, draft, GREEDY, k=k), prompt, max_tokens)
+        assert Source.DRAFT in sources or reference != speculative or len(reference) < 2
+        parting = find_parting(target, prompt, reference, speculative, k)
+        if parting is None:
+            # Equal as far as both go; they may only stop at different points if one hit the end.
+            assert len(reference) == len(speculative) == max_tokens or reference == speculative, text
+            continue
+        assert parting.near_tie, f"{text!r}: {parting.describe()}"
+        partings.append(f"{text!r}: {parting.describe()}")
+    for line in partings:
+        warnings.warn(line)
+    return partings
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    target_path, draft_path = write_related_pair(tmp_path_factory.mktemp("greedy"), target_layers=6, draft_layers=2, eps=0.1)
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        yield target, draft
+
+
+@pytest.mark.parametrize("k", [1, 4, 9])
+def test_tiny_pair_greedy_equals_target_alone(tiny_pair, k: int) -> None:
+    target, draft = tiny_pair
+    check_greedy_equality(target, draft, k=k, max_tokens=40)
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_pair) -> None:
+    target, _ = tiny_pair
+    with Model(target.path, LoadOptions(n_ctx=256, n_threads=1)) as same:
+        generator = Generator(target, same, GREEDY, k=4)
+        prompt = target.tokenizer.tokenize(PROMPTS[0])
+        stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=60))][-1].stats
+    assert stats.acceptance_rate >= 0.98, stats
+
+
+@pytest.fixture(scope="module")
+def gemma_pair():
+    resolved = resolve_pair(None, None, None, load_registry(), quiet=True)
+    options = LoadOptions(n_ctx=512)
+    with Model(resolved.target_path, options) as target, Model(resolved.draft_path, options) as draft:
+        yield target, draft
+
+
+@pytest.mark.gemma
+def test_gemma_pair_greedy_equals_target_alone(gemma_pair) -> None:
+    target, draft = gemma_pair
+    check_greedy_equality(target, draft, k=4, max_tokens=24)
+
+
+@pytest.mark.gemma
+def test_gemma_draft_equal_to_target_accepts_nearly_everything(gemma_pair) -> None:
+    target, _ = gemma_pair
+    with Model(target.path, LoadOptions(n_ctx=512)) as same:
+        generator = Generator(target, same, GREEDY, k=4)
+        prompt = target.tokenizer.tokenize(PROMPTS[1])
+        stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=48))][-1].stats
+    # F32 batched and single-token logits differ by at most ~0.04, so only exact near-ties can reject.
+    assert stats.acceptance_rate >= 0.95, stats
