@@ -242,8 +242,9 @@ class Model:
             llama_cpp.llama_model_free(self._model)
             raise SpeccliError(f"{self.path}: llama.cpp could not create a context{_last_llama_error()}")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
+        # llama.cpp may round the context up and clamp the batch to it: use what it chose.
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
-        self.n_batch = options.n_batch
+        self.n_batch: int = llama_cpp.llama_n_batch(self._ctx)
         self.n_vocab = self.tokenizer.n_vocab
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0  # tokens held in the KV cache, at positions 0 .. n_past-1

@@ -189,7 +189,9 @@ class Generator:
             new_tokens, sources, step = self._step(min(self.k, room))
             stats.add(step)
             yield step
+            used = 0
             for token, source in zip(new_tokens, sources):
+                used += 1
                 if tokenizer.is_end_of_generation(token):
                     reason = "eog"
                     break
@@ -201,7 +203,16 @@ class Generator:
                 if stats.generated >= limits.max_tokens:
                     reason = "max_tokens"
                     break
+            self._forget_unused(len(new_tokens) - used)
         yield DoneEvent(reason, stats, text.flush())
+
+    def _forget_unused(self, count: int) -> None:
+        """Drop accepted tokens past the stopping point, so `tokens` is what the user was shown
+        (plus the end-of-generation token, if that ended it) and a next turn continues from there."""
+        if count:
+            del self.tokens[-count:]
+            for model in self._models():
+                model.truncate(min(model.n_past, len(self.tokens) - 1))
 
     def _prefill(self, prompt: Sequence[int]) -> float:
         """Make every cache hold prompt[:-1], keeping the longest prefix it already holds."""

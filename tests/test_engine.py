@@ -1,0 +1,136 @@
+"""The generation loop on real tiny GGUF models: limits, stop strings, context, cache reuse, bad input."""
+from __future__ import annotations
+
+import pytest
+
+from speccli.backend import ContextFullError, LoadOptions, Model
+from speccli.engine import MAX_K, DoneEvent, GenerationLimits, Generator, StepEvent, TextAssembler, TokenEvent
+from speccli.errors import SpeccliError
+from speccli.sampling import SamplingParams
+from tests.tiny_gguf import write_related_pair
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target_path, draft_path = write_related_pair(tmp_path_factory.mktemp("engine"), target_layers=4, draft_layers=2, eps=0.1)
+    options = LoadOptions(n_ctx=256, n_threads=1)  # llama.cpp's smallest context
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        yield target, draft
+
+
+@pytest.fixture
+def generator(models):
+    target, draft = models
+    generator = Generator(target, draft, SamplingParams(temperature=0.9), k=4, seed=3)
+    generator.reset()
+    return generator
+
+
+def run(generator: Generator, prompt, **limits):
+    events = list(generator.generate(prompt, GenerationLimits(**limits)))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    return [e for e in events if isinstance(e, TokenEvent)], [e for e in events if isinstance(e, StepEvent)], done
+
+
+def test_max_tokens_is_exact_and_extra_accepted_tokens_are_forgotten(generator) -> None:
+    prompt = generator.target.tokenizer.tokenize("a b c")
+    tokens, steps, done = run(generator, prompt, max_tokens=5)
+    assert done.reason in ("max_tokens", "eog")
+    if done.reason == "max_tokens":
+        assert len(tokens) == 5 == done.stats.generated
+    # The sequence holds the prompt and exactly the tokens shown; neither cache holds more.
+    assert generator.tokens == prompt + [t.token for t in tokens]
+    assert generator.target.n_past <= len(generator.tokens) - 1
+    assert generator.draft.n_past <= len(generator.tokens) - 1
+    assert sum(step.drafted for step in steps) == done.stats.drafted
+
+
+def test_stop_string_ends_the_text_before_it(models) -> None:
+    target, draft = models
+    prompt = target.tokenizer.tokenize("x")
+    free = Generator(target, draft, GREEDY, k=3)
+    free.reset()
+    tokens, _, done = run(free, prompt, max_tokens=30)
+    text = "".join(t.text for t in tokens) + done.trailing_text
+    assert len(text) > 6, "the tiny model should say something printable"
+    stop = text[3:6]
+    stopped = Generator(target, draft, GREEDY, k=3)
+    stopped.reset()
+    tokens, _, done = run(stopped, prompt, max_tokens=30, stop=(stop,))
+    assert done.reason == "stop"
+    assert "".join(t.text for t in tokens) + done.trailing_text == text[: text.index(stop)]
+
+
+def test_a_full_context_ends_generation_cleanly(generator) -> None:
+    # A long prompt leaves room for a few tokens only, so the context fills before the model stops.
+    prompt = generator.target.tokenizer.tokenize("the cat sat on the mat " * 40)[: generator.target.n_ctx - 6]
+    tokens, _, done = run(generator, prompt, max_tokens=1000)
+    assert done.reason == "context"
+    assert len(prompt) + len(tokens) == generator.target.n_ctx + 1  # the last token needs no cache slot
+
+
+def test_a_second_call_decodes_only_the_new_tokens(generator) -> None:
+    target = generator.target
+    prompt = target.tokenizer.tokenize("the cat sat")
+    run(generator, prompt, max_tokens=6)
+    new_text = target.tokenizer.tokenize(" and then", add_special=False)
+    decoded_before = target.decoded_tokens
+    _, _, done = run(generator, generator.tokens + new_text, max_tokens=1)
+    # Prefill: the previous reply's last token and the new text but its last token; then one step
+    # decodes that last token and the drafts. Nothing from the first call is decoded again.
+    assert done.stats.steps == 1
+    assert target.decoded_tokens - decoded_before == len(new_text) + 1 + done.stats.drafted
+
+
+def test_prompt_longer_than_the_context_is_refused(generator) -> None:
+    with pytest.raises(SpeccliError, match="context holds 256"):
+        run(generator, list(range(3, 300)), max_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "settings, k, message",
+    [
+        (SamplingParams(temperature=-0.1), 4, "temperature must be >= 0"),
+        (SamplingParams(top_p=0), 4, r"top-p must be in \(0, 1\]"),
+        (SamplingParams(top_p=1.5), 4, r"top-p must be in \(0, 1\]"),
+        (SamplingParams(top_k=-1), 4, "top-k must be >= 0"),
+        (SamplingParams(min_p=1), 4, r"min-p must be in \[0, 1\)"),
+        (SamplingParams(), 0, f"k .* between 1 and {MAX_K}, got 0"),
+        (SamplingParams(), MAX_K + 1, f"between 1 and {MAX_K}"),
+    ],
+)
+def test_bad_settings_are_refused_with_the_allowed_range(models, settings, k, message) -> None:
+    target, draft = models
+    with pytest.raises(SpeccliError, match=message):
+        Generator(target, draft, settings, k=k)
+
+
+def test_empty_prompt_and_zero_max_tokens_are_refused(generator) -> None:
+    with pytest.raises(SpeccliError, match="prompt is empty"):
+        run(generator, [], max_tokens=3)
+    with pytest.raises(SpeccliError, match="max tokens must be >= 1"):
+        run(generator, [5], max_tokens=0)
+
+
+def test_decoding_past_the_context_raises_a_clear_error(models) -> None:
+    target, _ = models
+    target.reset()
+    with pytest.raises(ContextFullError, match="context window is full"):
+        target.decode(list(range(3, 3 + target.n_ctx + 1)), n_logit_rows=1)
+    assert target.n_past == 0
+
+
+def test_text_never_splits_a_utf8_character_and_holds_back_stop_prefixes() -> None:
+    assembler = TextAssembler(stop=["STOP"])
+    euro = "€".encode()
+    assert assembler.push(euro[:1]) == ""
+    assert assembler.push(euro[1:]) == "€"
+    assert assembler.push(b"ab ST") == "ab "  # "ST" may begin STOP: held back
+    assert assembler.push(b"AR") == "STAR"
+    assert assembler.push(b"xSTO") == "x"
+    assert assembler.push(b"P and more") == ""
+    assert assembler.stopped
+    assert assembler.flush() == ""
