@@ -230,9 +230,16 @@ class Generator:
         for model in self._models():
             model.truncate(min(model.n_past, shared))
             if model.n_past < len(prompt) - 1:
-                model.decode(prompt[model.n_past : -1], n_logit_rows=0)
+                model.decode(self._visible_to(model, prompt[model.n_past : -1]), n_logit_rows=0)
         self.tokens = list(prompt)
         return time.perf_counter() - started
+
+    @staticmethod
+    def _visible_to(model: Model, tokens: Sequence[int]) -> list[int]:
+        """Tokens as a model can take them: a target may have ids past a smaller draft's vocabulary
+        (padding that check-vocab tolerates). The draft sees token 0 there instead. That changes only
+        what the draft proposes, never the output distribution: verification uses the q it sampled."""
+        return [token if token < model.n_vocab else 0 for token in tokens]
 
     def _step(self, k: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft k tokens, verify them in one target decode, keep the accepted prefix and one more."""
@@ -257,7 +264,8 @@ class Generator:
         draft, decode_seconds = self.draft, 0.0
         drafted: list[int] = []
         q_rows: list[np.ndarray] = []
-        pending = self.tokens[draft.n_past :]  # the last token, and the previous bonus if the draft missed it
+        # The last token, and the previous bonus if the draft missed it.
+        pending = self._visible_to(draft, self.tokens[draft.n_past :])
         for _ in range(k):
             decode_started = time.perf_counter()
             logits = draft.decode(pending, n_logit_rows=1)

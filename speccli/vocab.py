@@ -8,18 +8,20 @@ IDENTICAL     every tokenizer field is equal (tokens, types, scores, merges, spe
               differing chat template is only a warning: it shapes prompts, not ids.
 COMPATIBLE    the ids both files share mean the same text and text tokenizes the same way; speculative
               decoding is exact. Tolerated, and named in the report:
-              - the target has extra ids past the draft's last one. The draft never proposes them, so
-                speccli gives them draft probability q = 0: a rejection's residual max(0, p - q) then
-                keeps all of the target's mass on them and the output stays exactly the target's.
+              - the target has extra ids past the draft's last one (converters pad embedding rows).
+                The draft never proposes them and the verifier pads q with zeros to the target's width,
+                so a rejection's residual max(0, p - q) keeps all of the target's mass on them: the
+                output is exactly the target's. (Should the target emit one, the engine has to map it
+                to an id the draft can read before feeding it back; the draft's q stays a valid proposal.)
               - token types or scores differ while the sample text still tokenizes identically;
                 EOS (when not added to prompts), EOT, padding and other special ids differ: they move
                 acceptance at the end of a turn, not the meaning of ids.
 INCOMPATIBLE  a reason below, each with evidence:
               - tokenizer model, pre-tokenizer, merge rules or a tokenization setting differ;
               - token text differs at a shared id (the first mismatches side by side);
-              - the draft has ids the target lacks: the draft can propose them and the target has no
-                probability for them (llama.cpp tolerates up to 128; speccli does not, because a random
-                or fine-tuned draft does give them mass);
+              - the draft has ids the target lacks: the draft can propose them, and the target, which
+                evaluates every proposal, cannot decode ids past its vocabulary (llama.cpp tolerates a
+                difference of up to 128);
               - BOS framing differs (add-BOS flag, or BOS id when BOS is added), or EOS framing when EOS
                 is added: the draft would see sequence starts or ends it never saw in training;
               - a built-in sample of varied text tokenizes to different ids.
@@ -27,8 +29,8 @@ Each report also says what llama.cpp's own rule (`common_speculative_are_compati
 type, matching add-BOS/EOS flags and ids when added, sizes within 128, equal token text from id 5 on)
 would decide when it disagrees.
 
-Reading: GGUFReader maps every tensor and takes ~10 s on a 262k-token vocabulary, so this module parses
-the GGUF header itself and stops at the end of the key-value section: ~0.2 s for Gemma 3 (262,144 tokens).
+Reading: gguf's GGUFReader takes ~10 s on Gemma 3 270M (262,144 tokens), so this module parses the GGUF
+header itself and stops at the end of the key-value section: ~0.07 s for that file, whatever its size.
 """
 from __future__ import annotations
 
@@ -403,7 +405,9 @@ def compare_sample_tokenization(
         return [], len(samples)
     evidence = [f"{len(differing)} of {len(samples)} samples differ: {', '.join(name for name, _, _ in differing)}"]
     for name, draft_ids, target_ids in differing[:3]:
-        first = next((i for i, (a, b) in enumerate(zip(draft_ids, target_ids)) if a != b), min(len(draft_ids), len(target_ids)))
+        first = _first_mismatch(draft_ids, target_ids)
+        if first is None:  # one is a prefix of the other
+            first = min(len(draft_ids), len(target_ids))
         evidence.append(f"{name}: {samples[name][:60]!r}")
         evidence.append(f"  draft  ({len(draft_ids)} ids) from position {first}: {draft_ids[first:first + 8]}")
         evidence.append(f"  target ({len(target_ids)} ids) from position {first}: {target_ids[first:first + 8]}")
@@ -417,14 +421,15 @@ def llama_cpp_rule(draft: VocabInfo, target: VocabInfo) -> LlamaCppRule:
     """What llama.cpp's common_speculative_are_compatible would decide for these two vocabularies."""
     if draft.model != target.model:
         return LlamaCppRule(False, "vocab types differ")
-    if draft.adds_bos != target.adds_bos or (target.adds_bos and draft.special_ids.get("bos") != target.special_ids.get("bos")):
-        return LlamaCppRule(False, "BOS tokens differ")
-    if draft.adds_eos != target.adds_eos or (target.adds_eos and draft.special_ids.get("eos") != target.special_ids.get("eos")):
-        return LlamaCppRule(False, "EOS tokens differ")
+    framing = (("bos", draft.adds_bos, target.adds_bos), ("eos", draft.adds_eos, target.adds_eos))
+    for token, draft_adds, target_adds in framing:
+        if draft_adds != target_adds or (target_adds and draft.special_ids.get(token) != target.special_ids.get(token)):
+            return LlamaCppRule(False, f"{token.upper()} tokens differ")
     if abs(draft.size - target.size) > LLAMA_CPP_MAX_SIZE_DIFFERENCE:
         return LlamaCppRule(False, f"vocab sizes differ by more than {LLAMA_CPP_MAX_SIZE_DIFFERENCE}")
     shared = min(draft.size, target.size)
-    mismatch = _first_mismatch(draft.tokens[LLAMA_CPP_CHECK_START_ID:shared], target.tokens[LLAMA_CPP_CHECK_START_ID:shared])
+    checked = slice(LLAMA_CPP_CHECK_START_ID, shared)
+    mismatch = _first_mismatch(draft.tokens[checked], target.tokens[checked])
     if mismatch is not None:
         return LlamaCppRule(False, f"token {mismatch + LLAMA_CPP_CHECK_START_ID} differs")
     return LlamaCppRule(
@@ -478,7 +483,8 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
                 "token-type", Severity.WARNING,
                 f"token types differ at {len(type_mismatched)} shared ids, first at id {type_mismatched[0]}",
                 tuple(
-                    f"{i}: {_show(target.tokens[i])} draft type {int(draft.token_types[i])} | target type {int(target.token_types[i])}"
+                    f"{i}: {_show(target.tokens[i])} "
+                    f"draft type {int(draft.token_types[i])} | target type {int(target.token_types[i])}"
                     for i in type_mismatched[:SHOWN_MISMATCHES]
                 ),
             ))
@@ -487,7 +493,8 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
         if len(score_mismatched):
             differences.append(Difference(
                 "token-score", Severity.WARNING,
-                f"token scores differ at {len(score_mismatched)} shared ids (merge priorities; the sample test decides)",
+                f"token scores differ at {len(score_mismatched)} shared ids "
+                "(merge priorities; the sample test decides)",
             ))
     return differences
 

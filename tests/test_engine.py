@@ -134,3 +134,22 @@ def test_text_never_splits_a_utf8_character_and_holds_back_stop_prefixes() -> No
     assert assembler.push(b"P and more") == ""
     assert assembler.stopped
     assert assembler.flush() == ""
+
+
+def test_a_target_with_extra_vocabulary_runs_with_a_smaller_draft(tmp_path) -> None:
+    """check-vocab tolerates a target padded past the draft's vocabulary. Padding ids the target
+    emits are shown to the draft as token 0 (its proposals change, the output distribution does not)."""
+    from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_tiny_gguf
+
+    base = spm_vocabulary(512)
+    flat = dict(head_scale=0.5)  # near-uniform, so the target does emit its padding ids
+    draft_path = write_tiny_gguf(tmp_path / "draft.gguf", TinyConfig(vocab=base, **flat))
+    target_path = write_tiny_gguf(tmp_path / "target.gguf", TinyConfig(vocab=base.padded(64), n_layer=3, **flat))
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        assert target.n_vocab == draft.n_vocab + 64
+        generator = Generator(target, draft, SamplingParams(temperature=1.0), k=3, seed=5)
+        tokens, _, done = run(generator, target.tokenizer.tokenize("a"), max_tokens=300)
+    padding_emitted = [t.token for t in tokens if t.token >= 512]
+    assert padding_emitted, "the test must exercise ids the draft lacks"
+    assert done.reason in ("max_tokens", "eog")

@@ -1,4 +1,4 @@
-"""`speccli check-vocab` and speccli.vocab on real tiny GGUF files (tests/tiny_gguf.py) and real llama.cpp tokenizers."""
+"""`speccli check-vocab` and speccli.vocab on tiny real GGUF files (tests/tiny_gguf.py) and llama.cpp tokenizers."""
 from __future__ import annotations
 
 import json
@@ -188,7 +188,12 @@ def test_json_output(pair_files) -> None:
 
 
 def test_ensure_compatible_raises_pointing_to_check_vocab(pair_files) -> None:
-    assert ensure_compatible(*pair_files("target padded with extra tokens")).verdict is Verdict.COMPATIBLE
+    report = ensure_compatible(*pair_files("target padded with extra tokens"))
+    assert report.verdict is Verdict.COMPATIBLE and report.reasons == [] and report.warnings == []
+    assert report.tolerated == [
+        "the target has 64 ids the draft lacks (512..575): the draft never proposes them; "
+        "speccli gives them draft probability 0"
+    ]
     with pytest.raises(SpeccliError, match="cannot draft for target .*: BOS id differs.*speccli check-vocab"):
         ensure_compatible(*pair_files("different BOS id"))
 
