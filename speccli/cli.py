@@ -122,9 +122,10 @@ def pull(
 
 @app.command("check-vocab")
 def check_vocab(
-    draft: Annotated[str, typer.Argument(help="Draft model: a GGUF file.")],
-    target: Annotated[str, typer.Argument(help="Target model: a GGUF file.")],
+    draft: Annotated[str, typer.Argument(help="Draft model: registry name or GGUF path.")],
+    target: Annotated[str, typer.Argument(help="Target model: registry name or GGUF path.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    config: ConfigOption = None,
 ) -> None:
     """Check that DRAFT can draft for TARGET: same token ids, same tokenization. Reads no weights.
 
@@ -133,19 +134,117 @@ def check_vocab(
     from rich.console import Console
     from rich.text import Text
 
+    from speccli.registry import load_registry, resolve_model
     from speccli.vocab import Verdict, check_pair
 
-    # The one place model names will resolve to files once the registry offers it; paths for now.
-    draft_path, target_path = Path(draft), Path(target)
-    report = check_pair(draft_path, target_path)
+    registry = load_registry(config)
+    # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
+    report = check_pair(resolve_model(draft, registry, fetch=False), resolve_model(target, registry, fetch=False))
     if json_output:
         typer.echo(report.to_json())
     else:
         text = Text(report.explain())
-        verdict_style = {Verdict.IDENTICAL: "bold green", Verdict.COMPATIBLE: "green", Verdict.INCOMPATIBLE: "bold red"}
-        text.highlight_regex(r"(?m)^verdict: .*$", verdict_style[report.verdict])
+        style = {Verdict.IDENTICAL: "bold green", Verdict.COMPATIBLE: "green", Verdict.INCOMPATIBLE: "bold red"}
+        text.highlight_regex(r"(?m)^verdict: .*$", style[report.verdict])
         Console(highlight=False, soft_wrap=True).print(text)
     raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def chat(
+    pair: PairArgument = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    k: Annotated[Optional[int], typer.Option("--k", help="Draft tokens per target decode (default: the pair's).")] = None,
+    temperature: TemperatureOption = 0.8,
+    top_k: TopKOption = 40,
+    top_p: TopPOption = 0.95,
+    min_p: MinPOption = 0.05,
+    seed: SeedOption = None,
+    max_tokens: MaxTokensOption = 512,
+    ctx: ContextOption = 4096,
+    threads: ThreadsOption = None,
+    ngl: TargetGpuLayersOption = None,
+    ngl_draft: DraftGpuLayersOption = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
+    prompt: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prompt", "-p",
+            help="Reply to this one message and exit; '-' reads it from stdin. Without it, piped stdin is "
+            "read one turn per line (slash commands work).",
+        ),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON object per reply on stdout: text, finish reason, statistics.")
+    ] = False,
+    color_provenance: Annotated[
+        bool,
+        typer.Option(
+            "--color-provenance/--no-color-provenance",
+            help="Color tokens by origin: accepted draft, target correction, bonus.",
+        ),
+    ] = True,
+    config: ConfigOption = None,
+) -> None:
+    """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
+    from speccli.chat import run_chat
+    from speccli.sampling import SamplingParams
+    from speccli.session import PairRequest
+
+    run_chat(
+        PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft),
+        sampling=SamplingParams(temperature, top_k, top_p, min_p),
+        k=k,
+        seed=seed,
+        max_tokens=max_tokens,
+        system=system,
+        prompt=prompt,
+        json_output=json_output,
+        provenance=color_provenance,
+    )
+
+
+@app.command()
+def bench(
+    pair: PairArgument = None,
+    k: Annotated[
+        Optional[str],
+        typer.Option("--k", help="Draft tokens per step: 4, or a sweep: a list 1,2,4,8 or a range 1-8 (default: the pair's k)."),
+    ] = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    n_predict: Annotated[int, typer.Option("--n-predict", "-n", help="New tokens per generation (fewer if the model ends).")] = 64,
+    temperature: TemperatureOption = 0.0,
+    seed: Annotated[int, typer.Option("--seed", "-s", help="Seed; both sides of a run share it.")] = 42,
+    runs: Annotated[int, typer.Option("--runs", help="Measured runs per prompt.")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up runs first.")] = 1,
+    prompts: Annotated[
+        Optional[Path],
+        typer.Option("--prompts", help='Prompt file: JSONL {"task": ..., "prompt": ...} or one prompt per line (default: built-in set).'),
+    ] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure and the environment to this JSON file.")] = None,
+    compare: Annotated[
+        Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
+    ] = None,
+    ctx: ContextOption = 2048,
+    threads: ThreadsOption = None,
+    ngl: TargetGpuLayersOption = None,
+    ngl_draft: DraftGpuLayersOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, efficiency."""
+    from speccli.bench import BenchRequest, BenchSettings, compare_command, run_command
+
+    if compare:
+        compare_command(*compare)
+        return
+    settings = BenchSettings(ks=(), n_predict=n_predict, temperature=temperature, seed=seed, runs=runs, warmup=warmup)
+    request = BenchRequest(
+        pair=pair, target=target, draft=draft, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path,
+        n_ctx=ctx, threads=threads, target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, config=config,
+    )
+    run_command(request)
 
 
 def main() -> None:
