@@ -410,9 +410,9 @@ def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, 
     if path.is_file():
         return path
     if path.exists():
-        raise UnreadableFileError(f"model file {name_or_path} is not a file")
+        raise UnreadableFileError(f"{name_or_path}: is a directory, not a GGUF file")
     if _looks_like_path(name_or_path):
-        raise UnreadableFileError(f"model file {name_or_path} does not exist")
+        raise UnreadableFileError(f"{name_or_path}: no such file")
     raise SpeccliError(_unknown_name("model", name_or_path, registry.models, " (and no file by that name)"))
 
 

@@ -254,7 +254,7 @@ def test_unknown_name_lists_close_matches(local_models):
 
 def test_missing_paths_are_named(tmp_path, local_models):
     missing = tmp_path / "weights" / "absent.gguf"
-    with pytest.raises(UnreadableFileError, match=f"^model file {missing} does not exist$"):
+    with pytest.raises(UnreadableFileError, match=f"^{missing}: no such file$"):
         reg.resolve_model(str(missing), local_models)
     with pytest.raises(UnreadableFileError) as caught:
         reg.resolve_model("gone", local_models)
