@@ -1,8 +1,8 @@
 """The generation loop: prompt -> tokens -> draft -> verify -> accept/resample -> text, with stats.
 
-`Speculator.generate` and `TargetOnly.generate` yield the same events, so chat and bench only
-consume them. Both keep their models' KV caches between calls and decode only what changed: a
-new chat turn costs its new tokens, not the whole history.
+`Generator.generate` yields the same events with a draft model (speculative) or without one (the
+target alone), so chat and bench only consume them. It keeps the models' KV caches between calls
+and decodes only what changed: a new chat turn costs its new tokens, not the whole history.
 
 Invariant between steps: each model's KV cache holds a prefix of `self.tokens`, and never the
 last token (the "pending" one, whose logits the next step needs).
@@ -186,7 +186,8 @@ class Generator:
             if room < 0:
                 reason = "context"
                 break
-            new_tokens, sources, step = self._step(min(self.k, room))
+            # No drafts the context cannot hold, nor more than the reply still needs.
+            new_tokens, sources, step = self._step(min(self.k, room, limits.max_tokens - stats.generated - 1))
             stats.add(step)
             yield step
             used = 0
