@@ -1,0 +1,80 @@
+"""Logits -> sampled distribution: each filter against a direct computation, and the sampler's draws."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from speccli.sampling import SamplingParams, probabilities, sample
+
+LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 1.0, 2.0, -5.0]], dtype=np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_temperature_only_is_softmax_of_scaled_logits() -> None:
+    result = probabilities(LOGITS, SamplingParams(temperature=0.5))
+    for row, logits in zip(result, LOGITS):
+        np.testing.assert_allclose(row, softmax(logits / 0.5), rtol=1e-5)
+
+
+def test_greedy_is_one_hot_on_the_argmax() -> None:
+    result = probabilities(LOGITS, SamplingParams(temperature=0))
+    np.testing.assert_array_equal(result, [[0, 0, 0, 0, 1], [0, 0, 0, 1, 0]])
+
+
+def test_top_k_keeps_the_k_largest() -> None:
+    result = probabilities(LOGITS, SamplingParams(temperature=1, top_k=2))
+    np.testing.assert_allclose(result[0], np.r_[softmax(np.array([2.0, 3.0]))[0], 0, 0, 0, softmax(np.array([2.0, 3.0]))[1]], rtol=1e-5)
+    assert (result[1] > 0).sum() == 2
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
+    row = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    kept = probabilities(row, SamplingParams(temperature=1, top_p=0.8)) > 0
+    np.testing.assert_array_equal(kept, [[True, True, False, False]])  # 0.5 + 0.3 reaches 0.8
+    kept = probabilities(row, SamplingParams(temperature=1, top_p=0.81)) > 0
+    np.testing.assert_array_equal(kept, [[True, True, True, False]])
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
+    row = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    result = probabilities(row, SamplingParams(temperature=1, min_p=0.25))  # threshold 0.125
+    np.testing.assert_allclose(result[0], np.array([0.5, 0.3, 0.15, 0]) / 0.95, rtol=1e-5)
+
+
+def test_the_input_buffer_is_never_written() -> None:
+    logits = LOGITS.copy()
+    probabilities(logits, SamplingParams(temperature=0.7, top_k=2, top_p=0.9, min_p=0.1))
+    np.testing.assert_array_equal(logits, LOGITS)
+
+
+@pytest.mark.parametrize("size", [7, 5000, 262_144])
+def test_sample_draws_the_given_distribution(size: int) -> None:
+    rng = np.random.default_rng(size)
+    probs = np.zeros(size, dtype=np.float32)
+    support = rng.choice(size, 6, replace=False)
+    weights = np.array([0.05, 0.1, 0.15, 0.2, 0.2, 0.3])
+    probs[support] = weights
+    draws = np.array([sample(probs, rng) for _ in range(6000)])
+    assert set(draws) <= set(support)
+    counts = np.array([(draws == s).sum() for s in support])
+    assert stats.chisquare(counts, weights * 6000).pvalue > 1e-3
+
+
+def test_sample_never_returns_a_zero_probability_token_at_the_edges() -> None:
+    class Edge:
+        def __init__(self, u: float) -> None:
+            self.u = u
+
+        def random(self) -> float:
+            return self.u
+
+    probs = np.zeros(3000, dtype=np.float32)
+    probs[[10, 2047]] = 0.5
+    assert sample(probs, Edge(0.0)) == 10
+    assert sample(probs, Edge(np.nextafter(1.0, 0))) == 2047
+    assert sample(probs, Edge(0.5)) == 2047
