@@ -151,7 +151,8 @@ class Tokenizer:
         self._owns_model = owns_model
         self._vocab = llama_cpp.llama_model_get_vocab(model)
         self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.bos_id: int = llama_cpp.llama_vocab_bos(self._vocab)
+        self.bos_id: int = llama_cpp.llama_vocab_bos(self._vocab)  # -1 when the vocabulary has none
+        self.eos_id: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.adds_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._pieces: dict[int, bytes] = {}
 
@@ -176,6 +177,12 @@ class Tokenizer:
                 length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
             piece = self._pieces[token] = buffer.raw[:length]
         return piece
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the vocabulary spells it (special tokens included, e.g. "<s>"); "" for -1."""
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
 
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return b"".join(self.token_bytes(token) for token in tokens)

@@ -1,0 +1,509 @@
+"""Chat: turns formatted with the target's own chat template, one Generator kept across turns.
+
+KV reuse. The Generator keeps both models' KV caches and re-decodes only past the longest common
+token prefix of its last sequence and the new prompt. So each turn's prompt must *start with the
+exact tokens* the models already saw: the previous prompt and the reply tokens as generated.
+Re-tokenizing the whole transcript would not guarantee that (a reply's tokens need not be how the
+tokenizer would split its text), so the conversation keeps its token list and the text it stands
+for, renders the whole transcript, and tokenizes only the text past what was already fed. When the
+rendering does not extend that text (a template that trims replies, a stop string cut mid-token),
+the transcript is tokenized whole and the Generator still reuses whatever prefix matches.
+
+Context policy. Before a turn, the prompt must leave room for a reply of min(max_tokens, ctx/4)
+tokens. If it does not, the oldest turns (a user message and its reply) are dropped, oldest first,
+the system prompt always kept, and the shortened transcript is tokenized whole and prefilled again
+(the prefix changed, so no cache can be reused past the system prompt). A message that does not fit
+even alone is refused with one line. A reply that fills the context stops with a notice; the next
+turn then drops old turns as above.
+"""
+from __future__ import annotations
+
+import signal
+import statistics
+import sys
+import threading
+import time
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Callable, Iterator, Protocol, Sequence
+
+import jinja2
+import jinja2.ext
+import numpy as np
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from speccli.backend import Model, Tokenizer
+from speccli.display import Display, Mode
+from speccli.engine import MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent
+from speccli.errors import SpeccliError
+from speccli.sampling import SamplingParams, probabilities, sample
+from speccli.session import PairRequest, open_pair
+
+COMMANDS = {
+    "/stats": "statistics for the whole session so far",
+    "/reset": "forget the conversation (the system prompt stays)",
+    "/k N": f"draft tokens per target decode, 1 to {MAX_K}",
+    "/temp X": "sampling temperature; 0 is greedy",
+    "/system TEXT": "set the system prompt (shows it without TEXT)",
+    "/provenance": "toggle coloring tokens by origin",
+    "/help": "this list",
+    "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
+}
+
+Message = dict[str, str]
+
+
+# --- turning messages into text --------------------------------------------------------------
+
+
+class ChatFormat(Protocol):
+    stop: tuple[str, ...]  # strings that end a reply, besides the model's end-of-generation tokens
+    parse_special: bool  # whether special-token text in the rendering means the special token
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str: ...
+
+
+class TemplateFormat:
+    """The GGUF's own Jinja chat template, rendered the way llama-cpp-python's Jinja2ChatFormatter does."""
+
+    stop = ()  # the template's end-of-turn token is an end-of-generation token
+    parse_special = True
+
+    def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
+        environment = ImmutableSandboxedEnvironment(
+            loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        self._template = environment.from_string(template)
+        self._bos_token = bos_token
+        self._eos_token = eos_token
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        def raise_exception(message: str) -> None:
+            raise SpeccliError(f"the chat template refused the conversation: {message}")
+
+        try:
+            return self._template.render(
+                messages=list(messages),
+                bos_token=self._bos_token,
+                eos_token=self._eos_token,
+                add_generation_prompt=add_generation_prompt,
+                raise_exception=raise_exception,
+                strftime_now=lambda format: datetime.now().strftime(format),
+            )
+        except jinja2.TemplateError as error:
+            raise SpeccliError(f"the chat template failed: {error}") from None
+
+
+class PlainTranscript:
+    """For models without a template (base models): "User: ..." / "Assistant: ..." lines."""
+
+    stop = ("\nUser:",)
+    parse_special = False
+
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        parts = []
+        for message in messages:
+            if message["role"] == "system":
+                parts.append(f"{message['content']}\n\n")
+            elif message["role"] == "user":
+                parts.append(f"User: {message['content']}\n")
+            else:
+                # The reply as generated (usually with its leading space), so the transcript
+                # re-renders to exactly the text the model saw.
+                parts.append(f"Assistant:{message['content']}\n")
+        if add_generation_prompt:
+            parts.append("Assistant:")
+        return "".join(parts)
+
+
+def chat_format_for(tokenizer: Tokenizer) -> tuple[ChatFormat, str | None]:
+    """The format to use and, when it is the fallback, why (to tell the user once)."""
+    template = tokenizer.chat_template
+    if not template:
+        return PlainTranscript(), "the target has no chat template (a base model?)"
+    try:
+        return TemplateFormat(template, tokenizer.token_text(tokenizer.bos_id), tokenizer.token_text(tokenizer.eos_id)), None
+    except jinja2.TemplateError as error:
+        return PlainTranscript(), f"the target's chat template does not parse ({error})"
+
+
+# --- the conversation and its tokens --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    text: str  # what the tokens stand for: the whole rendered transcript
+
+
+class Conversation:
+    """The messages, plus the exact tokens the models have been shown for them (see module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_format: ChatFormat, system: str | None) -> None:
+        self.tokenizer = tokenizer
+        self.format = chat_format
+        self.system = system
+        self.turns: list[tuple[Message, Message]] = []  # (user, assistant)
+        self._fed_tokens: list[int] = []
+        self._fed_text = ""
+
+    def messages(self) -> list[Message]:
+        messages = [{"role": "system", "content": self.system}] if self.system else []
+        for user, assistant in self.turns:
+            messages += [user, assistant]
+        return messages
+
+    def prompt_for(self, user_text: str) -> Prompt:
+        text = self.format.render(self.messages() + [{"role": "user", "content": user_text}], add_generation_prompt=True)
+        if self._fed_tokens and text.startswith(self._fed_text):
+            new_text = text[len(self._fed_text) :]
+            tokens = self._fed_tokens + self.tokenizer.tokenize(new_text, False, self.format.parse_special)
+        else:
+            tokens = self._tokenize_whole(text)
+        return Prompt(tokens, text)
+
+    def _tokenize_whole(self, text: str) -> list[int]:
+        # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).
+        tokens = self.tokenizer.tokenize(text, False, self.format.parse_special)
+        if self.tokenizer.adds_bos and tokens[:1] != [self.tokenizer.bos_id]:
+            tokens.insert(0, self.tokenizer.bos_id)
+        return tokens
+
+    def add_turn(self, user_text: str, prompt: Prompt, reply_tokens: list[int], reply_text: str) -> None:
+        """Record a finished (or interrupted) reply. The end-of-turn token, if any, is not kept: the
+        template writes it again next turn, and the Generator finds the same token already cached."""
+        self.turns.append(({"role": "user", "content": user_text}, {"role": "assistant", "content": reply_text}))
+        self._fed_tokens = prompt.tokens + reply_tokens
+        self._fed_text = prompt.text + self.tokenizer.detokenize(reply_tokens).decode("utf-8", "replace")
+
+    def drop_oldest_turn(self) -> None:
+        del self.turns[0]
+        self._forget_tokens()
+
+    def set_system(self, system: str) -> None:
+        self.system = system
+        self._forget_tokens()
+
+    def clear(self) -> None:
+        self.turns.clear()
+        self._forget_tokens()
+
+    def _forget_tokens(self) -> None:
+        """The transcript's beginning changed: the next prompt is tokenized whole."""
+        self._fed_tokens, self._fed_text = [], ""
+
+
+# --- a chat session ---------------------------------------------------------------------------
+
+
+def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 3) -> float:
+    """What one token costs the target alone: a 1-token decode and one sample from its logits.
+
+    Speculation's benefit is measured against this (see display.estimated_speedup). It is timed on
+    real decodes, after one warm-up, and the cache is put back as it was. At position 0 it slightly
+    underestimates the cost deep in a long context, where attention costs more.
+    """
+    start = target.n_past
+    token = max(target.tokenizer.bos_id, 0)
+    rng = np.random.default_rng(0)
+    timings = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        logits = target.decode([token], n_logit_rows=1)
+        sample(probabilities(logits, sampling)[0], rng)
+        timings.append(time.perf_counter() - started)
+        target.truncate(start)
+    return statistics.median(timings[1:])
+
+
+def add_run(total: RunStats, run: RunStats) -> RunStats:
+    """Session totals: the sum of two runs, whose k may differ (after /k)."""
+    k = max(total.k, run.k)
+
+    def padded(counts: list[int]) -> list[int]:
+        return counts + [0] * (k - len(counts))
+
+    return RunStats(
+        k=k,
+        prompt_tokens=total.prompt_tokens + run.prompt_tokens,
+        prefill_seconds=total.prefill_seconds + run.prefill_seconds,
+        generated=total.generated + run.generated,
+        steps=total.steps + run.steps,
+        drafted=total.drafted + run.drafted,
+        accepted=total.accepted + run.accepted,
+        accepted_at=[a + b for a, b in zip(padded(total.accepted_at), padded(run.accepted_at))],
+        drafted_at=[a + b for a, b in zip(padded(total.drafted_at), padded(run.drafted_at))],
+        draft_seconds=total.draft_seconds + run.draft_seconds,
+        target_seconds=total.target_seconds + run.target_seconds,
+        other_seconds=total.other_seconds + run.other_seconds,
+    )
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+@contextmanager
+def ctrl_c_stops_reply() -> Iterator[Callable[[], bool]]:
+    """While a reply streams, Ctrl-C only asks the loop to stop after the current event.
+
+    A KeyboardInterrupt raised mid-step could land between llama_decode and the bookkeeping of
+    what the KV cache holds, and leave the cache and the Generator disagreeing; a flag checked
+    between events cannot.
+    """
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: requested.set())
+    try:
+        yield requested.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class ChatSession:
+    def __init__(
+        self,
+        target: Model,
+        draft: Model,
+        display: Display,
+        *,
+        sampling: SamplingParams,
+        k: int,
+        seed: int | None = None,
+        max_tokens: int = 512,
+        system: str | None = None,
+    ) -> None:
+        if max_tokens < 1:
+            raise SpeccliError(f"max tokens must be >= 1, got {max_tokens}")
+        self.generator = Generator(target, draft, sampling, k, seed)
+        self.display = display
+        self.max_tokens = max_tokens
+        chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
+        self.conversation = Conversation(target.tokenizer, chat_format, system)
+        self.n_ctx = min(target.n_ctx, draft.n_ctx)
+        self.target_token_seconds = measure_target_token_seconds(target, sampling)
+        self.totals = RunStats(k=k)
+        self.replies = 0
+
+    def announce(self, description: str) -> None:
+        if self.fallback_reason:
+            self.display.notice(
+                f"{self.fallback_reason}: using a plain 'User:'/'Assistant:' transcript, "
+                "each reply ending at the next 'User:'"
+            )
+        if self.display.mode == "terminal":
+            self.display.notice(f"{description} · /help for commands · Ctrl-C stops a reply · Ctrl-D leaves")
+            self.display.legend()
+
+    def run(self, lines: Iterator[str]) -> None:
+        """One turn per line; slash commands in between. Errors are shown and the session goes on."""
+        for line in lines:
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                if text.startswith("/"):
+                    if not self.command(text):
+                        break
+                else:
+                    self.send(text)
+            except SpeccliError as error:
+                self.display.error(str(error))
+        self.farewell()
+
+    def farewell(self) -> None:
+        if self.replies:
+            self.display.session_stats(self.totals, self.target_token_seconds, self._session_title())
+
+    def _session_title(self) -> str:
+        return f"session: {self.replies} repl{'y' if self.replies == 1 else 'ies'}"
+
+    def send(self, user_text: str) -> str:
+        """Generate and show one reply; returns its text."""
+        prompt = self._prompt_that_fits(user_text)
+        prefill_tokens = len(prompt.tokens) - 1 - common_prefix_length(self.generator.tokens, prompt.tokens[:-1])
+        run = RunStats(k=self.generator.k, prompt_tokens=len(prompt.tokens))
+        reply_tokens: list[int] = []
+        pieces: list[str] = []
+        reason = "interrupted"
+        source = Source.TARGET
+        limits = GenerationLimits(self.max_tokens, self.conversation.format.stop)
+        with (
+            self.display.reply(self.target_token_seconds) as view,
+            ctrl_c_stops_reply() as interrupted,
+            closing(self.generator.generate(prompt.tokens, limits)) as events,
+        ):
+            for event in events:
+                if isinstance(event, TokenEvent):
+                    source = event.source
+                    reply_tokens.append(event.token)
+                    pieces.append(event.text)
+                    run.generated += 1
+                    view.add(event.text, source)
+                elif isinstance(event, StepEvent):
+                    run.add(event)
+                    view.update(run)
+                elif isinstance(event, DoneEvent):
+                    run, reason = event.stats, event.reason
+                    pieces.append(event.trailing_text)
+                    view.add(event.trailing_text, source)
+                if interrupted():
+                    break
+        reply_text = "".join(pieces)
+        self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
+        self.totals = add_run(self.totals, run)
+        self.replies += 1
+        if reason == "interrupted":
+            self.display.notice("(stopped; the partial reply stays in the conversation)")
+        elif reason == "context":
+            self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut; the next turn drops the oldest turns)")
+        elif reason == "max_tokens":
+            self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
+        record = {"prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens}
+        self.display.reply_done(record, run, self.target_token_seconds)
+        return reply_text
+
+    def _prompt_that_fits(self, user_text: str) -> Prompt:
+        reserve = min(self.max_tokens, self.n_ctx // 4)
+        prompt = self.conversation.prompt_for(user_text)
+        dropped = 0
+        while len(prompt.tokens) + reserve > self.n_ctx and self.conversation.turns:
+            self.conversation.drop_oldest_turn()
+            dropped += 1
+            prompt = self.conversation.prompt_for(user_text)
+        if dropped:
+            self.display.notice(
+                f"(context: dropped the {_oldest_turns(dropped)} to fit the "
+                f"{self.n_ctx}-token context, system prompt kept; re-reading {len(prompt.tokens)} tokens)"
+            )
+        if len(prompt.tokens) >= self.n_ctx:
+            raise SpeccliError(
+                f"this message needs {len(prompt.tokens)} tokens with the system prompt, but the context "
+                f"holds {self.n_ctx}; shorten it or raise --ctx"
+            )
+        return prompt
+
+    def command(self, line: str) -> bool:
+        """Run one slash command; False means leave."""
+        name, _, argument = line.partition(" ")
+        argument = argument.strip()
+        if name in ("/quit", "/exit"):
+            return False
+        if name == "/help":
+            for usage, meaning in COMMANDS.items():
+                self.display.notice(f"{usage:<14} {meaning}")
+        elif name == "/stats":
+            self.display.session_stats(self.totals, self.target_token_seconds, self._session_title())
+        elif name == "/reset":
+            self.conversation.clear()
+            self.generator.reset()
+            self.display.notice("(conversation cleared)")
+        elif name == "/k":
+            self.generator.k = _parse_k(argument)
+            self.display.notice(f"(k = {self.generator.k})")
+        elif name == "/temp":
+            sampling = replace(self.generator.sampling, temperature=_parse_float("/temp", argument))
+            sampling.validate()
+            self.generator.sampling = sampling
+            self.display.notice(f"(temperature = {sampling.temperature:g}{', greedy' if sampling.greedy else ''})")
+        elif name == "/system":
+            if argument:
+                self.conversation.set_system(argument)
+                self.display.notice("(system prompt set; the next turn re-reads the conversation)")
+            else:
+                self.display.notice(f"(system prompt: {self.conversation.system or 'none'})")
+        elif name == "/provenance":
+            self.display.provenance = not self.display.provenance
+            self.display.notice(f"(provenance colors {'on' if self.display.provenance else 'off'})")
+            self.display.legend()
+        else:
+            known = ", ".join(usage.split()[0] for usage in COMMANDS)
+            raise SpeccliError(f"unknown command {name}; known: {known}")
+        return True
+
+
+def _oldest_turns(count: int) -> str:
+    return "oldest turn" if count == 1 else f"{count} oldest turns"
+
+
+def _parse_k(argument: str) -> int:
+    try:
+        k = int(argument)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= MAX_K:
+        raise SpeccliError(f"/k needs a whole number from 1 to {MAX_K}, got {argument or 'nothing'!r}")
+    return k
+
+
+def _parse_float(command: str, argument: str) -> float:
+    try:
+        return float(argument)
+    except ValueError:
+        raise SpeccliError(f"{command} needs a number, got {argument or 'nothing'!r}") from None
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def typed_lines() -> Iterator[str]:
+    """Lines typed at a terminal, until Ctrl-D or Ctrl-C."""
+    import readline  # noqa: F401  (input() then gets line editing and history)
+
+    while True:
+        try:
+            yield input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return
+
+
+def piped_lines(display: Display) -> Iterator[str]:
+    for line in sys.stdin:
+        if line.strip():
+            display.echo_user(line.strip())
+            yield line
+
+
+def run_chat(
+    request: PairRequest,
+    *,
+    sampling: SamplingParams,
+    k: int | None,
+    seed: int | None,
+    max_tokens: int,
+    system: str | None,
+    prompt: str | None,
+    json_output: bool,
+    provenance: bool,
+) -> None:
+    """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each."""
+    sampling.validate()
+    display = Display(_output_mode(json_output), provenance=provenance)
+    with open_pair(request) as pair:
+        session = ChatSession(
+            pair.target, pair.draft, display,
+            sampling=sampling, k=k or pair.resolved.k, seed=seed, max_tokens=max_tokens, system=system,
+        )
+        resolved = pair.resolved
+        session.announce(f"target {resolved.target_name} · draft {resolved.draft_name} · k={session.generator.k}")
+        if prompt is not None:
+            session.send(sys.stdin.read() if prompt == "-" else prompt)
+        else:
+            session.run(typed_lines() if sys.stdin.isatty() else piped_lines(display))
+
+
+def _output_mode(json_output: bool) -> Mode:
+    from rich.console import Console
+
+    if json_output:
+        return "json"
+    return "terminal" if Console().is_terminal else "plain"

@@ -1,0 +1,282 @@
+"""What chat shows: streamed reply text with token provenance, and statistics.
+
+The statistics renderables are pure functions of a `RunStats`. Output goes one of three ways:
+
+* a terminal: styled text; while a reply streams, one rich `Live` holds the unfinished line and a
+  statistics panel, refreshed by the generation loop itself at most `REFRESH_HZ` times a second
+  (no refresh thread racing the loop, so nothing to lock and nothing to flicker). Finished lines
+  are printed above the live region for good, so a long reply scrolls like ordinary output.
+* plain (stdout is a pipe or file): the reply text only, never an ANSI code; notices and
+  statistics go to stderr.
+* JSON (`--json`): one JSON object per reply on stdout; notices on stderr.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Literal, TextIO
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from speccli.engine import RunStats, Source
+
+Mode = Literal["terminal", "plain", "json"]
+
+REFRESH_HZ = 4
+MAX_POSITION_BARS = 12  # per-position acceptance rows shown; beyond that the panel would outgrow a terminal
+
+PROVENANCE_STYLES = {
+    Source.DRAFT: "green",
+    Source.CORRECTION: "bold yellow",
+    Source.BONUS: "cyan",
+    Source.TARGET: "",
+}
+# Model text shown on a terminal must not drive it: C0 controls (ESC above all) and DEL become their
+# visible Unicode "control pictures" (U+2400 + code). Pipes get the text exactly as generated.
+_CONTROL_PICTURES = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\n\t"} | {0x7F: 0x2421}
+PROVENANCE_NAMES = {Source.DRAFT: "draft accepted", Source.CORRECTION: "target correction", Source.BONUS: "bonus"}
+
+
+def provenance_legend() -> Text:
+    legend = Text()
+    legend.append("tokens: ", style="dim")
+    for index, (source, name) in enumerate(PROVENANCE_NAMES.items()):
+        legend.append(" · " if index else "", style="dim")
+        legend.append(name, style=PROVENANCE_STYLES[source])
+    return legend
+
+
+# --- statistics: pure functions of RunStats ---------------------------------------------------
+
+
+def estimated_speedup(stats: RunStats, target_token_seconds: float | None) -> float | None:
+    """Achieved tokens/s over what the target alone would reach.
+
+    The target alone makes one token per 1-token decode, so its rate is 1 / target_token_seconds,
+    measured once per session by timing a few real 1-token target decodes (see chat). The ratio
+    counts every cost speculation adds (drafting, the wider K+1-token verification decode, sampling),
+    since those are all inside the achieved rate's decode time. Prefill is left out of both.
+    """
+    if not target_token_seconds or not stats.decode_seconds or not stats.generated:
+        return None
+    return stats.tokens_per_second * target_token_seconds
+
+
+def acceptance_bar(fraction: float, width: int = 10) -> str:
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    return ("█" * full + (" ▏▎▍▌▋▊▉"[rest] if rest else "")).ljust(width)
+
+
+def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
+    """Label/value lines. Plain Text, not a rich Table: it renders several times faster, and the live
+    view redraws it a few times a second while the models run."""
+    rows: list[tuple[str, str | Text]] = [
+        ("tokens", f"{stats.generated} in {stats.decode_seconds:.2f} s · {stats.tokens_per_second:.1f} tok/s")
+    ]
+    if stats.k:
+        rows += [
+            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted (k={stats.k})"),
+            ("per decode", f"{stats.tokens_per_target_decode:.2f} tokens per target decode"),
+            (
+                "time",
+                f"draft {stats.draft_seconds:.2f} s · target {stats.target_seconds:.2f} s"
+                f" · other {stats.other_seconds:.2f} s",
+            ),
+        ]
+    speedup = estimated_speedup(stats, target_token_seconds)
+    rows.append(("est. speedup", f"{speedup:.2f}x vs target alone" if speedup else "-"))
+    for position, fraction in enumerate(stats.acceptance_by_position()[:MAX_POSITION_BARS], start=1):
+        rows.append((f"  draft {position}", Text(f"{acceptance_bar(fraction)} {fraction:4.0%}", style="green")))
+    text = Text()
+    for index, (label, value) in enumerate(rows):
+        if index:
+            text.append("\n")
+        text.append(f"{label:<14}", style="dim")
+        text.append(value)
+    return text
+
+
+def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str) -> Panel:
+    return Panel(stats_text(stats, target_token_seconds), title=title, title_align="left", expand=False)
+
+
+def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
+    parts = [f"{stats.generated} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    if stats.k:
+        parts += [f"acceptance {stats.acceptance_rate:.0%}", f"{stats.tokens_per_target_decode:.2f} tok/decode"]
+        parts.append(f"draft {stats.draft_seconds:.2f} s / target {stats.target_seconds:.2f} s")
+    speedup = estimated_speedup(stats, target_token_seconds)
+    if speedup:
+        parts.append(f"~{speedup:.2f}x vs target alone")
+    return " · ".join(parts)
+
+
+def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:
+    return {
+        "k": stats.k,
+        "prompt_tokens": stats.prompt_tokens,
+        "prefill_seconds": round(stats.prefill_seconds, 6),
+        "generated_tokens": stats.generated,
+        "target_decodes": stats.steps,
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "acceptance_by_position": [round(f, 4) for f in stats.acceptance_by_position()],
+        "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
+        "draft_seconds": round(stats.draft_seconds, 6),
+        "target_seconds": round(stats.target_seconds, 6),
+        "other_seconds": round(stats.other_seconds, 6),
+        "estimated_speedup": _rounded(estimated_speedup(stats, target_token_seconds)),
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# --- a reply as it streams ----------------------------------------------------------------------
+
+
+class LiveReply:
+    """The terminal view of one reply: finished rows printed for good, the rest in one `Live`.
+
+    Rendering the live region costs milliseconds, so it happens only at a refresh: finished rows
+    are printed then, all in one print (which redraws the region too), never one print per line.
+    """
+
+    def __init__(self, console: Console, *, provenance: bool, target_token_seconds: float | None) -> None:
+        self._console = console
+        self._provenance = provenance
+        self._target_token_seconds = target_token_seconds
+        self._unfinished = Text()  # text not yet printed for good: the last row, and any since the last refresh
+        self._stats: RunStats | None = None
+        self._live = Live(
+            self, console=console, auto_refresh=False, transient=True, redirect_stdout=False, redirect_stderr=False
+        )
+        self._last_refresh = 0.0
+
+    def __enter__(self) -> LiveReply:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._live.stop()  # transient: the live region goes, the summary line replaces it
+        if self._unfinished:
+            self._console.print(self._unfinished)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self._unfinished:
+            yield self._unfinished
+        if self._stats is not None:
+            yield stats_panel(self._stats, self._target_token_seconds, "live")
+
+    def add(self, text: str, source: Source) -> None:
+        self._unfinished.append(text.translate(_CONTROL_PICTURES), PROVENANCE_STYLES[source] if self._provenance else "")
+        self._refresh_now_and_then()
+
+    def update(self, stats: RunStats) -> None:
+        self._stats = stats
+        self._refresh_now_and_then()
+
+    def _refresh_now_and_then(self) -> None:
+        now = time.perf_counter()
+        if now - self._last_refresh < 1 / REFRESH_HZ:
+            return
+        self._last_refresh = now
+        rows = self._unfinished.wrap(self._console, self._console.width)
+        if len(rows) > 1:
+            # Every row but the last is final. The live region is redrawn during the print, so it
+            # must already hold only the last row.
+            self._unfinished = rows[-1]
+            self._live.console.print(Text("\n").join(rows[:-1]))
+        else:
+            self._live.refresh()
+
+
+class PlainReply:
+    """The reply text as it comes, unstyled, to a pipe or file."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def __enter__(self) -> PlainReply:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._out.write("\n")
+        self._out.flush()
+
+    def add(self, text: str, source: Source) -> None:
+        if text:
+            self._out.write(text)
+            self._out.flush()
+
+    def update(self, stats: RunStats) -> None:
+        pass
+
+
+class SilentReply(PlainReply):
+    """JSON mode: the text is reported whole in the reply's JSON object."""
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def add(self, text: str, source: Source) -> None:
+        pass
+
+
+# --- everything chat prints, by mode --------------------------------------------------------------
+
+
+class Display:
+    def __init__(self, mode: Mode, *, provenance: bool, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.mode = mode
+        self.provenance = provenance
+        self._out = out or sys.stdout
+        self.console = Console(file=self._out, highlight=False)
+        # soft_wrap: a notice in a pipe or log stays one line, whatever width rich assumes.
+        self.err_console = Console(file=err or sys.stderr, highlight=False, soft_wrap=True)
+        # Notices share the terminal with the reply; with a pipe they must stay out of stdout.
+        self._notices = self.console if mode == "terminal" else self.err_console
+
+    def notice(self, message: str) -> None:
+        self._notices.print(Text(message, style="dim"))
+
+    def error(self, message: str) -> None:
+        self.err_console.print(Text(f"error: {message}", style="red" if self.mode == "terminal" else ""))
+
+    def legend(self) -> None:
+        if self.mode == "terminal" and self.provenance:
+            self.console.print(provenance_legend())
+
+    def echo_user(self, text: str) -> None:
+        """Show a message read from piped stdin, so a terminal transcript reads as a conversation."""
+        if self.mode == "terminal":
+            self.console.print(Text(f"> {text}", style="bold"))
+
+    def reply(self, target_token_seconds: float | None) -> LiveReply | PlainReply:
+        if self.mode == "terminal":
+            return LiveReply(self.console, provenance=self.provenance, target_token_seconds=target_token_seconds)
+        return PlainReply(self._out) if self.mode == "plain" else SilentReply(self._out)
+
+    def reply_done(self, record: dict, stats: RunStats, target_token_seconds: float | None) -> None:
+        """After each reply: a compact summary line, or the whole record as one JSON line."""
+        if self.mode == "json":
+            print(json.dumps(record | {"stats": stats_record(stats, target_token_seconds)}), file=self._out, flush=True)
+        else:
+            self.notice(f"[{summary_line(stats, target_token_seconds)}]")
+
+    def session_stats(self, stats: RunStats, target_token_seconds: float | None, title: str) -> None:
+        if self.mode == "terminal":
+            self.console.print(stats_panel(stats, target_token_seconds, title))
+        elif self.mode == "json":
+            record = {"session": stats_record(stats, target_token_seconds)}
+            print(json.dumps(record), file=self._out, flush=True)
+        else:
+            self.err_console.print(f"{title}: {summary_line(stats, target_token_seconds)}")

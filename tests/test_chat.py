@@ -1,0 +1,344 @@
+"""`speccli chat` on tiny real GGUF pairs: one-shot, piped turns, slash commands, KV reuse across turns,
+the context policy, provenance styling, bad input, and once a real terminal (tmux) for Live and Ctrl-C.
+
+Tiny random models emit byte soup, so tests check structure (records, counts, styles), never wording.
+"""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from gguf import TokenType
+from typer.testing import CliRunner
+
+from speccli.backend import LoadOptions, Model
+from speccli.chat import ChatSession, Conversation, TemplateFormat, add_run, chat_format_for
+from speccli.cli import app
+from speccli.display import Display, acceptance_bar, estimated_speedup, stats_panel
+from speccli.engine import RunStats, Source, StepEvent
+from speccli.sampling import SamplingParams
+from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+# Renders "<s><user>hi</s><assistant>": BOS and EOS by text, as real templates do.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<{{ message['role'] }}>{{ message['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+NO_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('system messages are not supported') }}{% endif %}"
+    + CHAT_TEMPLATE
+)
+
+
+def _templated_pair(directory: Path, template: str, name: str) -> tuple[Path, Path]:
+    vocab = replace(spm_vocabulary(512), chat_template=template)
+    return write_related_pair(directory, target_layers=4, draft_layers=2, config=TinyConfig(vocab=vocab), name=name)
+
+
+@pytest.fixture(scope="module")
+def chat_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    return _templated_pair(tiny_dir / "chat", CHAT_TEMPLATE, "chat")
+
+
+@pytest.fixture(scope="module")
+def no_system_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    return _templated_pair(tiny_dir / "nosystem", NO_SYSTEM_TEMPLATE, "nosystem")
+
+
+@pytest.fixture(scope="module")
+def endless_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    """All logits equal, so greedy always picks token 0, made the ordinary piece "la ": a reply that
+    never ends by itself (no end-of-generation token wins), to have something to interrupt."""
+    vocab = spm_vocabulary(512)
+    vocab = replace(
+        vocab, tokens=("la\u2581",) + vocab.tokens[1:], token_types=(int(TokenType.NORMAL),) + vocab.token_types[1:],
+        unk_id=None,
+    )
+    return write_related_pair(tiny_dir / "endless", target_layers=2, draft_layers=1,
+                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="endless")
+
+
+def chat(pair, *args: str, input: str | None = None, terminal: bool = False):
+    """Run `speccli chat` on a pair; output is a pipe unless `terminal` (rich honours TTY_COMPATIBLE)."""
+    env = {"TTY_COMPATIBLE": "1" if terminal else "0", "FORCE_COLOR": None, "NO_COLOR": None, "COLUMNS": "100"}
+    target, draft = pair
+    return CliRunner(env=env).invoke(
+        app, ["chat", "-m", str(target), "-md", str(draft), "-t", "1", *args], input=input, catch_exceptions=False
+    )
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+# --- one-shot and pipes -------------------------------------------------------------------------
+
+
+def test_one_shot_to_a_pipe_is_plain_text_with_stats_on_stderr(tiny_pair):
+    result = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.endswith("\n") and len(result.stdout) > 1
+    assert "\x1b[" not in result.stdout and "\x1b[" not in result.stderr
+    assert "no chat template" in result.stderr  # the fallback is said, once
+    assert result.stderr.count("no chat template") == 1
+    assert "tok/s" in result.stderr and "acceptance" in result.stderr
+
+
+def test_one_shot_json_record(tiny_pair):
+    result = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1", "--k", "3", "--json")
+    assert result.exit_code == 0, result.stderr
+    [record] = records(result.stdout)
+    assert record["prompt"] == "hello"
+    assert record["finish_reason"] in {"eog", "max_tokens", "stop"}
+    stats = record["stats"]
+    assert stats["k"] == 3 and len(stats["acceptance_by_position"]) == 3
+    assert 0 < stats["generated_tokens"] <= 12
+    assert stats["estimated_speedup"] > 0
+
+
+def test_prompt_dash_reads_all_of_stdin_as_one_message(tiny_pair):
+    result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="first line\nsecond line\n")
+    assert [r["prompt"] for r in records(result.stdout)] == ["first line\nsecond line\n"]
+
+
+def test_piped_lines_are_turns_with_the_models_chat_template(chat_pair):
+    result = chat(chat_pair, "-n", "16", "--seed", "2", "--json", input="hello there\nhow are you\nbye\n")
+    assert result.exit_code == 0, result.stderr
+    assert "no chat template" not in result.stderr
+    *replies, session = records(result.stdout)
+    assert [r["prompt"] for r in replies] == ["hello there", "how are you", "bye"]
+    assert session["session"]["generated_tokens"] == sum(r["stats"]["generated_tokens"] for r in replies)
+    for before, after in zip(replies, replies[1:]):
+        # Only the new message is prefilled: the previous prompt and reply are still in the KV cache.
+        new_tokens = after["stats"]["prompt_tokens"] - before["stats"]["prompt_tokens"] - before["stats"]["generated_tokens"]
+        assert 0 < after["prefill_tokens"] <= new_tokens
+
+
+# --- conversation and KV reuse, through the Python API ----------------------------------------------
+
+
+def test_template_rendering_has_one_bos_and_eos_by_text(chat_pair):
+    with Model(chat_pair[0], LoadOptions(n_ctx=512, n_threads=1)) as target:
+        chat_format, fallback_reason = chat_format_for(target.tokenizer)
+        assert isinstance(chat_format, TemplateFormat) and fallback_reason is None
+        prompt = Conversation(target.tokenizer, chat_format, "be brief").prompt_for("hi")
+        assert prompt.text == "<s><system>be brief</s><user>hi</s><assistant>"
+        tokenizer = target.tokenizer
+        assert prompt.tokens[0] == tokenizer.bos_id and tokenizer.bos_id not in prompt.tokens[1:]
+        assert prompt.tokens.count(2) == 2  # "</s>" parsed as the EOS token, not as text
+
+
+def test_second_turn_decodes_only_new_tokens(chat_pair):
+    options = LoadOptions(n_ctx=1024, n_threads=1)
+    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
+        display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), k=3, max_tokens=40)
+        session.send("tell me something long " * 6)
+        first_turn_tokens = len(session.conversation._fed_tokens)
+        decoded_before = target.decoded_tokens, draft.decoded_tokens
+        session.max_tokens = 1
+        session.send("and again")
+        new_tokens = len(session.conversation._fed_tokens) - first_turn_tokens  # the new message and 1 reply token
+        target_decoded = target.decoded_tokens - decoded_before[0]
+        draft_decoded = draft.decoded_tokens - decoded_before[1]
+        # Prefill of the new text, then one step of at most k+1 tokens; never the first turn again.
+        assert target_decoded <= new_tokens + session.generator.k + 1
+        assert draft_decoded <= new_tokens + session.generator.k + 1
+        assert target_decoded < first_turn_tokens
+
+
+# --- slash commands ---------------------------------------------------------------------------------
+
+
+def test_every_slash_command(tiny_pair):
+    lines = ["/help", "/k 2", "/temp 0", "/system be brief", "/system", "hello", "/provenance", "/stats",
+             "/reset", "again", "/quit", "never answered"]
+    result = chat(tiny_pair, "-n", "8", "--json", input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.stderr
+    out = records(result.stdout)
+    replies = [r for r in out if "prompt" in r]
+    assert [r["prompt"] for r in replies] == ["hello", "again"]
+    assert all(r["stats"]["k"] == 2 for r in replies)
+    assert sum("session" in r for r in out) == 2  # /stats, then the summary on /quit
+    for expected in ["/k N", "/quit", "(k = 2)", "greedy", "system prompt: be brief", "provenance colors off",
+                     "conversation cleared"]:
+        assert expected in result.stderr
+    # After /reset nothing is reused: the whole prompt is prefilled.
+    assert replies[1]["prefill_tokens"] == replies[1]["stats"]["prompt_tokens"] - 1
+
+
+def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
+    lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "hello"]
+    result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
+    assert result.exit_code == 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 6
+    assert "unknown command /bogus; known: /stats, /reset, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
+    assert all("from 1 to 64" in line for line in errors[1:4])
+    assert "temperature must be >= 0" in errors[4] and "/temp needs a number" in errors[5]
+    assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["hello"]
+
+
+# --- bad input at start -----------------------------------------------------------------------------
+
+
+def test_incompatible_vocabularies_are_refused_pointing_to_check_vocab(tiny_dir, tiny_pair):
+    other_draft = write_tiny_gguf(tiny_dir / "gpt2-draft.gguf", TinyConfig(vocab=gpt2_vocabulary(512)))
+    result = chat((tiny_pair.target, other_draft), "-p", "hello")
+    assert result.exit_code == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: ") and "speccli check-vocab" in line
+
+
+def test_a_model_that_cannot_load_is_one_line(tiny_pair, tmp_path):
+    missing = tmp_path / "missing.gguf"
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_text("not a model")
+    for bad in (missing, not_gguf):
+        result = chat((bad, tiny_pair.draft), "-p", "hello")
+        assert result.exit_code != 0
+        [line] = result.stderr.splitlines()
+        assert line.startswith("error: ") and str(bad) in line
+
+
+def test_a_template_that_refuses_a_system_prompt(no_system_pair):
+    result = chat(no_system_pair, "--system", "be brief", "-p", "hello")
+    assert result.exit_code == 1
+    assert "error: the chat template refused the conversation: system messages are not supported" in result.stderr
+
+
+# --- context policy ---------------------------------------------------------------------------------
+
+
+def test_context_overflow_drops_oldest_turns_and_refuses_what_cannot_fit(tiny_pair):
+    # llama.cpp rounds n_ctx up to 256; 60-token replies fill that in a few turns.
+    turns = ["one", "two", "three", "four", "five", "six", "word " * 300, "seven"]
+    result = chat(tiny_pair, "-c", "256", "-n", "60", "--seed", "3", "--system", "sys", "--json",
+                  input="\n".join(turns) + "\n")
+    assert result.exit_code == 0, result.stderr
+    assert "oldest turn" in result.stderr and "system prompt kept" in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "raise --ctx" in errors[0]
+    replies = [r for r in records(result.stdout) if "prompt" in r]
+    assert [r["prompt"] for r in replies] == turns[:6] + ["seven"]
+    assert all(r["stats"]["prompt_tokens"] + r["stats"]["generated_tokens"] <= 256 + 1 for r in replies)
+
+
+# --- display ----------------------------------------------------------------------------------------
+
+
+def _terminal_display(monkeypatch, provenance: bool) -> tuple[Display, io.StringIO]:
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    out = io.StringIO()
+    return Display("terminal", provenance=provenance, out=out, err=out), out
+
+
+def test_terminal_reply_styles_tokens_by_provenance(monkeypatch):
+    display, out = _terminal_display(monkeypatch, provenance=True)
+    with display.reply(target_token_seconds=None) as view:
+        view.add("drafted", Source.DRAFT)
+        view.add("fixed", Source.CORRECTION)
+        view.add("extra\n", Source.BONUS)
+    text = out.getvalue()
+    assert "\x1b[32mdrafted" in text and "\x1b[1;33mfixed" in text and "\x1b[36mextra" in text
+
+
+def test_terminal_reply_without_provenance_is_unstyled(monkeypatch):
+    display, out = _terminal_display(monkeypatch, provenance=False)
+    with display.reply(target_token_seconds=None) as view:
+        view.add("drafted", Source.DRAFT)
+        view.add("fixed", Source.CORRECTION)
+    assert "draftedfixed" in out.getvalue()
+
+
+def test_model_text_cannot_drive_the_terminal(monkeypatch):
+    display, out = _terminal_display(monkeypatch, provenance=False)
+    with display.reply(target_token_seconds=None) as view:
+        view.add("\x1b[2Jclear", Source.DRAFT)
+    assert "\u241b[2Jclear" in out.getvalue() and "\x1b[2J" not in out.getvalue()
+
+
+def test_cli_terminal_output_has_styles_and_legend(tiny_pair):
+    result = chat(tiny_pair, "-p", "hello", "-n", "20", "--temp", "0", terminal=True)
+    assert result.exit_code == 0
+    assert "draft accepted" in result.stdout and "\x1b[32m" in result.stdout
+    plain = chat(tiny_pair, "-p", "hello", "-n", "20", "--temp", "0", "--no-color-provenance", terminal=True)
+    assert "draft accepted" not in plain.stdout
+
+
+def _stats(k: int = 2) -> RunStats:
+    stats = RunStats(k=k, generated=10)
+    stats.add(StepEvent(drafted=2, accepted=2, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1))
+    stats.add(StepEvent(drafted=2, accepted=1, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1))
+    return stats
+
+
+def test_stats_panel_is_a_pure_rendering_of_run_stats():
+    console_file = io.StringIO()
+    from rich.console import Console
+
+    Console(file=console_file, width=100).print(stats_panel(_stats(), target_token_seconds=0.2, title="t"))
+    text = console_file.getvalue()
+    assert "75% of 4 drafted" in text and "10.0 tok/s" in text and "2.00x vs target alone" in text
+    assert "██████████ 100%" in text and "█████" + " " * 5 + "  50%" in text
+
+
+def test_speedup_estimate_and_bars():
+    assert estimated_speedup(_stats(), 0.2) == pytest.approx(2.0)  # 10 tok/s against 5 tok/s alone
+    assert estimated_speedup(RunStats(k=2), 0.2) is None
+    assert acceptance_bar(0.5, width=4) == "██  " and acceptance_bar(0.5, width=1) == "▌"
+
+
+def test_session_totals_add_runs_of_different_k():
+    total = add_run(_stats(k=2), _stats(k=3))
+    assert total.k == 3 and total.drafted_at == [4, 4, 0] and total.generated == 20
+
+
+# --- a real terminal --------------------------------------------------------------------------------
+
+
+def _wait_for(session: str, predicate, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+        if predicate(screen) or time.monotonic() > deadline:
+            return screen
+        time.sleep(0.2)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
+    session = f"speccli-chat-{uuid.uuid4().hex[:8]}"
+    target, draft = endless_pair
+    command = (
+        f"cd {REPO} && {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 -n 1000000 -c 32768; "
+        "echo EXITED $?; sleep 30"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command], check=True)
+    try:
+        screen = _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
+        assert "draft accepted" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "sing", "Enter"], check=True)
+        screen = _wait_for(session, lambda s: "tok/s" in s and "la la" in s)
+        assert "live" in screen and "acceptance" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        screen = _wait_for(session, lambda s: "stopped" in s)
+        assert "(stopped; the partial reply stays in the conversation)" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "/k 3", "Enter"], check=True)
+        screen = _wait_for(session, lambda s: "(k = 3)" in s)
+        assert "(k = 3)" in screen, screen
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)  # at the prompt: leave
+        screen = _wait_for(session, lambda s: "EXITED" in s)
+        assert "EXITED 0" in screen and "session: 1 reply" in screen, screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
