@@ -1,0 +1,292 @@
+"""`speccli bench` on tiny real GGUF models, driven through the real CLI: every figure is produced, the
+JSON report validates against the shipped schema, the greedy check catches a diverging engine, and bad
+input fails with one line before anything is loaded or written."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from speccli import bench
+from speccli.cli import app
+from speccli.errors import SpeccliError
+from speccli.verify import Verdict, verify_greedy
+
+FAST = ["--n-predict", "12", "--runs", "1", "--warmup", "0", "--ctx", "512", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Keep the sha256 cache (and anything else cached) out of the user's home."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    document = json.loads(resources.files("speccli").joinpath("bench_schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(document)
+    return document
+
+
+@pytest.fixture
+def pair_args(tiny_pair) -> list[str]:
+    return ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft)]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["bench", *args])
+
+
+def validate(report: dict, schema: dict) -> None:
+    jsonschema.validate(report, schema, cls=jsonschema.Draft202012Validator)
+
+
+def assert_complete(summary: dict, k: int) -> None:
+    """Every figure of one K is there and has a value (the tiny pair drafts and accepts tokens)."""
+    for side in ("baseline", "speculative"):
+        assert summary[side]["tokens_per_second"]["median"] > 0
+        assert summary[side]["prefill_seconds"] is not None
+        assert summary[side]["tokens"] > 0
+        split = summary[side]["time_split"]
+        assert sum(split[f"{n}_fraction"] for n in ("draft", "target", "other")) == pytest.approx(1, abs=1e-6)
+    assert summary["speedup"]["min"] <= summary["speedup"]["median"] <= summary["speedup"]["max"]
+    assert 0 < summary["acceptance_rate"] <= 1
+    assert 0 < summary["alpha"] <= 1
+    assert len(summary["per_position_acceptance"]) == k
+    assert 1 <= summary["tokens_per_target_decode"] <= k + 1
+    # the last step may be cut short by --n-predict, so at most (not exactly) one more than the drafts kept
+    assert summary["tokens_per_target_decode"] <= summary["accepted_per_target_decode"] + 1 + 1e-9
+    assert summary["predicted"]["speedup"] > 0
+    assert summary["predicted"]["tokens_per_verify"] == pytest.approx(
+        bench.expected_tokens_per_verify(summary["alpha"], k)
+    )
+    assert summary["efficiency"] == pytest.approx(summary["speedup"]["median"] / summary["predicted"]["speedup"])
+    assert summary["observed_costs"]["c"] > 0
+
+
+# --- end to end -----------------------------------------------------------------------------------
+
+
+def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schema) -> None:
+    out = tmp_path / "report.json"
+    result = invoke(*pair_args, "--k", "3", *FAST, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    for text in ("K = 3", "overall", "speedup", "per-position acceptance", "decode time, speculative",
+                 "c = ", "greedy check", "predicted", "efficiency"):
+        assert text in result.stdout, text
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    assert [r["k"] for r in report["results"]] == [3]
+    assert report["command"].startswith("speccli bench --target ") and "--k 3 --n-predict 12 --temp 0" in report["command"]
+    assert report["best_k"] is None
+    result_k = report["results"][0]
+    assert_complete(result_k["overall"], 3)
+    assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == ["code", "json", "summarize", "story", "qa"]
+    assert report["prompts"]["source"] == "built-in" and report["prompts"]["count"] == 5
+    assert report["costs"]["c"] > 0 and report["costs"]["verify"][0]["tokens"] == 4
+    assert report["greedy_check"]["checked"] == 5 and report["greedy_check"]["status"] in ("passed", "near_tie")
+    # one target-only and one speculative generation per prompt and run, each with its own token count
+    modes = [m["mode"] for m in report["measurements"]]
+    assert modes.count("target") == modes.count("speculative") == 5
+    env = report["environment"]
+    assert env["threads"] == 1 and env["backend"] and env["llama_cpp_python"]
+    for role in ("target", "draft"):
+        assert report["models"][role]["size_bytes"] == Path(report["models"][role]["path"]).stat().st_size
+    assert not [p for p in tmp_path.iterdir() if p.name != "report.json"], "no temporary files left behind"
+
+
+def test_sweep_reports_each_k_best_k_and_chart(pair_args, tmp_path, schema) -> None:
+    out = tmp_path / "sweep.json"
+    result = invoke(*pair_args, "--k", "1-2,4", *FAST, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "speedup against K" in result.stdout and "acceptance rate against K" in result.stdout
+    assert "best K = " in result.stdout
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    assert [r["k"] for r in report["results"]] == [1, 2, 4]
+    for result_k in report["results"]:
+        assert_complete(result_k["overall"], result_k["k"])
+    assert [v["k"] for v in report["costs"]["verify"]] == [1, 2, 4]
+    assert report["best_k"]["k"] in (1, 2, 4) and report["best_k"]["reason"]
+    # one baseline per round, shared by every K of the round
+    modes = [m["mode"] for m in report["measurements"]]
+    assert modes.count("target") == 5 and modes.count("speculative") == 15
+    assert report["greedy_check"]["checked"] == 15
+
+    compared = CliRunner().invoke(app, ["bench", "--compare", str(out), str(out)])
+    assert compared.exit_code == 0, compared.output
+    assert "speedup A → B" in compared.stdout and "nothing in models" in compared.stdout
+
+
+def test_sampling_run_and_plain_text_prompts(pair_args, tmp_path, schema) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The cat sat on\n\nOnce upon a time\\nthere was\n")
+    out = tmp_path / "sampled.json"
+    result = invoke(*pair_args, "--k", "2", *FAST, "--temp", "0.8", "--seed", "7", "--prompts", str(prompts), "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    assert report["greedy_check"]["status"] == "not_applicable"
+    assert report["prompts"]["count"] == 2 and report["prompts"]["tasks"] == ["text"]
+    assert {m["seed"] for m in report["measurements"]} == {7}
+    assert "equal text is not expected" in result.stdout
+
+
+def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, monkeypatch) -> None:
+    def wrong_after_drafts(drafted, target_logits):
+        verdict = verify_greedy(drafted, target_logits)
+        if not len(drafted):  # the target alone: untouched
+            return verdict
+        # emit a token the target did not choose, where it clearly prefers its own
+        row = np.asarray(target_logits[verdict.n_accepted])
+        return Verdict(verdict.n_accepted, int(row.argmin()))
+
+    monkeypatch.setattr("speccli.engine.verify_greedy", wrong_after_drafts)
+    out = tmp_path / "broken.json"
+    result = invoke(*pair_args, "--k", "2", *FAST, "--json", str(out))
+    assert result.exit_code == 3, result.output
+    assert "PARTING (not a near-tie)" in result.stdout and "greedy check FAILED" in result.stdout
+    assert result.stderr.strip().startswith("error: greedy check failed")
+    report = json.loads(out.read_text())  # written, with the failure in it
+    validate(report, schema)
+    check = report["greedy_check"]
+    assert check["status"] == "failed"
+    assert check["partings"] and all(p["near_tie"] is False for p in check["partings"])
+    assert all(p["top_two_gap"] > p["tolerance"] for p in check["partings"])
+
+
+# --- bad input: one line, non-zero exit, nothing written ---------------------------------------------
+
+
+def _bad_prompt_files(directory: Path) -> dict[str, Path]:
+    files = {
+        "empty": directory / "empty.jsonl",
+        "blank": directory / "blank.txt",
+        "binary": directory / "binary.bin",
+        "latin1": directory / "latin1.txt",
+        "bad-jsonl": directory / "bad.jsonl",
+        "no-prompt": directory / "noprompt.jsonl",
+    }
+    files["empty"].write_bytes(b"")
+    files["blank"].write_text("\n  \n\n")
+    files["binary"].write_bytes(bytes(range(256)) * 4)
+    files["latin1"].write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    files["bad-jsonl"].write_text('{"task": "a", "prompt": "x"}\n{"task": "b", "prompt": \n')
+    files["no-prompt"].write_text('{"task": "a"}\n')
+    return files
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--k", "0"], "between 1 and"),
+        (["--k", "1,x"], "not a number or a range"),
+        (["--k", "5-2"], "runs backwards"),
+        (["--k", ""], "empty"),
+        (["--k", "1-100"], "between 1 and"),
+        (["--runs", "0"], "--runs must be >= 1"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--n-predict", "0"], "--n-predict must be >= 1"),
+        (["--temp", "-1"], "--temp must be >= 0"),
+        (["--prompts", "MISSING"], "no such file"),
+        (["--prompts", "empty"], "no prompts in it"),
+        (["--prompts", "blank"], "no prompts in it"),
+        (["--prompts", "binary"], "binary data"),
+        (["--prompts", "latin1"], "not UTF-8 text"),
+        (["--prompts", "bad-jsonl"], "line 2: not valid JSON"),
+        (["--prompts", "no-prompt"], '"prompt" must be a non-empty string'),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message) -> None:
+    files = _bad_prompt_files(tmp_path)
+    if args[0] == "--prompts":
+        args = ["--prompts", str(files.get(args[1], tmp_path / "missing.jsonl"))]
+    out = tmp_path / "out.json"
+    result = invoke(*pair_args, *FAST, *args, "--json", str(out))
+    assert result.exit_code != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.json*")), "no partial file either"
+
+
+def test_json_into_a_missing_folder_fails_before_measuring(pair_args, tmp_path) -> None:
+    result = invoke(*pair_args, *FAST, "--json", str(tmp_path / "nowhere" / "out.json"))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: --json {tmp_path / 'nowhere' / 'out.json'}: the folder {tmp_path / 'nowhere'} does not exist"
+
+
+def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    result = CliRunner().invoke(app, ["bench", "--compare", str(other), str(other)])
+    assert result.exit_code == 1 and "not a speccli bench JSON report" in result.stderr
+
+
+# --- pieces ---------------------------------------------------------------------------------------
+
+
+def test_parse_k_spec() -> None:
+    assert bench.parse_k_spec("4") == [4]
+    assert bench.parse_k_spec("1,2,4,8") == [1, 2, 4, 8]
+    assert bench.parse_k_spec("1-8") == list(range(1, 9))
+    assert bench.parse_k_spec(" 8, 1-3 ,2") == [1, 2, 3, 8]
+    for bad in ("0", "1,x", "5-2", "", "-1", "1-", "1,,2", "65"):
+        with pytest.raises(SpeccliError):
+            bench.parse_k_spec(bad)
+
+
+def test_theory() -> None:
+    assert bench.expected_tokens_per_verify(0.5, 1) == pytest.approx(1.5)
+    assert bench.expected_tokens_per_verify(1.0, 4) == 5
+    assert bench.expected_tokens_per_verify(0.0, 4) == 1
+    # free drafts and a verify as cheap as one decode: the speedup is the expected tokens per verify
+    assert bench.predicted_speedup(0.8, 4, c=0.0, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert bench.predicted_speedup(0.8, 4, c=0.25, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2 / 2)
+
+
+def test_alpha_estimate_recovers_a_geometric_acceptance() -> None:
+    rng = np.random.default_rng(0)
+    alpha, k = 0.7, 4
+    accepted = judged = 0
+    for _ in range(20000):
+        kept = 0
+        while kept < k and rng.random() < alpha:
+            kept += 1
+        accepted += kept
+        judged += kept + (kept < k)
+    assert bench.estimate_alpha(accepted, judged) == pytest.approx(alpha, abs=0.01)
+    assert bench.estimate_alpha(0, 0) is None
+
+
+def test_builtin_prompts_cover_the_task_kinds() -> None:
+    prompts = bench.load_prompt_set(None)
+    assert prompts.tasks == ["code", "json", "summarize", "story", "qa"]
+    assert len(prompts.sha256) == 64
+
+
+def test_jsonl_prompts_with_and_without_task(tmp_path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"task": "code", "prompt": "def f():\\n"}\n\n{"prompt": "Hello"}\n')
+    prompts = bench.load_prompt_set(path)
+    assert [(p.task, p.prompt) for p in prompts.prompts] == [("code", "def f():\n"), ("prompt", "Hello")]
+
+
+def test_report_is_written_atomically(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def broken_replace(*_args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench.os, "replace", broken_replace)
+    with pytest.raises(SpeccliError, match="cannot write it"):
+        bench.write_report(target, {"a": 1})
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
