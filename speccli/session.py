@@ -52,25 +52,14 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
 
 def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     resolved = resolve(request, quiet=quiet)
-    target_layers = request.target_n_gpu_layers
-    draft_layers = request.draft_n_gpu_layers
-    target = Model(
-        resolved.target_path,
-        LoadOptions(
-            n_ctx=request.n_ctx,
-            n_threads=request.n_threads,
-            n_gpu_layers=resolved.target_n_gpu_layers if target_layers is None else target_layers,
-        ),
-    )
+
+    def options(requested_layers: int | None, pair_layers: int) -> LoadOptions:
+        layers = pair_layers if requested_layers is None else requested_layers
+        return LoadOptions(n_ctx=request.n_ctx, n_threads=request.n_threads, n_gpu_layers=layers)
+
+    target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers))
     try:
-        draft = Model(
-            resolved.draft_path,
-            LoadOptions(
-                n_ctx=request.n_ctx,
-                n_threads=request.n_threads,
-                n_gpu_layers=resolved.draft_n_gpu_layers if draft_layers is None else draft_layers,
-            ),
-        )
+        draft = Model(resolved.draft_path, options(request.draft_n_gpu_layers, resolved.draft_n_gpu_layers))
     except BaseException:
         target.close()
         raise

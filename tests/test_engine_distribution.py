@@ -50,12 +50,16 @@ def exact_two_token_distribution(target: Model, prompt: list[int]) -> dict[tuple
 
 
 def sampled_pairs(generator: Generator, prompt: list[int], n: int) -> list[tuple[int, ...]]:
-    """The first two tokens of n generations; the end-of-generation token is kept when it comes first."""
+    """The first two tokens of n generations; the end-of-generation token is kept when it comes first.
+
+    Each generation asks for k+1 tokens, so its first step drafts all k (the engine drafts no more
+    than a reply still needs) and the whole verify rule, bonus token included, shapes the pair.
+    """
     pairs = []
     for _ in range(n):
-        events = list(generator.generate(prompt, GenerationLimits(max_tokens=2)))
-        tokens = [e.token for e in events if isinstance(e, TokenEvent)]
-        if events[-1].reason == "eog":
+        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max(2, generator.k + 1))))
+        tokens = [e.token for e in events if isinstance(e, TokenEvent)][:2]
+        if len(tokens) < 2 and events[-1].reason == "eog":
             tokens.append(generator.tokens[len(prompt) + len(tokens)])
         pairs.append(tuple(tokens))
     return pairs
