@@ -35,7 +35,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from speccli.backend import Model, Tokenizer
 from speccli.display import Display, Mode
-from speccli.engine import MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent
+from speccli.engine import (
+    MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent, validate_k,
+)
 from speccli.errors import SpeccliError
 from speccli.sampling import SamplingParams, probabilities, sample
 from speccli.session import PairRequest, open_pair
@@ -486,12 +488,18 @@ def run_chat(
     provenance: bool,
 ) -> None:
     """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each."""
+    # Bad settings fail here, before seconds of model loading.
     sampling.validate()
+    GenerationLimits(max_tokens=max_tokens).validate()
+    if k is not None:
+        validate_k(k)
+    if prompt is not None and prompt != "-" and not prompt.strip():
+        raise SpeccliError("the prompt (--prompt) is empty")
     display = Display(_output_mode(json_output), provenance=provenance)
     with open_pair(request) as pair:
         session = ChatSession(
             pair.target, pair.draft, display,
-            sampling=sampling, k=k or pair.resolved.k, seed=seed, max_tokens=max_tokens, system=system,
+            sampling=sampling, k=pair.resolved.k if k is None else k, seed=seed, max_tokens=max_tokens, system=system,
         )
         resolved = pair.resolved
         session.announce(f"target {resolved.target_name} · draft {resolved.draft_name} · k={session.generator.k}")

@@ -116,6 +116,15 @@ class GenerationLimits:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
 
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise SpeccliError(f"max tokens must be >= 1, got {self.max_tokens}")
+
+
+def validate_k(k: int) -> None:
+    if not 1 <= k <= MAX_K:
+        raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
+
 
 class TextAssembler:
     """Token bytes -> text: never splits a UTF-8 character; holds back what may begin a stop string."""
@@ -156,8 +165,8 @@ class Generator:
         self, target: Model, draft: Model | None, sampling: SamplingParams, k: int, seed: int | None = None
     ) -> None:
         sampling.validate()
-        if draft is not None and not 1 <= k <= MAX_K:
-            raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
+        if draft is not None:
+            validate_k(k)
         self.target = target
         self.draft = draft
         self.sampling = sampling
@@ -174,8 +183,7 @@ class Generator:
         self.tokens = []
 
     def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
-        if limits.max_tokens < 1:
-            raise SpeccliError(f"max tokens must be >= 1, got {limits.max_tokens}")
+        limits.validate()
         stats = RunStats(k=self.k, prompt_tokens=len(prompt))
         stats.prefill_seconds = self._prefill(prompt)
         text = TextAssembler(limits.stop)

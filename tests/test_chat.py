@@ -342,3 +342,24 @@ def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
         assert "EXITED 0" in screen and "session: 1 reply" in screen, screen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--k", "0"], "error: k (draft tokens per step) must be between 1 and 64, got 0"),
+        (["--k", "65"], "error: k (draft tokens per step) must be between 1 and 64, got 65"),
+        (["--temp", "-0.5"], "error: temperature must be >= 0 (0 is greedy), got -0.5"),
+        (["--top-p", "0"], "error: top-p must be in (0, 1], got 0.0"),
+        (["--top-p", "1.5"], "error: top-p must be in (0, 1], got 1.5"),
+        (["--top-k", "-1"], "error: top-k must be >= 0 (0 keeps every token), got -1"),
+        (["--min-p", "1"], "error: min-p must be in [0, 1), got 1.0"),
+        (["-n", "0"], "error: max tokens must be >= 1, got 0"),
+        (["-p", "   "], "error: the prompt (--prompt) is empty"),
+    ],
+)
+def test_bad_settings_are_one_line_naming_the_parameter_and_range(tiny_pair, args, message):
+    result = chat(tiny_pair, "-p", "hello", *args)
+    assert result.exit_code == 1
+    assert result.stderr == message + "\n"
+    assert result.stdout == ""
