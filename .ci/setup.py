@@ -11,8 +11,8 @@ builds the wheel once per (version, flags, Python, platform) into its own cache,
 there: later runs and CI on the same machine take seconds.
 
 Flags, in order of precedence: the user's CMAKE_ARGS; CUDA where nvcc and an NVIDIA GPU are present;
-llama-cpp-python's default on macOS (Metal); a portable AVX2/AVX-512 build on other x86-64 Linux;
-the default elsewhere. Standard library only: it runs before anything is installed.
+llama-cpp-python's default on macOS (Metal); on other x86-64 Linux, GGML_NATIVE=OFF with the
+instruction sets this CPU reports (AVX .. AVX-512 VNNI, never AMX); the default elsewhere. Standard library only: it runs before anything is installed.
 """
 from __future__ import annotations
 
@@ -28,10 +28,16 @@ import venv
 from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # keep equal to the pin in pyproject.toml
-PORTABLE_X86_64 = (
-    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON "
-    "-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
-)
+# x86-64 instruction sets llama.cpp can be built for, by /proc/cpuinfo flag. AMX is left out on
+# purpose: the native build's AMX path is what crashes.
+X86_64_FEATURES = [
+    ("avx", "GGML_AVX"),
+    ("avx2", "GGML_AVX2"),
+    ("fma", "GGML_FMA"),
+    ("f16c", "GGML_F16C"),
+    ("avx512f", "GGML_AVX512"),
+    ("avx512_vnni", "GGML_AVX512_VNNI"),
+]
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BUILD_MARKER = VENV / "speccli-llama-build.txt"
@@ -61,8 +67,21 @@ def choose_cmake_args() -> tuple[str, str]:
     if has_nvidia_gpu():
         return "-DGGML_CUDA=on", "CUDA: nvcc and an NVIDIA GPU were found"
     if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
-        return PORTABLE_X86_64, "portable x86-64 CPU build (a native build crashes on AMX CPUs)"
+        return x86_64_flags(), "this CPU's instruction sets without AMX (a native build crashes on AMX CPUs)"
     return "", "llama-cpp-python's default"
+
+
+def x86_64_flags() -> str:
+    """GGML_NATIVE=OFF with each instruction set this CPU reports switched on: what -march=native
+    would use, minus AMX. A wheel built so never uses an instruction the CPU lacks."""
+    cpu_flags: set[str] = set()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("flags"):
+                cpu_flags = set(line.split(":", 1)[1].split())
+                break
+    switches = [f"-D{option}=ON" for flag, option in X86_64_FEATURES if flag in cpu_flags]
+    return " ".join(["-DGGML_NATIVE=OFF", *switches])
 
 
 def wheel_cache_root() -> Path:
