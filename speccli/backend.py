@@ -39,20 +39,24 @@ class ContextFullError(SpeccliError):
     """The tokens to decode do not fit in what is left of the context window."""
 
 
-# --- llama.cpp's log: kept quiet, but its last errors go into our messages --------------------
+# --- llama.cpp's log: kept quiet, but its errors go into our messages --------------------
 
-_recent_log_lines: deque[str] = deque(maxlen=20)
-_GGML_LOG_LEVEL_ERROR = 3
-_GGML_LOG_LEVEL_CONT = 5
+_recent_errors: deque[str] = deque(maxlen=20)
+_GGML_LOG_LEVEL_ERROR = 4  # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5
+_GGML_LOG_LEVEL_CONT = 5  # continues the previous message, at that message's level
+_last_level = 0
 
 
 @llama_cpp.llama_log_callback
 def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    global _last_level
     line = text.decode("utf-8", errors="replace")
     if os.environ.get("SPECCLI_LLAMA_LOG"):
         print(line, end="", flush=True, file=sys.stderr)
-    if level in (_GGML_LOG_LEVEL_ERROR, _GGML_LOG_LEVEL_CONT) and line.strip():
-        _recent_log_lines.append(line.strip())
+    if level != _GGML_LOG_LEVEL_CONT:
+        _last_level = level
+    if _last_level == _GGML_LOG_LEVEL_ERROR and line.strip():
+        _recent_errors.append(line.strip())
 
 
 _backend_ready = False
@@ -67,7 +71,9 @@ def _init_backend() -> None:
 
 
 def _last_llama_error() -> str:
-    return f" (llama.cpp: {_recent_log_lines[-1]})" if _recent_log_lines else ""
+    """llama.cpp's first error line since the call began, the cause; the later ones only pass it on.
+    (`_recent_errors` is cleared before each call.)"""
+    return f" (llama.cpp: {_recent_errors[0]})" if _recent_errors else ""
 
 
 # --- what this build of llama.cpp can do ----------------------------------------------------
@@ -107,6 +113,7 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
     params.ftype = FILE_TYPES[file_type]
     params.allow_requantize = True  # the source is already quantized: dequantize, then re-encode
     params.nthread = os.cpu_count() or 1
+    _recent_errors.clear()
     status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
     if status != 0:
         raise SpeccliError(f"{source}: llama.cpp could not convert it to {file_type}{_last_llama_error()}")
@@ -135,7 +142,7 @@ def _load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers  # -1: every layer
     params.vocab_only = vocab_only
-    _recent_log_lines.clear()
+    _recent_errors.clear()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise UnreadableFileError(f"{path}: llama.cpp could not load it{_last_llama_error()}")
@@ -244,6 +251,9 @@ class Model:
         params.n_batch = params.n_ubatch = options.n_batch
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = threads
+        # Sliding-window models (Gemma 3) must keep the whole window history: dropping a suffix of
+        # rejected drafts is only exact with the full-size SWA cache (llama.cpp's default; made explicit).
+        params.swa_full = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
@@ -293,6 +303,7 @@ class Model:
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_with_logits
+        _recent_errors.clear()
         status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:
             # On failure llama.cpp may keep part of the batch: drop it, so n_past stays true.

@@ -236,6 +236,9 @@ class Generator:
                 break
             shared += 1
         started = time.perf_counter()
+        # Until every cache holds the new prompt, only the shared prefix is known to be in them all:
+        # if a decode fails half-way, the next call must not trust what this one left behind.
+        self.tokens = list(prompt[:shared])
         for model in self._models():
             model.truncate(min(model.n_past, shared))
             if model.n_past < len(prompt) - 1:
@@ -304,6 +307,6 @@ class Generator:
 
 
 def _source_of_next(verdict: Verdict, k: int, speculative: bool) -> Source:
-    if not speculative:
+    if not speculative or k == 0:  # no drafts this step (end of the reply or of the context)
         return Source.TARGET
     return Source.BONUS if verdict.is_bonus(k) else Source.CORRECTION

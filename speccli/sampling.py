@@ -51,7 +51,7 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         one_hot[np.arange(len(logits)), logits.argmax(axis=1)] = 1
         return one_hot
     if params.top_k or params.top_p < 1 or params.min_p > 0:
-        logits = _filtered(logits, params)
+        return np.stack([_filtered_probabilities(row, params) for row in logits])
     scores = np.subtract(logits, logits.max(axis=1, keepdims=True), dtype=np.float32)
     scores *= np.float32(1 / params.temperature)
     np.exp(scores, out=scores)
@@ -59,27 +59,55 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return scores
 
 
-def _filtered(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """A copy of the logits with the tokens that top-k, top-p and min-p drop set to -inf."""
-    scores = np.array(logits, dtype=np.float32)
-    vocab = scores.shape[1]
+def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """One row through top-k, top-p and min-p, then the temperature.
+
+    Works on the surviving candidates only: after top-k 40, sorting for top-p costs 40 values,
+    not 262,144.
+    """
+    vocab = len(row)
     if 0 < params.top_k < vocab:
-        # The k-th largest value per row; ties with it are kept, so the rule stays deterministic.
-        kth_largest = np.partition(scores, vocab - params.top_k, axis=1)[:, vocab - params.top_k, None]
-        scores[scores < kth_largest] = -np.inf
+        # The k-th largest value; ties with it are kept, so the rule does not depend on tie order.
+        kth_largest = np.partition(row, vocab - params.top_k)[vocab - params.top_k]
+        candidates = np.flatnonzero(row >= kth_largest)
+    else:
+        candidates = np.arange(vocab)
+    values = row[candidates].astype(np.float32)
     if params.top_p < 1 or params.min_p > 0:
-        untempered = np.exp(scores - scores.max(axis=1, keepdims=True))
-        untempered /= untempered.sum(axis=1, keepdims=True)
+        untempered = _softmax(values)
+        keep = np.ones(len(values), dtype=bool)
         if params.min_p > 0:
-            scores[untempered < params.min_p * untempered.max(axis=1, keepdims=True)] = -np.inf
+            keep &= untempered >= params.min_p * untempered.max()
         if params.top_p < 1:
-            order = np.argsort(-untempered, axis=1, kind="stable")
-            sorted_probs = np.take_along_axis(untempered, order, axis=1)
-            mass_before = np.cumsum(sorted_probs, axis=1) - sorted_probs
-            drop = np.zeros(scores.shape, dtype=bool)
-            np.put_along_axis(drop, order, mass_before >= params.top_p, axis=1)
-            scores[drop] = -np.inf
-    return scores
+            head = _head_holding(untempered, params.top_p)
+            order = head[np.argsort(-untempered[head], kind="stable")]
+            mass_before = np.cumsum(untempered[order]) - untempered[order]
+            in_top_p = np.zeros(len(values), dtype=bool)
+            in_top_p[order[mass_before < params.top_p]] = True
+            keep &= in_top_p
+        candidates, values = candidates[keep], values[keep]
+    probs = np.zeros(vocab, dtype=np.float32)
+    probs[candidates] = _softmax(values / np.float32(params.temperature))
+    return probs
+
+
+def _head_holding(probs: np.ndarray, mass: float) -> np.ndarray:
+    """Indices (ascending) of every token above some probability threshold, the threshold chosen
+    so that they hold more than `mass`. The top-p set is a prefix of the tokens sorted by
+    probability, so it lies within them: only they need sorting (a few hundred, not 262,144).
+    The margin keeps float32 rounding in the sorted cumulative sum from stopping short."""
+    threshold = probs.max()
+    while threshold > 1e-30:
+        threshold *= 1e-3
+        head = np.flatnonzero(probs >= threshold)
+        if probs[head].sum() >= mass + 1e-3:
+            return head
+    return np.flatnonzero(probs > 0)
+
+
+def _softmax(values: np.ndarray) -> np.ndarray:
+    exp = np.exp(values - values.max())
+    return exp / exp.sum()
 
 
 _BLOCK = 1024

@@ -37,9 +37,11 @@ def acceptance_probabilities(p_of_drafted: np.ndarray, q_of_drafted: np.ndarray)
 
 def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """norm(max(0, p - q)): what to draw from after a rejection. Its mass is positive whenever a
-    rejection is possible, since rejecting needs some x with q(x) > p(x), hence some y with p(y) > q(y)."""
+    rejection is possible, since rejecting needs some x with q(x) > p(x), hence some y with p(y) > q(y).
+    Rounding can still leave none (p and q equal but for float32 noise): then p itself is the answer."""
     residual = np.maximum(p - q, 0)
-    return residual / residual.sum()
+    mass = residual.sum()
+    return residual / mass if mass > 0 else p / p.sum()
 
 
 def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> Verdict:

@@ -14,7 +14,7 @@ import pytest
 from speccli.verify import Verdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
 
 
-def output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def output_distribution(p: np.ndarray, q: np.ndarray, residual=residual_distribution) -> np.ndarray:
     """P(emitted = y) at one position, when x ~ q is accepted with min(1, p(x)/q(x)), else y ~ residual."""
     drafted = np.flatnonzero(q > 0)
     accept = np.zeros_like(p)
@@ -22,7 +22,7 @@ def output_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     rejection_mass = 1.0 - accept.sum()
     if rejection_mass <= 1e-15:
         return accept
-    return accept + rejection_mass * residual_distribution(p, q)
+    return accept + rejection_mass * residual(p, q)
 
 
 def random_distribution(rng: np.random.Generator, size: int, sparsity: float = 0.0) -> np.ndarray:
@@ -79,13 +79,17 @@ def test_random_distributions_emit_exactly_p(seed: int) -> None:
 
 
 def test_the_check_detects_a_biased_rule() -> None:
-    """Negative control: dropping the residual (resampling from p instead) is not exact."""
+    """Negative control: the same computation with the residual replaced by p (a known mistake)
+    is not exact, so the 1e-12 checks above can fail."""
     rng = np.random.default_rng(1)
     p, q = random_distribution(rng, 30), random_distribution(rng, 30)
-    drafted = q > 0
-    accept = np.where(drafted, q * np.minimum(1, p / np.where(drafted, q, 1)), 0)
-    biased = accept + (1 - accept.sum()) * p
+    biased = output_distribution(p, q, residual=lambda p, q: p)
     assert np.abs(biased - p).max() > 1e-3
+
+
+def test_rounding_that_leaves_no_residual_falls_back_to_p() -> None:
+    p = np.array([0.5, 0.5], dtype=np.float32)
+    np.testing.assert_array_equal(residual_distribution(p, p + np.float32(1e-8)), p)
 
 
 class ScriptedUniforms:
