@@ -272,6 +272,10 @@ def measure_generation(generator, prompt_tokens: Sequence[int], n_predict: int, 
         elif isinstance(event, DoneEvent):
             done = event
     elapsed = time.perf_counter() - started
+    if done.reason == "eog":
+        # Keep the end-of-generation token (the engine keeps it last): ending is a choice the greedy
+        # check must compare too.
+        tokens.append(generator.tokens[-1])
     stats = done.stats
     decode_seconds = max(elapsed - stats.prefill_seconds, 1e-9)
     return Measurement(
@@ -635,8 +639,8 @@ def _check_round(target, prompt_tokens: list[int], round_: Round, check: GreedyC
                 description=parting.describe(),
             )
         else:
-            # Equal as far as both go, but one side ended (end-of-generation) where the other went on.
-            # The ending token is not in either list, so find_parting cannot judge it: reported, not failed.
+            # Equal as far as both go, yet one is longer: with the end-of-generation token kept and the
+            # same token limit on both sides, nothing explains that, so it fails like any other parting.
             shorter = min(len(reference), len(candidate))
             entry.update(
                 index=shorter,
@@ -644,10 +648,10 @@ def _check_round(target, prompt_tokens: list[int], round_: Round, check: GreedyC
                 speculative_token=None,
                 top_two_gap=None,
                 tolerance=None,
-                near_tie=None,
+                near_tie=False,
                 description=(
-                    f"outputs agree for {shorter} tokens, then one side ends ({round_.baseline.reason} alone vs "
-                    f"{measurement.reason} speculative) where the other goes on; not judged"
+                    f"outputs agree for {shorter} tokens, then one side stops ({round_.baseline.reason} alone vs "
+                    f"{measurement.reason} speculative) where the other goes on: not a near-tie"
                 ),
             )
         check.partings.append(entry)
@@ -818,21 +822,22 @@ def _size(n: int) -> str:
 
 
 def render_report(report: dict[str, Any], console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     settings, env, models = report["settings"], report["environment"], report["models"]
     costs = report["costs"]
     mode = "greedy" if settings["greedy"] else f"temperature {settings['temperature']:g}, seed {settings['seed']}"
-    pair = f"pair {models['pair']}" if models["pair"] else "ad-hoc pair"
+    pair = f"pair {escape(models['pair'])}" if models["pair"] else "ad-hoc pair"
     console.print(
         f"[bold]speccli bench[/bold] · {pair} · K={','.join(map(str, settings['k']))} · {mode} · "
         f"{settings['n_predict']} new tokens max · {settings['runs']} run(s) + {settings['warmup']} warm-up · "
-        f"{report['prompts']['count']} prompt(s) ({report['prompts']['source']})"
+        f"{report['prompts']['count']} prompt(s) ({escape(report['prompts']['source'])})"
     )
-    console.print(f"  [dim]{report['command']}[/dim]", soft_wrap=True)
+    console.print(f"  [dim]{escape(report['command'])}[/dim]", soft_wrap=True)
     for role in ("target", "draft"):
         model = models[role]
-        console.print(f"  {role:<6} {model['name']} ({_size(model['size_bytes'])}, sha256 {model['sha256'][:12]})")
+        console.print(f"  {role:<6} {escape(model['name'])} ({_size(model['size_bytes'])}, sha256 {model['sha256'][:12]})")
     offload = (
         f"ngl {env['target_n_gpu_layers']}/{env['draft_n_gpu_layers']}" if env["gpu_offload_supported"] else "no GPU offload"
     )
@@ -977,7 +982,7 @@ def _render_check(check: dict[str, Any], console) -> None:
     for parting in check["partings"]:
         where = f"{parting['task']} (prompt {parting['prompt_index']}, run {parting['run']}, K={parting['k']})"
         failed = parting["near_tie"] is False
-        label = "PARTING (not a near-tie)" if failed else "near-tie parting" if parting["near_tie"] else "unjudged parting"
+        label = "PARTING (not a near-tie)" if failed else "near-tie parting"
         style = "bold red" if failed else "yellow"
         console.print(f"  [{style}]{label}[/{style}] {where}: {parting['description']}")
     summary = f"{check['identical']}/{check['checked']} identical, {len(check['partings'])} parted"
@@ -988,6 +993,7 @@ def _render_check(check: dict[str, Any], console) -> None:
 
 
 def render_comparison(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str], console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     differences = []
@@ -1005,8 +1011,8 @@ def render_comparison(a: dict[str, Any], b: dict[str, Any], names: tuple[str, st
         left, right = getter(a), getter(b)
         if left != right:
             differences.append(f"{label}: {left} → {right}")
-    console.print(f"[bold]A[/bold] = {names[0]} ({a['created']})   [bold]B[/bold] = {names[1]} ({b['created']})")
-    console.print("  differs: " + ("; ".join(differences) if differences else "nothing in models, prompts, settings or environment"))
+    console.print(f"[bold]A[/bold] = {escape(names[0])} ({a['created']})   [bold]B[/bold] = {escape(names[1])} ({b['created']})")
+    console.print("  differs: " + (escape("; ".join(differences)) if differences else "nothing in models, prompts, settings or environment"))
     by_k_a = {r["k"]: r["overall"] for r in a["results"]}
     by_k_b = {r["k"]: r["overall"] for r in b["results"]}
     table = Table(header_style="bold")

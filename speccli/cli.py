@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from speccli import __version__
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UnreadableFileError
 
 
 class SpeccliGroup(TyperGroup):
@@ -19,11 +19,24 @@ class SpeccliGroup(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except SpeccliError as error:
+        except BrokenPipeError:
+            # The reader went away (`speccli models | head`): nothing left to say to anyone.
+            sys.stderr.close()
+            raise typer.Exit(141) from None
+        except (SpeccliError, OSError) as error:
             if os.environ.get("SPECCLI_DEBUG"):
                 raise
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(error.exit_code) from None
+            typer.echo(f"error: {_one_line(error)}", err=True)
+            raise typer.Exit(getattr(error, "exit_code", 2)) from None
+
+
+def _one_line(error: Exception) -> str:
+    """SpeccliErrors are written for users already; an OSError (disk full, permission denied while
+    writing a cache or report) gets its file and reason."""
+    if isinstance(error, OSError) and not isinstance(error, SpeccliError):
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror or error}"
+    return str(error)
 
 
 app = typer.Typer(
@@ -129,7 +142,7 @@ def check_vocab(
 ) -> None:
     """Check that DRAFT can draft for TARGET: same token ids, same tokenization. Reads no weights.
 
-    Exit codes: 0 identical or compatible, 1 incompatible, 2 a file could not be read.
+    Exit codes: 0 identical or compatible, 1 incompatible, 2 a model could not be found or read.
     """
     from rich.console import Console
     from rich.text import Text
@@ -137,9 +150,13 @@ def check_vocab(
     from speccli.registry import load_registry, resolve_model
     from speccli.vocab import Verdict, check_pair
 
-    registry = load_registry(config)
-    # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
-    report = check_pair(resolve_model(draft, registry, fetch=False), resolve_model(target, registry, fetch=False))
+    try:
+        registry = load_registry(config)
+        # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
+        draft_path, target_path = (resolve_model(name, registry, fetch=False) for name in (draft, target))
+    except SpeccliError as error:
+        raise UnreadableFileError(str(error)) from None  # exit 2, so that 1 always means "incompatible"
+    report = check_pair(draft_path, target_path)
     if json_output:
         typer.echo(report.to_json())
     else:

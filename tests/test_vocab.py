@@ -278,3 +278,10 @@ def test_gemma_vocabulary_reads_in_well_under_a_second() -> None:
     assert report.verdict is Verdict.IDENTICAL and report.draft.size == 262_144
     assert report.draft.special_ids["bos"] == 2
     assert elapsed < 1.0  # ~0.15 s measured; GGUFReader needs ~10 s for the same file
+
+
+def test_an_unknown_model_name_exits_2_not_1_which_means_incompatible(tiny_model: Path) -> None:
+    result = CliRunner().invoke(app, ["check-vocab", "no-such-model", str(tiny_model)])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: unknown model 'no-such-model'")
+    assert result.stderr.count("\n") == 1
