@@ -1103,13 +1103,6 @@ def run_command(request: BenchRequest) -> None:
     ks = parse_k_spec(request.k_spec) if request.k_spec is not None else None
     settings = request.settings
     settings.validate()
-    if request.n_ctx < 16:
-        raise SpeccliError(f"--ctx must be at least 16 tokens, got {request.n_ctx}")
-    if request.threads is not None and request.threads < 1:
-        raise SpeccliError(f"--threads must be >= 1, got {request.threads}")
-    prompt_set = load_prompt_set(request.prompts_file)
-    check_json_destination(request.json_path)
-
     pair_request = PairRequest(
         pair=request.pair,
         target=request.target,
@@ -1120,6 +1113,10 @@ def run_command(request: BenchRequest) -> None:
         target_n_gpu_layers=request.target_n_gpu_layers,
         draft_n_gpu_layers=request.draft_n_gpu_layers,
     )
+    pair_request.validate()
+    prompt_set = load_prompt_set(request.prompts_file)
+    check_json_destination(request.json_path)
+
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
         settings = BenchSettings(**{**asdict(settings), "ks": tuple(ks or [resolved.k])})

@@ -495,6 +495,7 @@ def run_chat(
         validate_k(k)
     if prompt is not None and prompt != "-" and not prompt.strip():
         raise SpeccliError("the prompt (--prompt) is empty")
+    request.validate()
     display = Display(_output_mode(json_output), provenance=provenance)
     with open_pair(request) as pair:
         session = ChatSession(

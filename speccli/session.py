@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.backend import LoadOptions, Model
+from speccli.errors import SpeccliError
 from speccli.registry import ResolvedPair, load_registry, resolve_pair
 from speccli.vocab import ensure_compatible
 
@@ -24,6 +25,14 @@ class PairRequest:
     n_threads: int | None = None
     target_n_gpu_layers: int | None = None  # None: the pair's setting from models.toml
     draft_n_gpu_layers: int | None = None
+
+    def validate(self) -> None:
+        """Cheap checks, before any file is read. (llama.cpp would take --ctx 0 to mean the model's
+        whole training context, which can be gigabytes of KV cache.)"""
+        if self.n_ctx < 16:
+            raise SpeccliError(f"--ctx must be at least 16 tokens, got {self.n_ctx}")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise SpeccliError(f"--threads must be >= 1, got {self.n_threads}")
 
 
 @dataclass

@@ -363,3 +363,13 @@ def test_bad_settings_are_one_line_naming_the_parameter_and_range(tiny_pair, arg
     assert result.exit_code == 1
     assert result.stderr == message + "\n"
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["-c", "0"], "error: --ctx must be at least 16 tokens, got 0"), (["-t", "0"], "error: --threads must be >= 1, got 0")],
+)
+def test_context_and_threads_are_checked_before_loading(tiny_pair, args, message):
+    result = chat(tiny_pair, "-p", "hello", *args)
+    assert result.exit_code == 1
+    assert result.stderr == message + "\n"
