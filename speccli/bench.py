@@ -764,17 +764,10 @@ def build_report(
 
 
 def write_text_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see a half-written file."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
-        with partial.open("w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    """Readers never see a half-written file (the registry's builds use the same mechanism)."""
+    from speccli.registry import build_atomically
+
+    build_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
