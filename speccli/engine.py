@@ -173,6 +173,10 @@ class Generator:
         self.k = k if draft is not None else 0
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
+        # Probability rows are rewritten every step: reusing the memory keeps the time outside
+        # llama_decode small (fresh arrays of a 262k vocabulary cost page faults each time).
+        self._draft_rows = _RowBuffer()
+        self._target_rows = _RowBuffer()
 
     def _models(self) -> list[Model]:
         return [self.target] if self.draft is None else [self.target, self.draft]
@@ -256,7 +260,7 @@ class Generator:
     def _step(self, k: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft k tokens, verify them in one target decode, keep the accepted prefix and one more."""
         started = time.perf_counter()
-        drafted, q_rows, draft_seconds = self._draft(k) if k else ([], [], 0.0)
+        drafted, q_rows, draft_seconds = self._draft(k) if k else ([], None, 0.0)
         target_started = time.perf_counter()
         target_logits = self.target.decode(self.tokens[self.target.n_past :] + drafted, n_logit_rows=k + 1)
         target_seconds = time.perf_counter() - target_started
@@ -271,39 +275,48 @@ class Generator:
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
         return new_tokens, sources, StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds)
 
-    def _draft(self, k: int) -> tuple[list[int], list[np.ndarray], float]:
+    def _draft(self, k: int) -> tuple[list[int], np.ndarray, float]:
         """k tokens from the draft, each drawn from q, with q kept (sampling only) for verification."""
         draft, decode_seconds = self.draft, 0.0
         drafted: list[int] = []
-        q_rows: list[np.ndarray] = []
+        q_rows = self._draft_rows.take(k, draft.n_vocab)
         # The last token, and the previous bonus if the draft missed it.
         pending = self._visible_to(draft, self.tokens[draft.n_past :])
-        for _ in range(k):
+        for i in range(k):
             decode_started = time.perf_counter()
             logits = draft.decode(pending, n_logit_rows=1)
             decode_seconds += time.perf_counter() - decode_started
             if self.sampling.greedy:
                 token = int(logits[0].argmax())
             else:
-                q = probabilities(logits, self.sampling)[0]
-                token = sample(q, self.rng)
-                q_rows.append(q)
+                token = sample(probabilities(logits, self.sampling, out=q_rows[i : i + 1])[0], self.rng)
             drafted.append(token)
             pending = [token]
         # The last draft token is not decoded by the draft: if all k pass, the next step catches up.
         return drafted, q_rows, decode_seconds
 
-    def _verify(self, drafted: np.ndarray, q_rows: list[np.ndarray], target_logits: np.ndarray) -> Verdict:
+    def _verify(self, drafted: np.ndarray, q: np.ndarray, target_logits: np.ndarray) -> Verdict:
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
-        p = probabilities(target_logits, self.sampling)
+        p = probabilities(target_logits, self.sampling, out=self._target_rows.take(*target_logits.shape))
         if not len(drafted):
             return Verdict(0, sample(p[0], self.rng))
-        q = np.stack(q_rows)
         if q.shape[1] != p.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
             width = max(q.shape[1], p.shape[1])
             q, p = (np.pad(rows, ((0, 0), (0, width - rows.shape[1]))) for rows in (q, p))
         return verify_sampled(drafted, q, p, self.rng)
+
+
+class _RowBuffer:
+    """A float32 (rows, vocab) array kept between steps, grown when a step needs more rows."""
+
+    def __init__(self) -> None:
+        self._array = np.empty((0, 0), dtype=np.float32)
+
+    def take(self, rows: int, vocab: int) -> np.ndarray:
+        if self._array.shape[0] < rows or self._array.shape[1] != vocab:
+            self._array = np.empty((rows, vocab), dtype=np.float32)
+        return self._array[:rows]
 
 
 def _source_of_next(verdict: Verdict, k: int, speculative: bool) -> Source:

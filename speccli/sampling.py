@@ -38,25 +38,30 @@ class SamplingParams:
             raise SpeccliError(f"min-p must be in [0, 1), got {self.min_p}")
 
 
-def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
     """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter.
 
-    The input (often a view of llama.cpp's buffer) is never written to. The common case (no
-    filters) is one pass to copy-and-shift and one in-place exp: this runs 2K+1 times per step.
+    The input (often a view of llama.cpp's buffer) is never written to. `out`, if given, receives
+    the result: the engine reuses one buffer rather than fault in fresh megabytes 2K+1 times a step.
+    The common case (no filters) is a few passes over the row: shift, scale, exp, normalize.
     """
     logits = np.atleast_2d(logits)
+    if out is None:
+        out = np.empty(logits.shape, dtype=np.float32)
     if params.greedy:
         # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
-        one_hot = np.zeros(logits.shape, dtype=np.float32)
-        one_hot[np.arange(len(logits)), logits.argmax(axis=1)] = 1
-        return one_hot
+        out.fill(0)
+        out[np.arange(len(logits)), logits.argmax(axis=1)] = 1
+        return out
     if params.top_k or params.top_p < 1 or params.min_p > 0:
-        return np.stack([_filtered_probabilities(row, params) for row in logits])
-    scores = np.subtract(logits, logits.max(axis=1, keepdims=True), dtype=np.float32)
-    scores *= np.float32(1 / params.temperature)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=1, keepdims=True)
-    return scores
+        for row, result in zip(logits, out):
+            result[:] = _filtered_probabilities(row, params)
+        return out
+    np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    out *= np.float32(1 / params.temperature)
+    np.exp(out, out=out)
+    out /= out.sum(axis=1, keepdims=True)
+    return out
 
 
 def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:

@@ -90,7 +90,7 @@ class RawLogitsDraftBug(Generator):
         for token in [self.tokens[-1]] + drafted[:-1]:
             logits = self.draft.decode([token])
             raw.append(probabilities(logits, SamplingParams(temperature=1.0))[0])
-        return drafted, raw, seconds
+        return drafted, np.stack(raw), seconds
 
 
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
