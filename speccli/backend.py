@@ -197,11 +197,6 @@ class Tokenizer:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def metadata(self, key: str) -> str | None:
-        buffer = ctypes.create_string_buffer(1 << 16)
-        length = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buffer, len(buffer))
-        return buffer.value.decode("utf-8", errors="replace") if length >= 0 else None
-
     @property
     def chat_template(self) -> str | None:
         template = llama_cpp.llama_model_chat_template(self._model, None)
@@ -265,7 +260,6 @@ class Model:
         self.n_vocab = self.tokenizer.n_vocab
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0  # tokens held in the KV cache, at positions 0 .. n_past-1
-        self.decode_calls = 0
         self.decoded_tokens = 0
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
@@ -310,7 +304,6 @@ class Model:
             llama_cpp.llama_memory_seq_rm(self._memory, 0, self.n_past, -1)
             raise SpeccliError(f"{self.path}: llama_decode failed with status {status}{_last_llama_error()}")
         self.n_past += len(chunk)
-        self.decode_calls += 1
         self.decoded_tokens += len(chunk)
 
     def _logit_rows(self, batch_size: int, n_rows: int) -> np.ndarray:

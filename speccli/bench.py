@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import platform
 import statistics
@@ -67,7 +66,6 @@ from speccli.errors import SpeccliError
 SCHEMA_VERSION = 1
 KIND = "speccli-bench"
 BUILTIN_PROMPTS = "bench_prompts.jsonl"
-SCHEMA_FILE = "bench_schema.json"
 
 
 class GreedyCheckFailed(SpeccliError):
@@ -775,10 +773,6 @@ def write_report(path: Path, report: dict[str, Any]) -> None:
         write_text_atomically(path, json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     except OSError as error:
         raise SpeccliError(f"--json {path}: cannot write it ({error.strerror})") from None
-
-
-def load_schema() -> dict[str, Any]:
-    return json.loads(resources.files("speccli").joinpath(SCHEMA_FILE).read_text(encoding="utf-8"))
 
 
 def load_report(path: Path) -> dict[str, Any]:

@@ -451,7 +451,8 @@ def _size_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
         return [Difference(
             "target-extra-tokens", Severity.TOLERATED,
             f"the target has {target.size - draft.size} ids the draft lacks ({draft.size}..{target.size - 1}): "
-            "the draft never proposes them; speccli gives them draft probability 0",
+            "the draft never proposes them; speccli gives them draft probability 0, and where the target "
+            "emits one, the draft is shown token 0 instead (it changes proposals, never the output)",
             (f"draft {draft.size} tokens, target {target.size}; first extra: {_show(target.tokens[draft.size])}",),
         )]
     return []

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny real GGUF models (tests/tiny_gguf.py), written once per test session."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,3 +32,15 @@ def tiny_pair(tiny_dir: Path) -> TinyPair:
     (greedy agreement ~0.89, see write_related_pair)."""
     target, draft = write_related_pair(tiny_dir / "pair", target_layers=8, draft_layers=2, eps=0.05)
     return TinyPair(target, draft)
+
+
+@contextmanager
+def loaded_related_pair(directory: Path, *, target_layers: int, draft_layers: int, eps: float):
+    """A related pair written to `directory` and loaded: (target, draft) Models, one thread each,
+    llama.cpp's smallest context (256)."""
+    from speccli.backend import LoadOptions, Model
+
+    target_path, draft_path = write_related_pair(directory, target_layers=target_layers, draft_layers=draft_layers, eps=eps)
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        yield target, draft

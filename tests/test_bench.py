@@ -28,7 +28,7 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    document = json.loads(resources.files("speccli").joinpath("bench_schema.json").read_text())
+    document = json.loads(resources.files("speccli").joinpath("bench_schema.json").read_text())  # shipped as package data
     jsonschema.Draft202012Validator.check_schema(document)
     return document
 

@@ -7,17 +7,15 @@ from speccli.backend import ContextFullError, LoadOptions, Model
 from speccli.engine import MAX_K, DoneEvent, GenerationLimits, Generator, StepEvent, TextAssembler, TokenEvent
 from speccli.errors import SpeccliError
 from speccli.sampling import SamplingParams
-from tests.tiny_gguf import write_related_pair
+from tests.conftest import loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    target_path, draft_path = write_related_pair(tmp_path_factory.mktemp("engine"), target_layers=4, draft_layers=2, eps=0.1)
-    options = LoadOptions(n_ctx=256, n_threads=1)  # llama.cpp's smallest context
-    with Model(target_path, options) as target, Model(draft_path, options) as draft:
-        yield target, draft
+    with loaded_related_pair(tmp_path_factory.mktemp("engine"), target_layers=4, draft_layers=2, eps=0.1) as pair:
+        yield pair
 
 
 @pytest.fixture

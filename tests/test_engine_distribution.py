@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speccli.backend import LoadOptions, Model
+from speccli.backend import Model
 from speccli.engine import Generator, GenerationLimits, TokenEvent
 from speccli.sampling import SamplingParams, probabilities
 from speccli import verify as verify_module
-from tests.tiny_gguf import write_related_pair
+from tests.conftest import loaded_related_pair
 
 SAMPLES = 3000
 PROMPT = b"the cat sat on"
@@ -25,10 +25,8 @@ SETTINGS = SamplingParams(temperature=0.7, top_k=12)
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    target_path, draft_path = write_related_pair(tmp_path_factory.mktemp("pair"), target_layers=4, draft_layers=2, eps=0.3)
-    options = LoadOptions(n_ctx=128, n_threads=1)
-    with Model(target_path, options) as target, Model(draft_path, options) as draft:
-        yield target, draft
+    with loaded_related_pair(tmp_path_factory.mktemp("pair"), target_layers=4, draft_layers=2, eps=0.3) as pair:
+        yield pair
 
 
 def exact_two_token_distribution(target: Model, prompt: list[int]) -> dict[tuple[int, ...], float]:

@@ -12,7 +12,7 @@ from speccli.engine import Generator, GenerationLimits, Source, TokenEvent
 from speccli.parting import find_parting
 from speccli.registry import load_registry, resolve_pair
 from speccli.sampling import SamplingParams
-from tests.tiny_gguf import write_related_pair
+from tests.conftest import loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [
@@ -67,10 +67,8 @@ def check_greedy_equality(target: Model, draft: Model, k: int, max_tokens: int) 
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    target_path, draft_path = write_related_pair(tmp_path_factory.mktemp("greedy"), target_layers=6, draft_layers=2, eps=0.1)
-    options = LoadOptions(n_ctx=256, n_threads=1)
-    with Model(target_path, options) as target, Model(draft_path, options) as draft:
-        yield target, draft
+    with loaded_related_pair(tmp_path_factory.mktemp("greedy"), target_layers=6, draft_layers=2, eps=0.1) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize("k", [1, 4, 9])

@@ -501,7 +501,7 @@ def test_ambiguous_glob_is_named(tmp_path, monkeypatch):
         (http_error(hub_errors.GatedRepoError, 403), "the repository is gated: accept its terms on huggingface.co/org/repo and log in (`hf auth login`)"),
         (http_error(hub_errors.RemoteEntryNotFoundError, 404), "no such file at revision 'main'"),
         (http_error(hub_errors.HfHubHTTPError, 500), "huggingface.co answered: hub says no"),
-        (OSError(28, "No space left on device"), f"cannot write to the cache {{cache}}: No space left on device"),
+        (OSError(28, "No space left on device"), "cannot write to the cache {cache}: No space left on device"),
     ],
 )
 def test_hub_failures_are_one_line_each(tmp_path, monkeypatch, error, message):

@@ -191,7 +191,8 @@ def test_ensure_compatible_raises_pointing_to_check_vocab(pair_files) -> None:
     assert report.verdict is Verdict.COMPATIBLE and report.reasons == [] and report.warnings == []
     assert report.tolerated == [
         "the target has 64 ids the draft lacks (512..575): the draft never proposes them; "
-        "speccli gives them draft probability 0"
+        "speccli gives them draft probability 0, and where the target emits one, the draft is shown "
+        "token 0 instead (it changes proposals, never the output)"
     ]
     with pytest.raises(SpeccliError, match="cannot draft for target .*: BOS id differs.*speccli check-vocab"):
         ensure_compatible(*pair_files("different BOS id"))
