@@ -270,8 +270,10 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
             from speccli.backend import load_vocab_only
 
             load_tokenizer = load_vocab_only
+        framing_kinds = {"add-bos-token", "add-eos-token", "special-bos", "special-eos"}
         sample_differences, samples_checked = compare_sample_tokenization(
-            draft_info, target_info, load_tokenizer, metadata_already_blocks=_blocks(differences)
+            draft_info, target_info, load_tokenizer, metadata_already_blocks=_blocks(differences),
+            framing_already_blocks=_blocks(d for d in differences if d.kind in framing_kinds),
         )
         differences += sample_differences
     if _blocks(differences):
@@ -372,9 +374,14 @@ def compare_sample_tokenization(
     load_tokenizer: TokenizerLoader,
     *,
     metadata_already_blocks: bool,
+    framing_already_blocks: bool = False,
     samples: dict[str, str] = SAMPLE_TEXTS,
 ) -> tuple[list[Difference], int]:
     """Tokenize the sample texts with both real tokenizers; returns (differences, samples checked).
+
+    Each text is tokenized as content (no special tokens) and as a prompt (with the BOS/EOS that
+    llama.cpp adds by its own rules, defaults included). The second catches a framing difference
+    that the metadata alone cannot settle; it is not reported again when the metadata already did.
 
     A tokenizer llama.cpp cannot load is a file problem (UnreadableFileError) unless the metadata has
     already shown the pair to be incompatible, in which case it is only noted.
@@ -392,16 +399,25 @@ def compare_sample_tokenization(
                 )], 0
         draft_tokenizer, target_tokenizer = tokenizers
         differing = []
+        framed_differently = []
         for name, text in samples.items():
             data = text.encode("utf-8")
             draft_ids = draft_tokenizer.tokenize(data, add_special=False, parse_special=False)
             target_ids = target_tokenizer.tokenize(data, add_special=False, parse_special=False)
             if draft_ids != target_ids:
                 differing.append((name, draft_ids, target_ids))
+            elif draft_tokenizer.tokenize(data, add_special=True) != target_tokenizer.tokenize(data, add_special=True):
+                framed_differently.append(name)
     finally:
         for tokenizer in tokenizers:
             tokenizer.close()
     if not differing:
+        if framed_differently and not framing_already_blocks:
+            return [Difference(
+                "sample-framing", Severity.BLOCKING,
+                "llama.cpp adds different special tokens (BOS/EOS) to the same prompt for the two models",
+                (f"{len(framed_differently)} of {len(samples)} samples: {', '.join(framed_differently)}",),
+            )], len(samples)
         return [], len(samples)
     evidence = [f"{len(differing)} of {len(samples)} samples differ: {', '.join(name for name, _, _ in differing)}"]
     for name, draft_ids, target_ids in differing[:3]:
@@ -506,10 +522,15 @@ def _framing_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference
     for flag, token in (("add_bos_token", "bos"), ("add_eos_token", "eos")):
         draft_adds, target_adds = bool(draft.setting(flag)), bool(target.setting(flag))
         if draft_adds != target_adds:
+            # Both files state the flag: decided here. One leaves it to llama.cpp's default, whose
+            # rules depend on more than this table knows: the sample test, which tokenizes with the
+            # special tokens added by llama.cpp itself, decides instead.
+            both_explicit = flag in draft.settings and flag in target.settings
             differences.append(Difference(
-                f"{flag.replace('_', '-')}", Severity.BLOCKING,
+                f"{flag.replace('_', '-')}", Severity.BLOCKING if both_explicit else Severity.WARNING,
                 f"{token.upper()} is added to prompts by the {'draft' if draft_adds else 'target'} only "
-                f"({flag}: draft {draft_adds}, target {target_adds})",
+                f"({flag}: draft {draft_adds}, target {target_adds})"
+                + ("" if both_explicit else "; one file leaves it to llama.cpp's default, so the sample test decides"),
             ))
     for name in sorted(set(draft.special_ids) | set(target.special_ids)):
         draft_id, target_id = draft.special_ids.get(name), target.special_ids.get(name)

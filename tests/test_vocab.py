@@ -62,6 +62,15 @@ CASES = {
     "EOS id differs but is never added": Case(
         vocab(replace(BASE, eos_id=0)), TinyConfig(), Verdict.COMPATIBLE, also=frozenset({"special-eos"}),
     ),
+    # A file that leaves add_bos_token out gets llama.cpp's default (true for "llama"): the sample
+    # test, which tokenizes with llama.cpp's own rules, decides.
+    "add-BOS left to a default that agrees": Case(
+        vocab(replace(BASE, add_bos=None)), TinyConfig(), Verdict.COMPATIBLE,
+    ),
+    "add-BOS left to a default that disagrees": Case(
+        vocab(replace(BASE, add_bos=None)), vocab(replace(BASE, add_bos=False)), Verdict.INCOMPATIBLE,
+        frozenset({"sample-framing"}), also=frozenset({"add-bos-token"}), llama_cpp_accepts=False,
+    ),
     "add-BOS flag differs": Case(
         vocab(replace(BASE, add_bos=False)), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"add-bos-token"}),
         llama_cpp_accepts=False,
