@@ -232,6 +232,7 @@ class Model:
 
     def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
+        self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
         self._model = _load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
         self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):

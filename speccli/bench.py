@@ -1107,8 +1107,6 @@ def run_command(request: BenchRequest) -> None:
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
         settings = BenchSettings(**{**asdict(settings), "ks": tuple(ks or [resolved.k])})
-        target_layers = resolved.target_n_gpu_layers if request.target_n_gpu_layers is None else request.target_n_gpu_layers
-        draft_layers = resolved.draft_n_gpu_layers if request.draft_n_gpu_layers is None else request.draft_n_gpu_layers
         per_round = 1 + len(settings.ks)
         total = (settings.warmup + settings.runs * len(prompt_set.prompts)) * per_round + 1
         err = _console(stderr=True)
@@ -1137,7 +1135,7 @@ def run_command(request: BenchRequest) -> None:
             command=reproducing_command(request, settings),
             settings=settings,
             n_ctx=request.n_ctx,
-            env=environment(request.threads, target_layers, draft_layers),
+            env=environment(request.threads, loaded.target.options.n_gpu_layers, loaded.draft.options.n_gpu_layers),
             pair_name=resolved.name,
             target=file_info(resolved.target_name, resolved.target_path),
             draft=file_info(resolved.draft_name, resolved.draft_path),

@@ -36,7 +36,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from speccli.backend import Model, Tokenizer
 from speccli.display import Display, Mode
 from speccli.engine import (
-    MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent, validate_k,
+    MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent, common_prefix_length,
+    validate_k,
 )
 from speccli.errors import SpeccliError
 from speccli.sampling import SamplingParams, probabilities, sample
@@ -240,15 +241,6 @@ def add_run(total: RunStats, run: RunStats) -> RunStats:
         target_seconds=total.target_seconds + run.target_seconds,
         other_seconds=total.other_seconds + run.other_seconds,
     )
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 @contextmanager

@@ -121,6 +121,15 @@ class GenerationLimits:
             raise SpeccliError(f"max tokens must be >= 1, got {self.max_tokens}")
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
 def validate_k(k: int) -> None:
     if not 1 <= k <= MAX_K:
         raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
@@ -234,11 +243,7 @@ class Generator:
         n_ctx = min(model.n_ctx for model in self._models())
         if len(prompt) > n_ctx:
             raise SpeccliError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; raise --ctx")
-        shared = 0
-        for old, new in zip(self.tokens, prompt[:-1]):
-            if old != new:
-                break
-            shared += 1
+        shared = common_prefix_length(self.tokens, prompt[:-1])
         started = time.perf_counter()
         # Until every cache holds the new prompt, only the shared prefix is known to be in them all:
         # if a decode fails half-way, the next call must not trust what this one left behind.
