@@ -1,3 +1,3 @@
-from speccli.cli import main
+from speccli.cli.app import main
 
 main()

@@ -38,7 +38,7 @@ def tiny_pair(tiny_dir: Path) -> TinyPair:
 def loaded_related_pair(directory: Path, *, target_layers: int, draft_layers: int, eps: float):
     """A related pair written to `directory` and loaded: (target, draft) Models, one thread each,
     llama.cpp's smallest context (256)."""
-    from speccli.backend import LoadOptions, Model
+    from speccli.llama.model import LoadOptions, Model
 
     target_path, draft_path = write_related_pair(directory, target_layers=target_layers, draft_layers=draft_layers, eps=eps)
     options = LoadOptions(n_ctx=256, n_threads=1)

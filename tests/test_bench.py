@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from speccli import bench
-from speccli.cli import app
+from speccli.bench import command as bench
+from speccli.cli.app import app
 from speccli.errors import SpeccliError
-from speccli.verify import Verdict, verify_greedy
+from speccli.core.verify import Verdict, verify_greedy
 
 FAST = ["--n-predict", "12", "--runs", "1", "--warmup", "0", "--ctx", "512", "--threads", "1"]
 
@@ -28,7 +28,7 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    document = json.loads(resources.files("speccli").joinpath("bench_schema.json").read_text())  # shipped as package data
+    document = json.loads(resources.files("speccli.data").joinpath("bench_schema.json").read_text())  # shipped as package data
     jsonschema.Draft202012Validator.check_schema(document)
     return document
 
@@ -146,7 +146,7 @@ def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, mo
         row = np.asarray(target_logits[verdict.n_accepted])
         return Verdict(verdict.n_accepted, int(row.argmin()))
 
-    monkeypatch.setattr("speccli.engine.verify_greedy", wrong_after_drafts)
+    monkeypatch.setattr("speccli.core.generator.verify_greedy", wrong_after_drafts)
     out = tmp_path / "broken.json"
     result = invoke(*pair_args, "--k", "2", *FAST, "--json", str(out))
     assert result.exit_code == 3, result.output

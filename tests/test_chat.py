@@ -19,12 +19,12 @@ import pytest
 from gguf import TokenType
 from typer.testing import CliRunner
 
-from speccli.backend import LoadOptions, Model
-from speccli.chat import ChatSession, Conversation, TemplateFormat, add_run, chat_format_for
-from speccli.cli import app
-from speccli.display import Display, acceptance_bar, estimated_speedup, stats_panel
-from speccli.engine import RunStats, Source, StepEvent
-from speccli.sampling import SamplingParams
+from speccli.llama.model import LoadOptions, Model
+from speccli.chat.session import ChatSession, Conversation, TemplateFormat, chat_format_for
+from speccli.cli.app import app
+from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel
+from speccli.core.stats import RunStats, Source, StepEvent
+from speccli.core.sampling import SamplingParams
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_one_shot_json_record(tiny_pair):
     assert record["prompt"] == "hello"
     assert record["finish_reason"] in {"eog", "max_tokens", "stop"}
     stats = record["stats"]
-    assert stats["k"] == 3 and len(stats["acceptance_by_position"]) == 3
+    assert max(map(int, stats["draft_lengths"])) == 3 and len(stats["acceptance_by_position"]) == 3
     assert 0 < stats["generated_tokens"] <= 12
     assert stats["estimated_speedup"] > 0
 
@@ -167,7 +167,7 @@ def test_every_slash_command(tiny_pair):
     out = records(result.stdout)
     replies = [r for r in out if "prompt" in r]
     assert [r["prompt"] for r in replies] == ["hello", "again"]
-    assert all(r["stats"]["k"] == 2 for r in replies)
+    assert all(r["k"] == 2 for r in replies)
     assert sum("session" in r for r in out) == 2  # /stats, then the summary on /quit
     for expected in ["/k N", "/quit", "(k = 2)", "greedy", "system prompt: be brief", "provenance colors off",
                      "conversation cleared"]:
@@ -277,9 +277,9 @@ def test_cli_terminal_output_has_styles_and_legend(tiny_pair):
 
 
 def _stats(k: int = 2) -> RunStats:
-    stats = RunStats(k=k, generated=10)
-    stats.add(StepEvent(drafted=2, accepted=2, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1))
-    stats.add(StepEvent(drafted=2, accepted=1, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1))
+    stats = RunStats(generated=10)
+    stats.add(StepEvent(drafted=k, accepted=k, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1, source="model"))
+    stats.add(StepEvent(drafted=k, accepted=1, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1, source="model"))
     return stats
 
 
@@ -295,13 +295,15 @@ def test_stats_panel_is_a_pure_rendering_of_run_stats():
 
 def test_speedup_estimate_and_bars():
     assert estimated_speedup(_stats(), 0.2) == pytest.approx(2.0)  # 10 tok/s against 5 tok/s alone
-    assert estimated_speedup(RunStats(k=2), 0.2) is None
+    assert estimated_speedup(RunStats(), 0.2) is None
     assert acceptance_bar(0.5, width=4) == "██  " and acceptance_bar(0.5, width=1) == "▌"
 
 
 def test_session_totals_add_runs_of_different_k():
-    total = add_run(_stats(k=2), _stats(k=3))
-    assert total.k == 3 and total.drafted_at == [4, 4, 0] and total.generated == 20
+    total = _stats(k=2) + _stats(k=3)
+    assert total.positions.drafted_at == [4, 4, 2] and total.positions.accepted_at == [4, 2, 1]
+    assert total.generated == 20 and total.draft_lengths == {2: 2, 3: 2}
+    assert total.by_source["model"].drafted == 10 and total.steps == 4
 
 
 # --- a real terminal --------------------------------------------------------------------------------

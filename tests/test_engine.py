@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from speccli.backend import ContextFullError, LoadOptions, Model
-from speccli.engine import MAX_K, DoneEvent, GenerationLimits, Generator, StepEvent, TextAssembler, TokenEvent
+from speccli.llama.model import ContextFullError, LoadOptions, Model
+from speccli.core.generator import GenerationLimits, Generator, MAX_K
+from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
+from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
-from speccli.sampling import SamplingParams
+from speccli.core.sampling import SamplingParams
 from tests.conftest import loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speccli.backend import Model
-from speccli.engine import Generator, GenerationLimits, TokenEvent
-from speccli.sampling import SamplingParams, probabilities
-from speccli import verify as verify_module
+from speccli.llama.model import Model
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.stats import TokenEvent
+from speccli.core.sampling import SamplingParams, probabilities
+from speccli.core import verify as verify_module
 from tests.conftest import loaded_related_pair
 
 SAMPLES = 3000

@@ -7,11 +7,12 @@ import warnings
 
 import pytest
 
-from speccli.backend import LoadOptions, Model
-from speccli.engine import Generator, GenerationLimits, Source, TokenEvent
-from speccli.parting import find_parting
-from speccli.registry import load_registry, resolve_pair
-from speccli.sampling import SamplingParams
+from speccli.llama.model import LoadOptions, Model
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.stats import Source, TokenEvent
+from speccli.core.parting import find_parting
+from speccli.models.registry import load_registry, resolve_pair
+from speccli.core.sampling import SamplingParams
 from tests.conftest import loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)

@@ -15,8 +15,8 @@ import pytest
 from huggingface_hub import errors as hub_errors
 from typer.testing import CliRunner
 
-from speccli import registry as reg
-from speccli.cli import app
+from speccli.models import registry as reg
+from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
 from tests.tiny_gguf import write_tiny_gguf
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speccli.sampling import SamplingParams, probabilities, sample
+from speccli.core.sampling import SamplingParams, probabilities, sample
 
 LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 1.0, 2.0, -5.0]], dtype=np.float32)
 

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import pytest
 
-from speccli.verify import Verdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
+from speccli.core.verify import Verdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
 
 
 def output_distribution(p: np.ndarray, q: np.ndarray, residual=residual_distribution) -> np.ndarray:

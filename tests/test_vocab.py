@@ -1,4 +1,4 @@
-"""`speccli check-vocab` and speccli.vocab on tiny real GGUF files (tests/tiny_gguf.py) and llama.cpp tokenizers."""
+"""`speccli check-vocab` and speccli.vocab.check on tiny real GGUF files (tests/tiny_gguf.py) and llama.cpp tokenizers."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from speccli.backend import load_vocab_only
-from speccli.cli import app
+from speccli.llama.tokenizer import load_vocab_only
+from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.vocab import SAMPLE_TEXTS, Verdict, check_pair, ensure_compatible, read_vocab
+from speccli.vocab.check import SAMPLE_TEXTS, Verdict, check_pair, ensure_compatible, read_vocab
 from tests.tiny_gguf import TinyConfig, Vocabulary, gpt2_vocabulary, spm_vocabulary, write_tiny_gguf
 
 BASE = spm_vocabulary(512)
@@ -281,7 +281,7 @@ def test_file_without_read_permission(tiny_model: Path, tmp_path: Path) -> None:
 def test_gemma_vocabulary_is_read_from_metadata() -> None:
     """The real 262,144-token vocabulary. (Speed is measured outside the tests: the whole
     `speccli check-vocab` command takes about 0.45 s on this file.)"""
-    from speccli.registry import load_registry, resolve_model
+    from speccli.models.registry import load_registry, resolve_model
 
     path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     report = check_pair(path, path)

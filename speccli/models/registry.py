@@ -164,7 +164,7 @@ def model_cache_dir() -> Path:
 
 def load_registry(extra_config: Path | None = None) -> Registry:
     """The shipped registry, overridden per entry by the user's file and then by `extra_config`."""
-    shipped = resources.files("speccli") / "models.toml"
+    shipped = resources.files("speccli.data") / "models.toml"
     with resources.as_file(shipped) as shipped_path:
         layers = [_read_layer(Path(shipped_path))]
     user_file = user_config_path()
@@ -732,7 +732,7 @@ def _derived_build_path(name: str, source: DerivedSource, base_file: Path) -> Pa
 
 def derive_gguf(source: Path, dest: Path, ftype: str) -> Path:
     """Re-encode `source` as `ftype` with llama.cpp's quantizer into `dest`, which appears only when complete."""
-    from speccli.backend import quantize_model
+    from speccli.llama.quantize import quantize_model
 
     return build_atomically(dest, lambda partial: quantize_model(source, partial, ftype))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speccli.sampling import sample
+from speccli.core.sampling import sample
 
 
 @dataclass(frozen=True)

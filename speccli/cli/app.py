@@ -78,7 +78,7 @@ DraftGpuLayersOption = Annotated[
 
 def version_callback(value: bool) -> None:
     if value:
-        from speccli.backend import backend_info
+        from speccli.llama.build import backend_info
 
         info = backend_info()
         typer.echo(f"speccli {__version__}")
@@ -100,7 +100,7 @@ def root(
 @app.command()
 def env() -> None:
     """Show versions, the llama.cpp backend in use and whether GPU offload is supported."""
-    from speccli.backend import backend_info
+    from speccli.llama.build import backend_info
 
     info = backend_info()
     typer.echo(f"speccli            {__version__}")
@@ -116,7 +116,7 @@ def models(config: ConfigOption = None) -> None:
     """List the named models (source, size on disk, cached or not, pairs) and the pairs."""
     from rich.console import Console
 
-    from speccli.registry import load_registry, registry_tables
+    from speccli.models.registry import load_registry, registry_tables
 
     Console().print(registry_tables(load_registry(config)))
 
@@ -127,7 +127,7 @@ def pull(
     config: ConfigOption = None,
 ) -> None:
     """Download or build models into the local caches, with progress; prints each model's file."""
-    from speccli.registry import load_registry, pull_models
+    from speccli.models.registry import load_registry, pull_models
 
     for name, path in pull_models(load_registry(config), names):
         typer.echo(f"{name}: {path}")
@@ -147,8 +147,8 @@ def check_vocab(
     from rich.console import Console
     from rich.text import Text
 
-    from speccli.registry import load_registry, resolve_model
-    from speccli.vocab import Verdict, check_pair
+    from speccli.models.registry import load_registry, resolve_model
+    from speccli.vocab.check import Verdict, check_pair
 
     try:
         registry = load_registry(config)
@@ -205,9 +205,9 @@ def chat(
     config: ConfigOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
-    from speccli.chat import run_chat
-    from speccli.sampling import SamplingParams
-    from speccli.session import PairRequest
+    from speccli.chat.session import run_chat
+    from speccli.core.sampling import SamplingParams
+    from speccli.models.pair import PairRequest
 
     run_chat(
         PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft),
@@ -251,7 +251,7 @@ def bench(
     config: ConfigOption = None,
 ) -> None:
     """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, efficiency."""
-    from speccli.bench import BenchRequest, BenchSettings, compare_command, run_command
+    from speccli.bench.command import BenchRequest, BenchSettings, compare_command, run_command
 
     if compare:
         compare_command(*compare)

@@ -29,14 +29,11 @@ Each report also says what llama.cpp's own rule (`common_speculative_are_compati
 type, matching add-BOS/EOS flags and ids when added, sizes within 128, equal token text from id 5 on)
 would decide when it disagrees.
 
-Reading: gguf's GGUFReader takes ~10 s on Gemma 3 270M (262,144 tokens), so this module parses the GGUF
-header itself and stops at the end of the key-value section: ~0.07 s for that file, whatever its size.
+Metadata comes from `speccli.gguf_meta`, which reads only the GGUF header.
 """
 from __future__ import annotations
 
 import json
-import mmap
-import struct
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,6 +42,7 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.gguf_meta import read_gguf_metadata
 
 LLAMA_CPP_MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in llama.cpp common/speculative.cpp
 LLAMA_CPP_CHECK_START_ID = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID: llama.cpp ignores text of ids below this
@@ -239,7 +237,7 @@ class VocabReport:
 
 
 class SampleTokenizer(Protocol):
-    """What the practical test needs from a vocabulary-only model (speccli.backend.Tokenizer fits)."""
+    """What the practical test needs from a vocabulary-only model (speccli.llama.tokenizer.Tokenizer fits)."""
 
     def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
 
@@ -256,7 +254,7 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
     """Compare the draft's vocabulary with the target's. Reads metadata; loads the two tokenizers (no
     weights) only when their metadata differs, for the practical sample test.
 
-    `load_tokenizer` defaults to speccli.backend.load_vocab_only. Raises UnreadableFileError (exit code 2)
+    `load_tokenizer` defaults to speccli.llama.tokenizer.load_vocab_only. Raises UnreadableFileError (exit code 2)
     for a file that is missing, unreadable, not GGUF, truncated or without tokenizer metadata.
     """
     draft_info, target_info = read_vocab(draft), read_vocab(target)
@@ -267,7 +265,7 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
     # architectures change defaults), so with both equal the sample could not tokenize differently.
     if not (identical and draft_info.architecture == target_info.architecture):
         if load_tokenizer is None:
-            from speccli.backend import load_vocab_only
+            from speccli.llama.tokenizer import load_vocab_only
 
             load_tokenizer = load_vocab_only
         framing_kinds = {"add-bos-token", "add-eos-token", "special-bos", "special-eos"}
@@ -635,149 +633,3 @@ def _describe(info: VocabInfo) -> str:
 
 def _as_array(value: Any) -> np.ndarray | None:
     return value if isinstance(value, np.ndarray) else None
-
-
-# --- GGUF metadata reader ----------------------------------------------------------------------
-
-# GGUF value types (gguf spec): id -> struct format of a scalar, or None for string/array.
-_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-_MAX_KV_COUNT = 1 << 20  # far above any real file; guards against garbage headers
-
-
-class _Truncated(Exception):
-    pass
-
-
-def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
-    """The key-value section of a GGUF file (values of `wanted` keys only) and its tensor count.
-
-    Memory-maps the file and walks only the header and key-value section; tensor data is never touched,
-    so the time depends on the vocabulary, not on the file size. String arrays come back as lists of
-    bytes, numeric arrays as numpy arrays, strings as str.
-    """
-    try:
-        with path.open("rb") as file:
-            size = path.stat().st_size
-            if size < 4:
-                raise UnreadableFileError(f"{path}: not a GGUF file ({'empty' if size == 0 else 'too short'})")
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                if data[:4] != b"GGUF":
-                    raise UnreadableFileError(f"{path}: not a GGUF file (starts with {bytes(data[:4])!r})")
-                try:
-                    return _parse_metadata(data, wanted)
-                except _Truncated:
-                    raise UnreadableFileError(f"{path}: truncated or corrupt GGUF metadata") from None
-                except ValueError as error:
-                    raise UnreadableFileError(f"{path}: unsupported or corrupt GGUF file ({error})") from None
-    except FileNotFoundError:
-        raise UnreadableFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UnreadableFileError(f"{path}: is a directory, not a GGUF file") from None
-    except PermissionError:
-        raise UnreadableFileError(f"{path}: permission denied") from None
-    except OSError as error:
-        raise UnreadableFileError(f"{path}: cannot read it ({error.strerror or error})") from None
-
-
-def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
-    # A big-endian file has its version (2 or 3) in the high bytes when read little-endian.
-    (version,) = struct.unpack_from("<I", data, 4)
-    endian = "<" if version < 0x10000 else ">"
-    reader = _Reader(data, endian, offset=8)
-    if endian == ">":
-        version = reader.unpack("I", at=4)
-    if version not in (2, 3):
-        raise ValueError(f"GGUF version {version}; speccli reads versions 2 and 3")
-    tensor_count, kv_count = reader.unpack("Q"), reader.unpack("Q")
-    if kv_count > _MAX_KV_COUNT:
-        raise _Truncated
-    metadata = {}
-    for _ in range(kv_count):
-        key = reader.string().decode("utf-8", errors="replace")
-        value_type = reader.unpack("I")
-        if wanted(key):
-            metadata[key] = reader.value(value_type)
-        else:
-            reader.skip_value(value_type)
-    return metadata, tensor_count
-
-
-class _Reader:
-    """Sequential little- or big-endian reads from a buffer; running past its end raises _Truncated."""
-
-    def __init__(self, data: mmap.mmap, endian: str, offset: int) -> None:
-        self.data, self.endian, self.offset = data, endian, offset
-        self._u64 = struct.Struct(endian + "Q").unpack_from
-
-    def unpack(self, fmt: str, at: int | None = None) -> Any:
-        try:
-            (value,) = struct.unpack_from(self.endian + fmt, self.data, self.offset if at is None else at)
-        except struct.error:
-            raise _Truncated from None
-        if at is None:
-            self.offset += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> bytes:
-        length = self.unpack("Q")
-        end = self.offset + length
-        if end > len(self.data):
-            raise _Truncated
-        text = self.data[self.offset:end]
-        self.offset = end
-        return text
-
-    def value(self, value_type: int) -> Any:
-        if value_type == _STRING:
-            return self.string().decode("utf-8", errors="replace")
-        if value_type == _ARRAY:
-            item_type, count = self.unpack("I"), self.unpack("Q")
-            if item_type == _STRING:
-                return self._strings(count)
-            if item_type in _SCALAR_FORMATS:
-                dtype = np.dtype(self.endian + _SCALAR_FORMATS[item_type])
-                end = self.offset + count * dtype.itemsize
-                if end > len(self.data):
-                    raise _Truncated
-                array = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.offset).copy()
-                self.offset = end
-                return array
-            return [self.value(item_type) for _ in range(count)]
-        if value_type in _SCALAR_FORMATS:
-            return self.unpack(_SCALAR_FORMATS[value_type])
-        raise ValueError(f"unknown value type {value_type}")
-
-    def skip_value(self, value_type: int) -> None:
-        if value_type == _ARRAY:
-            item_type, count = self.unpack("I"), self.unpack("Q")
-            if item_type in _SCALAR_FORMATS:
-                self.offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
-                if self.offset > len(self.data):
-                    raise _Truncated
-            else:
-                for _ in range(count):
-                    self.skip_value(item_type)
-        else:
-            self.value(value_type)
-
-    def _strings(self, count: int) -> list[bytes]:
-        # The hot loop for 262k-token vocabularies: local names, no per-item bounds check
-        # (a short slice at the end shows up in the final offset check instead).
-        data, offset, read_length = self.data, self.offset, self._u64
-        if count * 8 > len(data) - offset:
-            raise _Truncated
-        strings = []
-        append = strings.append
-        try:
-            for _ in range(count):
-                (length,) = read_length(data, offset)
-                offset += 8
-                append(data[offset:offset + length])
-                offset += length
-        except struct.error:
-            raise _Truncated from None
-        if offset > len(data):
-            raise _Truncated
-        self.offset = offset
-        return strings

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from speccli.backend import LoadOptions, Model
+from speccli.llama.model import LoadOptions, Model
 from speccli.errors import SpeccliError
-from speccli.registry import ResolvedPair, load_registry, resolve_pair
-from speccli.vocab import ensure_compatible
+from speccli.models.registry import ResolvedPair, load_registry, resolve_pair
+from speccli.vocab.check import ensure_compatible
 
 
 @dataclass(frozen=True)

@@ -9,106 +9,20 @@ last token (the "pending" one, whose logits the next step needs).
 """
 from __future__ import annotations
 
-import codecs
 import time
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from speccli.backend import Model
+from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
+from speccli.core.text import TextAssembler
+from speccli.llama.model import Model
 from speccli.errors import SpeccliError
-from speccli.sampling import SamplingParams, probabilities, sample
-from speccli.verify import Verdict, verify_greedy, verify_sampled
+from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.core.verify import Verdict, verify_greedy, verify_sampled
 
 MAX_K = 64
-
-
-class Source(Enum):
-    DRAFT = "draft"  # proposed by the draft, accepted by the target
-    CORRECTION = "correction"  # the target's own token where it rejected a draft token
-    BONUS = "bonus"  # the target's extra token after all K drafts were accepted
-    TARGET = "target"  # target-only generation
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    token: int
-    text: str  # the text this token completes; "" while a UTF-8 character is still partial
-    source: Source
-
-
-@dataclass(frozen=True)
-class StepEvent:
-    """One target decode: what was drafted, what was kept, where the time went."""
-
-    drafted: int
-    accepted: int
-    draft_seconds: float
-    target_seconds: float
-    other_seconds: float
-
-
-@dataclass(frozen=True)
-class DoneEvent:
-    reason: str  # "eog", "max_tokens", "stop", "context"
-    stats: RunStats
-    trailing_text: str = ""  # text held back (a possible stop string, a partial character) until the end
-
-
-@dataclass
-class RunStats:
-    k: int
-    prompt_tokens: int = 0
-    prefill_seconds: float = 0.0
-    generated: int = 0
-    steps: int = 0  # target decodes in the decode phase
-    drafted: int = 0
-    accepted: int = 0
-    accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: steps whose draft i+1 was kept
-    drafted_at: list[int] = field(default_factory=list)
-    draft_seconds: float = 0.0
-    target_seconds: float = 0.0
-    other_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.accepted_at = self.accepted_at or [0] * self.k
-        self.drafted_at = self.drafted_at or [0] * self.k
-
-    def add(self, step: StepEvent) -> None:
-        self.steps += 1
-        self.drafted += step.drafted
-        self.accepted += step.accepted
-        for position in range(step.drafted):
-            self.drafted_at[position] += 1
-            self.accepted_at[position] += position < step.accepted
-        self.draft_seconds += step.draft_seconds
-        self.target_seconds += step.target_seconds
-        self.other_seconds += step.other_seconds
-
-    @property
-    def decode_seconds(self) -> float:
-        return self.draft_seconds + self.target_seconds + self.other_seconds
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_target_decode(self) -> float:
-        """Mean tokens each target decode yields, counting its own correction/bonus token."""
-        return self.generated / self.steps if self.steps else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.generated / self.decode_seconds if self.decode_seconds else 0.0
-
-    def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
-
-
-Event = TokenEvent | StepEvent | DoneEvent
 
 
 @dataclass(frozen=True)
@@ -133,35 +47,6 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 def validate_k(k: int) -> None:
     if not 1 <= k <= MAX_K:
         raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
-
-
-class TextAssembler:
-    """Token bytes -> text: never splits a UTF-8 character; holds back what may begin a stop string."""
-
-    def __init__(self, stop: Sequence[str]) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stop = [s for s in stop if s]
-        self._held = ""
-        self.stopped = False
-
-    def push(self, data: bytes) -> str:
-        self._held += self._decoder.decode(data)
-        found = [at for at in (self._held.find(s) for s in self._stop) if at >= 0]
-        if found:
-            self.stopped = True
-            text, self._held = self._held[: min(found)], ""
-            return text
-        hold = max(
-            (n for s in self._stop for n in range(1, min(len(s), len(self._held) + 1)) if s.startswith(self._held[-n:])),
-            default=0,
-        )
-        split = len(self._held) - hold
-        text, self._held = self._held[:split], self._held[split:]
-        return text
-
-    def flush(self) -> str:
-        text, self._held = ("" if self.stopped else self._held + self._decoder.decode(b"", final=True)), ""
-        return text
 
 
 class Generator:
@@ -197,7 +82,7 @@ class Generator:
 
     def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
         limits.validate()
-        stats = RunStats(k=self.k, prompt_tokens=len(prompt))
+        stats = RunStats(prompt_tokens=len(prompt))
         stats.prefill_seconds = self._prefill(prompt)
         text = TextAssembler(limits.stop)
         tokenizer = self.target.tokenizer
@@ -278,7 +163,8 @@ class Generator:
             self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
         sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k, self.draft is not None)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
-        return new_tokens, sources, StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds)
+        source = "model" if k else None
+        return new_tokens, sources, StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, source)
 
     def _draft(self, k: int) -> tuple[list[int], np.ndarray, float]:
         """k tokens from the draft, each drawn from q, with q kept (sampling only) for verification."""

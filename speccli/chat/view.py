@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from speccli.engine import RunStats, Source
+from speccli.core.stats import RunStats, Source
 
 Mode = Literal["terminal", "plain", "json"]
 
@@ -78,9 +78,9 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
     rows: list[tuple[str, str | Text]] = [
         ("tokens", f"{stats.generated} in {stats.decode_seconds:.2f} s · {stats.tokens_per_second:.1f} tok/s")
     ]
-    if stats.k:
+    if stats.speculative:
         rows += [
-            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted (k={stats.k})"),
+            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted (mean k {stats.mean_draft_length:.1f})"),
             ("per decode", f"{stats.tokens_per_target_decode:.2f} tokens per target decode"),
             (
                 "time",
@@ -107,7 +107,7 @@ def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str)
 
 def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
     parts = [f"{stats.generated} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
-    if stats.k:
+    if stats.speculative:
         parts += [f"acceptance {stats.acceptance_rate:.0%}", f"{stats.tokens_per_target_decode:.2f} tok/decode"]
         parts.append(f"draft {stats.draft_seconds:.2f} s / target {stats.target_seconds:.2f} s")
     speedup = estimated_speedup(stats, target_token_seconds)
@@ -118,7 +118,8 @@ def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
 
 def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:
     return {
-        "k": stats.k,
+        "mean_draft_length": round(stats.mean_draft_length, 4),
+        "draft_lengths": {str(length): count for length, count in sorted(stats.draft_lengths.items())},
         "prompt_tokens": stats.prompt_tokens,
         "prefill_seconds": round(stats.prefill_seconds, 6),
         "generated_tokens": stats.generated,

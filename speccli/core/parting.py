@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.backend import Model
+from speccli.llama.model import Model
 
 TOP_COMPARED = 10  # logits compared between batched and single decodes: the ones that can win
 

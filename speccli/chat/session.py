@@ -33,15 +33,14 @@ import jinja2.ext
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from speccli.backend import Model, Tokenizer
-from speccli.display import Display, Mode
-from speccli.engine import (
-    MAX_K, DoneEvent, GenerationLimits, Generator, RunStats, Source, StepEvent, TokenEvent, common_prefix_length,
-    validate_k,
-)
+from speccli.llama.model import Model
+from speccli.llama.tokenizer import Tokenizer
+from speccli.chat.view import Display, Mode
+from speccli.core.generator import GenerationLimits, Generator, MAX_K, common_prefix_length, validate_k
+from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.errors import SpeccliError
-from speccli.sampling import SamplingParams, probabilities, sample
-from speccli.session import PairRequest, open_pair
+from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.models.pair import PairRequest, open_pair
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -220,29 +219,6 @@ def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeat
     return statistics.median(timings[1:])
 
 
-def add_run(total: RunStats, run: RunStats) -> RunStats:
-    """Session totals: the sum of two runs, whose k may differ (after /k)."""
-    k = max(total.k, run.k)
-
-    def padded(counts: list[int]) -> list[int]:
-        return counts + [0] * (k - len(counts))
-
-    return RunStats(
-        k=k,
-        prompt_tokens=total.prompt_tokens + run.prompt_tokens,
-        prefill_seconds=total.prefill_seconds + run.prefill_seconds,
-        generated=total.generated + run.generated,
-        steps=total.steps + run.steps,
-        drafted=total.drafted + run.drafted,
-        accepted=total.accepted + run.accepted,
-        accepted_at=[a + b for a, b in zip(padded(total.accepted_at), padded(run.accepted_at))],
-        drafted_at=[a + b for a, b in zip(padded(total.drafted_at), padded(run.drafted_at))],
-        draft_seconds=total.draft_seconds + run.draft_seconds,
-        target_seconds=total.target_seconds + run.target_seconds,
-        other_seconds=total.other_seconds + run.other_seconds,
-    )
-
-
 @contextmanager
 def ctrl_c_stops_reply() -> Iterator[Callable[[], bool]]:
     """While a reply streams, Ctrl-C only asks the loop to stop after the current event.
@@ -284,7 +260,7 @@ class ChatSession:
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = min(target.n_ctx, draft.n_ctx)
         self.target_token_seconds = measure_target_token_seconds(target, sampling)
-        self.totals = RunStats(k=k)
+        self.totals = RunStats()
         self.replies = 0
 
     def announce(self, description: str) -> None:
@@ -324,7 +300,7 @@ class ChatSession:
         """Generate and show one reply; returns its text."""
         prompt = self._prompt_that_fits(user_text)
         prefill_tokens = len(prompt.tokens) - 1 - common_prefix_length(self.generator.tokens, prompt.tokens[:-1])
-        run = RunStats(k=self.generator.k, prompt_tokens=len(prompt.tokens))
+        run = RunStats(prompt_tokens=len(prompt.tokens))
         reply_tokens: list[int] = []
         pieces: list[str] = []
         reason = "interrupted"
@@ -353,7 +329,7 @@ class ChatSession:
                     break
         reply_text = "".join(pieces)
         self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
-        self.totals = add_run(self.totals, run)
+        self.totals = self.totals + run
         self.replies += 1
         if reason == "interrupted":
             self.display.notice("(stopped; the partial reply stays in the conversation)")
@@ -361,7 +337,10 @@ class ChatSession:
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut; the next turn drops the oldest turns)")
         elif reason == "max_tokens":
             self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
-        record = {"prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens}
+        record = {
+            "prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens,
+            "k": self.generator.k,
+        }
         self.display.reply_done(record, run, self.target_token_seconds)
         return reply_text
 

@@ -79,7 +79,7 @@ class GreedyCheckFailed(SpeccliError):
 
 def parse_k_spec(text: str, max_k: int | None = None) -> list[int]:
     """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; items may mix: '1-3,8'. Sorted, unique."""
-    from speccli.engine import MAX_K
+    from speccli.core.generator import MAX_K
 
     max_k = MAX_K if max_k is None else max_k
     spec = text.strip()
@@ -131,7 +131,7 @@ def load_prompt_set(path: Path | None) -> PromptSet:
     """The built-in set, or a file: JSONL of {"task": ..., "prompt": ...} (task optional), or plain
     UTF-8 text with one prompt per line (task "text"; write a newline inside a prompt as \\n)."""
     if path is None:
-        data = resources.files("speccli").joinpath(BUILTIN_PROMPTS).read_bytes()
+        data = resources.files("speccli.data").joinpath(BUILTIN_PROMPTS).read_bytes()
         return PromptSet("built-in", _parse_prompts(data, BUILTIN_PROMPTS))
     if not path.exists():
         raise SpeccliError(f"prompts file {path}: no such file")
@@ -255,7 +255,8 @@ class Measurement:
 
 def measure_generation(generator, prompt_tokens: Sequence[int], n_predict: int, **labels: Any) -> Measurement:
     """Generate from empty caches and time it; labels: task, prompt_index, run, mode, seed."""
-    from speccli.engine import DoneEvent, GenerationLimits, StepEvent, TokenEvent
+    from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
+    from speccli.core.generator import GenerationLimits
 
     generator.reset()
     tokens: list[int] = []
@@ -287,14 +288,18 @@ def measure_generation(generator, prompt_tokens: Sequence[int], n_predict: int, 
         drafted=stats.drafted,
         accepted=stats.accepted,
         judged=judged,
-        accepted_at=list(stats.accepted_at),
-        drafted_at=list(stats.drafted_at),
+        accepted_at=_padded(stats.positions.accepted_at, generator.k),
+        drafted_at=_padded(stats.positions.drafted_at, generator.k),
         draft_seconds=stats.draft_seconds,
         target_seconds=stats.target_seconds,
         other_seconds=max(decode_seconds - stats.draft_seconds - stats.target_seconds, 0.0),
         tokens=tokens,
         **labels,
     )
+
+
+def _padded(counts: list[int], k: int) -> list[int]:
+    return counts + [0] * (k - len(counts))
 
 
 @dataclass
@@ -548,8 +553,8 @@ Progress = Callable[[str], None]  # advance by one generation, describing the ne
 
 def run_bench(target, draft, prompt_set: PromptSet, settings: BenchSettings, progress: Progress | None = None) -> dict[str, Any]:
     """Measure, check and summarize; returns the "results" part of the report (see bench_schema.json)."""
-    from speccli.engine import Generator
-    from speccli.sampling import SamplingParams
+    from speccli.core.generator import Generator
+    from speccli.core.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=settings.temperature)
     advance = progress or (lambda _description: None)
@@ -615,7 +620,7 @@ def run_bench(target, draft, prompt_set: PromptSet, settings: BenchSettings, pro
 
 
 def _check_round(target, prompt_tokens: list[int], round_: Round, check: GreedyCheck) -> None:
-    from speccli.parting import find_parting
+    from speccli.core.parting import find_parting
 
     reference = round_.baseline.tokens
     for k, measurement in round_.speculative.items():
@@ -664,14 +669,14 @@ def file_info(name: str, path: Path) -> dict[str, Any]:
 
 
 def _sha_cache_file() -> Path:
-    from speccli.registry import model_cache_dir
+    from speccli.models.registry import model_cache_dir
 
     return model_cache_dir().parent / "sha256-cache.json"
 
 
 def cached_sha256(path: Path) -> str:
     """sha256 of a file, remembered by (resolved path, size, mtime) so a 1 GB model is hashed once."""
-    from speccli.registry import sha256_of
+    from speccli.models.registry import sha256_of
 
     resolved = path.resolve()
     stat = resolved.stat()
@@ -698,7 +703,7 @@ def cached_sha256(path: Path) -> str:
 
 def environment(threads: int | None, target_layers: int, draft_layers: int) -> dict[str, Any]:
     from speccli import __version__
-    from speccli.backend import backend_info
+    from speccli.llama.build import backend_info
 
     info = backend_info()
     return {
@@ -763,7 +768,7 @@ def build_report(
 
 def write_text_atomically(path: Path, text: str) -> None:
     """Readers never see a half-written file (the registry's builds use the same mechanism)."""
-    from speccli.registry import build_atomically
+    from speccli.models.registry import build_atomically
 
     build_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
 
@@ -803,7 +808,7 @@ def _spread_text(s: dict[str, float] | None, digits: int = 1, suffix: str = "") 
 
 
 def _size(n: int) -> str:
-    from speccli.registry import format_size
+    from speccli.models.registry import format_size
 
     return format_size(n)
 
@@ -1085,7 +1090,7 @@ def run_command(request: BenchRequest) -> None:
     """Validate everything cheap first (nothing is loaded or written on bad input), then measure."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from speccli.session import PairRequest, open_pair
+    from speccli.models.pair import PairRequest, open_pair
 
     ks = parse_k_spec(request.k_spec) if request.k_spec is not None else None
     settings = request.settings

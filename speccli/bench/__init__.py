@@ -1,0 +1,1 @@
+"""speccli bench: target-only vs speculative, measured side by side, predicted, reported."""

@@ -1,0 +1,1 @@
+"""speccli chat: templated conversation, the session loop and its live view."""

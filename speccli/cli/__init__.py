@@ -1,0 +1,1 @@
+"""The Typer command line: options -> request objects -> the commands; errors -> one line."""

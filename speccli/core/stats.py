@@ -1,0 +1,177 @@
+"""What a generation reports: token, step and done events, and RunStats, the figures they add up to."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Source(Enum):
+    DRAFT = "draft"  # proposed by the draft, accepted by the target
+    CORRECTION = "correction"  # the target's own token where it rejected a draft token
+    BONUS = "bonus"  # the target's extra token after all K drafts were accepted
+    TARGET = "target"  # target-only generation
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # the text this token completes; "" while a UTF-8 character is still partial
+    source: Source
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One target decode: what was drafted (and by which source), what was kept, where the time went."""
+
+    drafted: int
+    accepted: int
+    draft_seconds: float
+    target_seconds: float
+    other_seconds: float
+    source: str | None = None  # the draft source ("model", "ngram"); None when nothing was drafted
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    reason: str  # "eog", "max_tokens", "stop", "context"
+    stats: RunStats
+    trailing_text: str = ""  # text held back (a possible stop string, a partial character) until the end
+
+
+@dataclass
+class PositionCounts:
+    """Drafts judged by position: drafted_at[i] steps drafted token i+1, accepted_at[i] of them kept it.
+
+    A draft token is only kept if every one before it was, so accepted_at[i] / drafted_at[i] is the
+    share of steps drafting i+1 tokens that kept all i+1. The lists grow with the longest draft seen.
+    """
+
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def add(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self._grow(drafted)
+        for position in range(drafted):
+            self.drafted_at[position] += 1
+            self.accepted_at[position] += position < accepted
+
+    def __add__(self, other: PositionCounts) -> PositionCounts:
+        total = PositionCounts(self.drafted + other.drafted, self.accepted + other.accepted)
+        for counts in (self, other):
+            total._grow(len(counts.drafted_at))
+            for position, (drafted, accepted) in enumerate(zip(counts.drafted_at, counts.accepted_at)):
+                total.drafted_at[position] += drafted
+                total.accepted_at[position] += accepted
+        return total
+
+    def _grow(self, length: int) -> None:
+        missing = length - len(self.drafted_at)
+        if missing > 0:
+            self.drafted_at += [0] * missing
+            self.accepted_at += [0] * missing
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Draft tokens kept / draft tokens proposed."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def judged(self) -> int:
+        """Draft tokens the target actually judged: each step's accepted ones plus the one it rejected.
+        Drafts after a rejection are never judged. (Per position: drafted_at[0] + accepted_at[:-1].)"""
+        return sum(self.drafted_at[:1]) + sum(self.accepted_at[:-1])
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+
+@dataclass
+class RunStats:
+    """Figures of one generation, or the sum of several (`+`). Times are per-step timer sums
+    (perf_counter around each part of each step), never wall-clock time around a loop."""
+
+    prompt_tokens: int = 0  # tokens of the prompt(s)
+    prefill_seconds: float = 0.0  # making the caches hold the prompt
+    generated: int = 0  # tokens emitted to the caller (end-of-generation tokens not counted)
+    steps: int = 0  # target decodes in the decode phase
+    draft_seconds: float = 0.0  # drafting: draft-model decodes and sampling, n-gram lookups
+    target_seconds: float = 0.0  # target decodes (verification)
+    other_seconds: float = 0.0  # the rest of each step: probabilities, verification rule, bookkeeping
+    positions: PositionCounts = field(default_factory=PositionCounts)  # all sources together
+    by_source: dict[str, PositionCounts] = field(default_factory=dict)
+    draft_lengths: dict[int, int] = field(default_factory=dict)  # steps by tokens drafted (the K chosen), 0 included
+
+    def add(self, step: StepEvent) -> None:
+        self.steps += 1
+        self.positions.add(step.drafted, step.accepted)
+        if step.source is not None:
+            self.by_source.setdefault(step.source, PositionCounts()).add(step.drafted, step.accepted)
+        self.draft_lengths[step.drafted] = self.draft_lengths.get(step.drafted, 0) + 1
+        self.draft_seconds += step.draft_seconds
+        self.target_seconds += step.target_seconds
+        self.other_seconds += step.other_seconds
+
+    def __add__(self, other: RunStats) -> RunStats:
+        lengths = dict(self.draft_lengths)
+        for length, count in other.draft_lengths.items():
+            lengths[length] = lengths.get(length, 0) + count
+        sources = {name: self.by_source.get(name, PositionCounts()) + other.by_source.get(name, PositionCounts())
+                   for name in {**self.by_source, **other.by_source}}
+        return RunStats(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            prefill_seconds=self.prefill_seconds + other.prefill_seconds,
+            generated=self.generated + other.generated,
+            steps=self.steps + other.steps,
+            draft_seconds=self.draft_seconds + other.draft_seconds,
+            target_seconds=self.target_seconds + other.target_seconds,
+            other_seconds=self.other_seconds + other.other_seconds,
+            positions=self.positions + other.positions,
+            by_source=sources,
+            draft_lengths=dict(sorted(lengths.items())),
+        )
+
+    @property
+    def drafted(self) -> int:
+        return self.positions.drafted
+
+    @property
+    def accepted(self) -> int:
+        return self.positions.accepted
+
+    @property
+    def speculative(self) -> bool:
+        """Whether any step drafted (a target-only run, or one where drafting never paid, did not)."""
+        return self.positions.drafted > 0
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.draft_seconds + self.target_seconds + self.other_seconds
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.positions.acceptance_rate
+
+    @property
+    def tokens_per_target_decode(self) -> float:
+        """Mean tokens each target decode yields, counting its own correction/bonus token."""
+        return self.generated / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Decode-phase speed: generated tokens over the summed step times (prefill excluded)."""
+        return self.generated / self.decode_seconds if self.decode_seconds else 0.0
+
+    def acceptance_by_position(self) -> list[float]:
+        return self.positions.acceptance_by_position()
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Mean tokens drafted per step (the K chosen), steps that drafted nothing included."""
+        return self.drafted / self.steps if self.steps else 0.0
+
+
+Event = TokenEvent | StepEvent | DoneEvent

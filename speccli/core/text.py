@@ -1,0 +1,34 @@
+"""Token bytes -> the text a user sees, with stop strings honoured."""
+from __future__ import annotations
+
+import codecs
+from typing import Sequence
+
+
+class TextAssembler:
+    """Token bytes -> text: never splits a UTF-8 character; holds back what may begin a stop string."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = [s for s in stop if s]
+        self._held = ""
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        self._held += self._decoder.decode(data)
+        found = [at for at in (self._held.find(s) for s in self._stop) if at >= 0]
+        if found:
+            self.stopped = True
+            text, self._held = self._held[: min(found)], ""
+            return text
+        hold = max(
+            (n for s in self._stop for n in range(1, min(len(s), len(self._held) + 1)) if s.startswith(self._held[-n:])),
+            default=0,
+        )
+        split = len(self._held) - hold
+        text, self._held = self._held[:split], self._held[split:]
+        return text
+
+    def flush(self) -> str:
+        text, self._held = ("" if self.stopped else self._held + self._decoder.decode(b"", final=True)), ""
+        return text

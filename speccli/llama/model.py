@@ -1,0 +1,163 @@
+"""A loaded model and its one KV sequence, decoded in batches (llama-cpp-python's low-level API).
+
+Everything above `speccli.llama` sees plain Python and numpy: token ids in, logits rows out. Two choices matter:
+
+* `decode` asks llama.cpp for logits only on the rows the caller needs (per-token flags in a
+  `llama_batch`), and returns them as a numpy view of llama.cpp's own buffer. Nothing ever holds
+  n_ctx x n_vocab floats (`Llama(logits_all=True)` would: 2 GiB for Gemma's 262k vocabulary).
+* `truncate` drops a suffix of the KV cache, which is how rejected draft tokens are forgotten.
+  Recurrent and hybrid models cannot do that, so they are refused at load time.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+import llama_cpp
+
+from speccli.errors import SpeccliError
+from speccli.llama.log import clear_errors, last_llama_error
+from speccli.llama.tokenizer import Tokenizer, load_model
+
+
+class ContextFullError(SpeccliError):
+    """The tokens to decode do not fit in what is left of the context window."""
+
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    n_ctx: int = 4096
+    n_gpu_layers: int = -1  # -1: offload every layer (ignored by CPU-only builds)
+    n_threads: int | None = None  # None: every core; draft and target never run at once
+    n_batch: int = 512
+
+
+class Model:
+    """A loaded model with one sequence in its KV cache, decoded in batches."""
+
+    def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
+        self.path = Path(path)
+        self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
+        self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
+        self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            llama_cpp.llama_model_free(self._model)
+            raise SpeccliError(
+                f"{self.path}: a recurrent or hybrid model cannot drop rejected draft tokens from its "
+                "memory, so speccli cannot run speculative decoding with it"
+            )
+        threads = options.n_threads or os.cpu_count() or 1
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = options.n_ctx
+        params.n_batch = params.n_ubatch = options.n_batch
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = threads
+        # Sliding-window models (Gemma 3) must keep the whole window history: dropping a suffix of
+        # rejected drafts is only exact with the full-size SWA cache (llama.cpp's default; made explicit).
+        params.swa_full = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            llama_cpp.llama_model_free(self._model)
+            raise SpeccliError(f"{self.path}: llama.cpp could not create a context{last_llama_error()}")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        # llama.cpp may round the context up and clamp the batch to it: use what it chose.
+        self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_batch: int = llama_cpp.llama_n_batch(self._ctx)
+        self.n_vocab = self.tokenizer.n_vocab
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_past = 0  # tokens held in the KV cache, at positions 0 .. n_past-1
+        self.decoded_tokens = 0
+
+    def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
+        """Append `tokens` to the sequence; return logits for its last `n_logit_rows` tokens.
+
+        The result has shape (n_logit_rows, n_vocab) and is a view of llama.cpp's buffer: valid only
+        until the next decode on this model. Copy what must outlive it.
+        """
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        if not 0 <= n_logit_rows <= len(tokens):
+            raise ValueError(f"n_logit_rows={n_logit_rows} with {len(tokens)} tokens")
+        if n_logit_rows > self.n_batch:
+            raise ValueError(f"at most n_batch={self.n_batch} logit rows per decode")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ContextFullError(
+                f"the context window is full ({self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx})"
+            )
+        # Everything but the last n_batch tokens goes first, without logits; the rows asked for
+        # then all come from one llama_decode call, so they can be one view of its buffer.
+        split = max(0, len(tokens) - self.n_batch)
+        for start in range(0, split, self.n_batch):
+            self._decode_chunk(tokens[start : min(start + self.n_batch, split)], n_logit_rows=0)
+        tail = tokens[split:]
+        self._decode_chunk(tail, n_logit_rows)
+        return self._logit_rows(len(tail), n_logit_rows)
+
+    def _decode_chunk(self, chunk: Sequence[int], n_logit_rows: int) -> None:
+        batch = self._batch
+        batch.n_tokens = len(chunk)
+        first_with_logits = len(chunk) - n_logit_rows
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = self.n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = i >= first_with_logits
+        clear_errors()
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            # On failure llama.cpp may keep part of the batch: drop it, so n_past stays true.
+            llama_cpp.llama_memory_seq_rm(self._memory, 0, self.n_past, -1)
+            raise SpeccliError(f"{self.path}: llama_decode failed with status {status}{last_llama_error()}")
+        self.n_past += len(chunk)
+        self.decoded_tokens += len(chunk)
+
+    def _logit_rows(self, batch_size: int, n_rows: int) -> np.ndarray:
+        """Logits of the last `n_rows` tokens of the batch just decoded."""
+        if n_rows == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        first_index = batch_size - n_rows
+        first = llama_cpp.llama_get_logits_ith(self._ctx, first_index)
+        last = llama_cpp.llama_get_logits_ith(self._ctx, batch_size - 1)
+        row_bytes = self.n_vocab * ctypes.sizeof(ctypes.c_float)
+        first_address = ctypes.cast(first, ctypes.c_void_p).value
+        if ctypes.cast(last, ctypes.c_void_p).value == first_address + (n_rows - 1) * row_bytes:
+            return np.ctypeslib.as_array(first, shape=(n_rows, self.n_vocab))
+        # llama.cpp kept the rows apart (e.g. split across micro-batches): gather them.
+        return np.stack([
+            np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
+            for i in range(first_index, batch_size)
+        ])
+
+    def truncate(self, n_tokens: int) -> None:
+        """Forget every token from position `n_tokens` on (the rejected drafts)."""
+        if n_tokens < self.n_past:
+            if not llama_cpp.llama_memory_seq_rm(self._memory, 0, n_tokens, -1):
+                raise SpeccliError(f"{self.path}: llama.cpp could not drop tokens from position {n_tokens}")
+            self.n_past = n_tokens
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._memory, True)
+        self.n_past = 0
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            llama_cpp.llama_model_free(self._model)
+            self._ctx = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()

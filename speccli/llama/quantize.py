@@ -1,0 +1,36 @@
+"""Re-encode a GGUF file with llama.cpp's quantizer (how derived models are built)."""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import llama_cpp
+
+from speccli.errors import SpeccliError
+from speccli.llama.log import clear_errors, init_backend, last_llama_error
+
+# llama.cpp's file types that `quantize_model` can write, by the names llama.cpp's tools use.
+FILE_TYPES = {
+    "F32": llama_cpp.LLAMA_FTYPE_ALL_F32,
+    "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16,
+    "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+    "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+}
+
+
+def quantize_model(source: Path, dest: Path, file_type: str) -> None:
+    """Write `source` re-encoded as `file_type` (e.g. upcast Q4_K_M to F32) to `dest`, not atomically."""
+    init_backend()
+    if file_type not in FILE_TYPES:
+        raise SpeccliError(f"unknown file type {file_type!r}; known: {', '.join(FILE_TYPES)}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FILE_TYPES[file_type]
+    params.allow_requantize = True  # the source is already quantized: dequantize, then re-encode
+    params.nthread = os.cpu_count() or 1
+    clear_errors()
+    status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
+    if status != 0:
+        raise SpeccliError(f"{source}: llama.cpp could not convert it to {file_type}{last_llama_error()}")
+

@@ -1,0 +1,108 @@
+"""Loading a GGUF file into llama.cpp, and its vocabulary: text <-> token ids."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+
+from speccli.errors import UnreadableFileError
+from speccli.llama.log import clear_errors, init_backend, last_llama_error
+
+def check_readable(path: Path) -> None:
+    if not path.exists():
+        raise UnreadableFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise UnreadableFileError(f"{path}: is a directory, not a GGUF file")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as error:
+        raise UnreadableFileError(f"{path}: cannot read it ({error.strerror})") from None
+    if magic != b"GGUF":
+        raise UnreadableFileError(f"{path}: not a GGUF file")
+
+
+def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.llama_model_p:
+    init_backend()
+    check_readable(path)
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers  # -1: every layer
+    params.vocab_only = vocab_only
+    clear_errors()
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise UnreadableFileError(f"{path}: llama.cpp could not load it{last_llama_error()}")
+    return model
+
+
+class Tokenizer:
+    """A model's vocabulary: text <-> token ids. Loads no weights when made by `load_vocab_only`."""
+
+    def __init__(self, path: Path, model: llama_cpp.llama_model_p, owns_model: bool) -> None:
+        self.path = path
+        self._model = model
+        self._owns_model = owns_model
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab: int = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.bos_id: int = llama_cpp.llama_vocab_bos(self._vocab)  # -1 when the vocabulary has none
+        self.eos_id: int = llama_cpp.llama_vocab_eos(self._vocab)
+        self.adds_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+        self._pieces: dict[int, bytes] = {}
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else text
+        capacity = len(data) + 16
+        while True:
+            buffer = (llama_cpp.llama_token * capacity)()
+            count = llama_cpp.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_special, parse_special)
+            if count >= 0:
+                return list(buffer[:count])
+            capacity = -count
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (special tokens render as nothing)."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            buffer = ctypes.create_string_buffer(64)
+            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            if length < 0:
+                buffer = ctypes.create_string_buffer(-length)
+                length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
+            piece = self._pieces[token] = buffer.raw[:length]
+        return piece
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the vocabulary spells it (special tokens included, e.g. "<s>"); "" for -1."""
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return b"".join(self.token_bytes(token) for token in tokens)
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def chat_template(self) -> str | None:
+        template = llama_cpp.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", errors="replace") if template else None
+
+    def close(self) -> None:
+        if self._owns_model and self._model:
+            llama_cpp.llama_model_free(self._model)
+        self._model = None
+
+    def __enter__(self) -> Tokenizer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def load_vocab_only(path: Path) -> Tokenizer:
+    """The tokenizer of a GGUF file, without loading its weights."""
+    return Tokenizer(path, load_model(Path(path), n_gpu_layers=0, vocab_only=True), owns_model=True)
+

@@ -1,0 +1,1 @@
+"""check-vocab: can a draft draft for a target, decided from metadata alone."""
