@@ -11,6 +11,17 @@ Each emitted token is then distributed exactly as p_i: the accepted part contrib
 min(q(x), p(x)), the residual sum(max(0, p - q)) * norm(max(0, p - q))(x) = max(0, p(x) - q(x)),
 and the two add up to p(x). Greedy decoding is the limit of one-hot p and q: accept while the
 draft's token is the target's argmax, then emit the target's argmax.
+
+A deterministic draft (n-gram lookup) has no q: it proposes x with certainty, i.e. q = one-hot(x).
+The same rule then reads
+
+    accept x_i with probability  p_i(x_i)
+    at the first rejection i:    emit y ~ p_i with x_i removed, renormalised  (= norm(max(0, p_i - q_i)))
+
+and each emitted token is again distributed as p_i: P(x) = p(x) from acceptance, and for y != x,
+(1 - p(x)) * p(y) / (1 - p(x)) = p(y). How many tokens are drafted may depend on anything known
+before verification (the context, the draft's own samples, past acceptance): it decides only at
+which positions the rule runs, never what it emits there.
 """
 from __future__ import annotations
 
@@ -53,6 +64,26 @@ def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.ra
     if n_accepted == k:
         return Verdict(k, sample(p[k], rng))
     return Verdict(n_accepted, sample(residual_distribution(p[n_accepted], q[n_accepted]), rng))
+
+
+def verify_deterministic(drafted: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> Verdict:
+    """drafted (K,) ids proposed with certainty (no q), p (K+1, V) target probabilities."""
+    k = len(drafted)
+    positions = np.arange(k)
+    accept = rng.random(k) < p[positions, drafted]
+    n_accepted = k if accept.all() else int(np.argmin(accept))
+    if n_accepted == k:
+        return Verdict(k, sample(p[k], rng))
+    return Verdict(n_accepted, sample(without_token(p[n_accepted], drafted[n_accepted]), rng))
+
+
+def without_token(p: np.ndarray, token: int) -> np.ndarray:
+    """norm(max(0, p - one-hot(token))): p with `token` removed. A rejection of `token` needs
+    p(token) < 1, so some other token has mass; rounding aside, where none is left, p is returned."""
+    residual = p.copy()
+    residual[token] = 0
+    mass = residual.sum()
+    return residual / mass if mass > 0 else p / p.sum()
 
 
 def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> Verdict:

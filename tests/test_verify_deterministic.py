@@ -1,0 +1,148 @@
+"""Exact (analytic) proof for drafts without q (n-gram lookup), and for draft lengths chosen per step.
+
+A deterministic draft proposes x with certainty; `verify_deterministic` accepts it with probability
+p(x) and, at a rejection, draws from p with x removed. Here the output distribution is computed by
+enumeration through the real functions, with scripted uniforms, and must equal the target's to 1e-12:
+for one position, for a whole step, and for several steps whose draft source and length are chosen
+from the tokens so far (as `--k auto` and the n-gram + model chain do).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccli.core.verify import (
+    Verdict,
+    acceptance_probabilities,
+    residual_distribution,
+    verify_deterministic,
+    verify_sampled,
+    without_token,
+)
+from tests.test_verify_exact import ScriptedUniforms, TinyLanguageModel, random_distribution, target_sequences
+
+
+def deterministic_output_distribution(p: np.ndarray, token: int, residual=without_token) -> np.ndarray:
+    """P(emitted = y) at one position when `token` is proposed with certainty."""
+    emitted = (1 - p[token]) * residual(p, token)
+    emitted[token] += p[token]
+    return emitted
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_one_position_emits_exactly_p(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size = int(rng.integers(2, 300))
+    p = random_distribution(rng, size, sparsity=rng.random() * 0.8)
+    for token in (int(rng.integers(size)), int(p.argmax()), int(np.argmin(p))):
+        np.testing.assert_allclose(deterministic_output_distribution(p, token), p, rtol=0, atol=1e-12)
+
+
+def test_the_check_detects_a_residual_that_keeps_the_rejected_token() -> None:
+    """Negative control: resampling from p itself after a rejection over-weights the proposed token."""
+    p = random_distribution(np.random.default_rng(3), 20)
+    token = int(p.argmax())
+    biased = deterministic_output_distribution(p, token, residual=lambda p, _token: p)
+    assert biased[token] - p[token] > 1e-3
+
+
+def test_a_certain_proposal_with_p_one_is_always_kept() -> None:
+    p = np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    verdict = verify_deterministic(np.array([1]), p, ScriptedUniforms(np.array([0.999999]), 0.1))
+    assert verdict == Verdict(1, 0)  # kept; the bonus drawn from row 1 at uniform 0.1
+
+
+def test_rounding_that_leaves_no_mass_falls_back_to_p() -> None:
+    p = np.array([1.0, 0.0, 0.0], dtype=np.float32)
+    np.testing.assert_array_equal(without_token(p, 0), p)
+
+
+def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: tuple[int, ...], q_rows):
+    """Every outcome of one verify step through the real rule: yields (emitted tokens, probability).
+
+    q_rows None: a deterministic proposal (verify_deterministic); else rows drafted was drawn from
+    (verify_sampled; the caller weights by the probability of drawing `drafted`)."""
+    k = len(drafted)
+    p_rows = np.array([target(prefix + drafted[:i]) for i in range(k + 1)])
+    chosen = np.array(drafted, dtype=np.int64)
+    if q_rows is None:
+        accept = p_rows[np.arange(k), chosen]
+    else:
+        accept = acceptance_probabilities(p_rows[np.arange(k), chosen], q_rows[np.arange(k), chosen])
+    for n_accepted in range(k + 1):
+        outcome = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
+        if outcome == 0:
+            continue
+        if n_accepted == k:
+            emit_from = p_rows[k]
+        elif q_rows is None:
+            emit_from = without_token(p_rows[n_accepted], drafted[n_accepted])
+        else:
+            emit_from = residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
+        uniforms = np.where(np.arange(k) < n_accepted, 0.0, 1.0 - 1e-12)
+        cumulative = np.cumsum(emit_from)
+        for token in np.flatnonzero(emit_from > 0):
+            middle = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
+            script = ScriptedUniforms(uniforms, middle)
+            if q_rows is None:
+                verdict = verify_deterministic(chosen, p_rows, script)
+            else:
+                verdict = verify_sampled(chosen, q_rows, p_rows, script)
+            assert verdict == Verdict(n_accepted, int(token))
+            yield drafted[:n_accepted] + (int(token),), outcome * emit_from[token]
+
+
+class LookupDrafter:
+    """A deterministic proposer that, like an n-gram lookup, depends on the tokens so far only:
+    it proposes the tokens that followed the last token's previous occurrence (or a fixed guess)."""
+
+    def __call__(self, prefix: tuple[int, ...], length: int) -> tuple[int, ...]:
+        if prefix and prefix[-1] in prefix[:-1]:
+            start = prefix.index(prefix[-1]) + 1
+            found = prefix[start : start + length]
+        else:
+            found = ()
+        return (found + (1, 0, 2, 1) * length)[:length]
+
+
+def choose_step(prefix: tuple[int, ...]) -> tuple[str, int]:
+    """Source and draft length from the past only, varied enough to exercise every branch:
+    plain target decodes, deterministic drafts and sampled drafts of several lengths."""
+    code = (sum(prefix) * 7 + len(prefix) * 3) % 6
+    return [("none", 0), ("lookup", 1), ("lookup", 3), ("model", 1), ("model", 2), ("lookup", 2)][code]
+
+
+def speculative_joint(target, draft_model, prefix: tuple[int, ...], length: int) -> dict[tuple[int, ...], float]:
+    """Exact distribution of the next `length` tokens after `prefix` when every step picks its source
+    and length with `choose_step` and runs the real verify rule (steps past `length` are cut)."""
+    if len(prefix) >= length:
+        return {prefix[:length]: 1.0}
+    source, k = choose_step(prefix)
+    k = min(k, length - len(prefix))
+    outcomes: list[tuple[tuple[int, ...], float]] = []
+    if source == "model" and k:
+        for drafted in np.ndindex(*(draft_model.vocab,) * k):
+            q_rows = np.array([draft_model(prefix + drafted[:i]) for i in range(k)])
+            drawn = np.prod(q_rows[np.arange(k), list(drafted)])
+            if drawn:
+                outcomes += [(e, drawn * w) for e, w in enumerate_step(target, prefix, tuple(drafted), q_rows)]
+    else:
+        drafted = LookupDrafter()(prefix, k if source == "lookup" else 0)
+        outcomes = list(enumerate_step(target, prefix, drafted, None))
+    joint: dict[tuple[int, ...], float] = {}
+    for emitted, weight in outcomes:
+        for sequence, probability in speculative_joint(target, draft_model, prefix + emitted, length).items():
+            joint[sequence] = joint.get(sequence, 0.0) + weight * probability
+    return joint
+
+
+@pytest.mark.parametrize("vocab, length, seed", [(3, 4, 0), (3, 5, 1), (4, 4, 2)])
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_steps_with_source_and_length_chosen_from_the_past_are_exact(vocab, length, seed, sparsity) -> None:
+    target = TinyLanguageModel(seed, vocab, sparsity)
+    draft_model = TinyLanguageModel(seed + 100, vocab, sparsity)
+    speculative = speculative_joint(target, draft_model, (), length)
+    exact = dict(target_sequences(target, (), length))
+    assert set(speculative) <= set(exact)
+    for sequence, probability in exact.items():
+        assert abs(speculative.get(sequence, 0.0) - probability) < 1e-12, sequence
