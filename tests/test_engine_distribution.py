@@ -16,6 +16,8 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import TokenEvent
 from speccli.core.sampling import SamplingParams, probabilities
 from speccli.core import verify as verify_module
+from speccli.drafting.model import ModelDrafter
+from speccli.drafting.policy import FixedK
 from tests.conftest import loaded_related_pair
 
 SAMPLES = 3000

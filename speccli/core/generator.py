@@ -1,7 +1,7 @@
 """The generation loop: prompt -> tokens -> draft -> verify -> accept/resample -> text, with stats.
 
-`Generator.generate` yields the same events with a draft model (speculative) or without one (the
-target alone), so chat and bench only consume them. It keeps the models' KV caches between calls
+`Generator.generate` yields the same events with a drafter (speculative: a draft model, n-gram
+lookup, or both) or without one (the target alone), so chat and bench only consume them. It keeps the models' KV caches between calls
 and decodes only what changed: a new chat turn costs its new tokens, not the whole history.
 
 Invariant between steps: each model's KV cache holds a prefix of `self.tokens`, and never the
@@ -19,10 +19,11 @@ from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, To
 from speccli.core.text import TextAssembler
 from speccli.llama.model import Model
 from speccli.errors import SpeccliError
-from speccli.core.sampling import SamplingParams, probabilities, sample
-from speccli.core.verify import Verdict, verify_greedy, verify_sampled
+from speccli.core.sampling import RowBuffer, SamplingParams, probabilities, sample
+from speccli.core.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
+from speccli.drafting.base import Draft, DraftRequest, Drafter
+from speccli.drafting.policy import MAX_K, PROFILED_SIZES, AutoK, KPolicy
 
-MAX_K = 64
 
 
 @dataclass(frozen=True)
@@ -50,34 +51,34 @@ def validate_k(k: int) -> None:
 
 
 class Generator:
-    """Speculative generation with a draft model, or the target alone (`draft=None`, the baseline).
+    """Speculative generation with a drafter, or the target alone (`drafter=None`, the baseline).
 
     Both go through the same backend, sampler and bookkeeping, so a comparison between them is fair.
+    `policy` chooses each step's draft length (default: `AutoK`, from measured costs).
     """
 
     def __init__(
-        self, target: Model, draft: Model | None, sampling: SamplingParams, k: int, seed: int | None = None
+        self,
+        target: Model,
+        drafter: Drafter | None,
+        sampling: SamplingParams,
+        policy: KPolicy | None = None,
+        seed: int | None = None,
     ) -> None:
         sampling.validate()
-        if draft is not None:
-            validate_k(k)
         self.target = target
-        self.draft = draft
+        self.drafter = drafter
         self.sampling = sampling
-        self.k = k if draft is not None else 0
+        self.policy = policy or AutoK()
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
-        # Probability rows are rewritten every step: reusing the memory keeps the time outside
-        # llama_decode small (fresh arrays of a 262k vocabulary cost page faults each time).
-        self._draft_rows = _RowBuffer()
-        self._target_rows = _RowBuffer()
-
-    def _models(self) -> list[Model]:
-        return [self.target] if self.draft is None else [self.target, self.draft]
+        self._calibrated = False
+        self._target_rows = RowBuffer()
 
     def reset(self) -> None:
-        for model in self._models():
-            model.reset()
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
         self.tokens = []
 
     def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
@@ -88,12 +89,12 @@ class Generator:
         tokenizer = self.target.tokenizer
         reason = None
         while reason is None:
-            room = min(model.n_ctx for model in self._models()) - len(self.tokens)
+            room = self.target.n_ctx - len(self.tokens)
             if room < 0:
                 reason = "context"
                 break
             # No drafts the context cannot hold, nor more than the reply still needs.
-            new_tokens, sources, step = self._step(min(self.k, room, limits.max_tokens - stats.generated - 1))
+            new_tokens, sources, step = self._step(min(room, limits.max_tokens - stats.generated - 1))
             stats.add(step)
             yield step
             used = 0
@@ -118,14 +119,20 @@ class Generator:
         (plus the end-of-generation token, if that ended it) and a next turn continues from there."""
         if count:
             del self.tokens[-count:]
-            for model in self._models():
-                model.truncate(min(model.n_past, len(self.tokens) - 1))
+            self._forget(len(self.tokens) - 1)
+
+    def _forget(self, n_tokens: int) -> None:
+        """Make every cache hold at most the first n_tokens of `tokens`."""
+        self.target.truncate(min(self.target.n_past, n_tokens))
+        if self.drafter is not None:
+            self.drafter.forget(n_tokens)
 
     def _prefill(self, prompt: Sequence[int]) -> float:
-        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds."""
+        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds. The first
+        time a policy needs costs, profile them here too: it is set-up, like the prompt."""
         if not prompt:
             raise SpeccliError("the prompt is empty")
-        n_ctx = min(model.n_ctx for model in self._models())
+        n_ctx = self.target.n_ctx
         if len(prompt) > n_ctx:
             raise SpeccliError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; raise --ctx")
         shared = common_prefix_length(self.tokens, prompt[:-1])
@@ -133,84 +140,74 @@ class Generator:
         # Until every cache holds the new prompt, only the shared prefix is known to be in them all:
         # if a decode fails half-way, the next call must not trust what this one left behind.
         self.tokens = list(prompt[:shared])
-        for model in self._models():
-            model.truncate(min(model.n_past, shared))
-            if model.n_past < len(prompt) - 1:
-                model.decode(self._visible_to(model, prompt[model.n_past : -1]), n_logit_rows=0)
+        self._forget(shared)
+        if self.target.n_past < len(prompt) - 1:
+            self.target.decode(prompt[self.target.n_past : -1], n_logit_rows=0)
+        if self.drafter is not None:
+            self.drafter.sync(prompt)
         self.tokens = list(prompt)
+        if self.drafter is not None and self.policy.needs_costs and not self._calibrated:
+            self.policy.calibrate(self._profile_verify(), self.drafter.token_costs(self.tokens))
+            self._calibrated = True
         return time.perf_counter() - started
 
-    @staticmethod
-    def _visible_to(model: Model, tokens: Sequence[int]) -> list[int]:
-        """Tokens as a model can take them: a target may have ids past a smaller draft's vocabulary
-        (padding that check-vocab tolerates). The draft sees token 0 there instead. That changes only
-        what the draft proposes, never the output distribution: verification uses the q it sampled."""
-        return [token if token < model.n_vocab else 0 for token in tokens]
+    def _profile_verify(self) -> dict[int, float]:
+        """Seconds of one target decode with n logit rows, for n in PROFILED_SIZES that fit, timed at
+        the cache's end (after the prompt) and dropped again. One unmeasured decode comes first: the
+        first decode pays set-up. The tokens are copies of the pending one: cost does not depend on them."""
+        start = self.target.n_past
+        seconds = {}
+        for n in (1, *PROFILED_SIZES):
+            if start + n > self.target.n_ctx:
+                break
+            began = time.perf_counter()
+            self.target.decode([self.tokens[-1]] * n, n_logit_rows=n)
+            seconds[n] = time.perf_counter() - began
+            self.target.truncate(start)
+        return seconds
 
-    def _step(self, k: int) -> tuple[list[int], list[Source], StepEvent]:
-        """Draft k tokens, verify them in one target decode, keep the accepted prefix and one more."""
+    def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
+        """Draft up to `limit` tokens, verify them in one target decode, keep the accepted prefix and one more."""
         started = time.perf_counter()
-        drafted, q_rows, draft_seconds = self._draft(k) if k else ([], None, 0.0)
+        draft = Draft.nothing()
+        if self.drafter is not None and limit > 0:
+            draft = self.drafter.propose(
+                DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy.length_for)
+            )
+        draft_seconds = time.perf_counter() - started
+        k = len(draft.tokens)
         target_started = time.perf_counter()
-        target_logits = self.target.decode(self.tokens[self.target.n_past :] + drafted, n_logit_rows=k + 1)
+        target_logits = self.target.decode(self.tokens[self.target.n_past :] + draft.tokens, n_logit_rows=k + 1)
         target_seconds = time.perf_counter() - target_started
-        verdict = self._verify(np.array(drafted, dtype=np.int64), q_rows, target_logits)
-        new_tokens = drafted[: verdict.n_accepted] + [verdict.next_token]
+        verdict = self._verify(draft, target_logits)
+        new_tokens = draft.tokens[: verdict.n_accepted] + [verdict.next_token]
         self.tokens += new_tokens
         # Forget the rejected drafts; the new last token stays pending for the next step.
-        self.target.truncate(len(self.tokens) - 1)
-        if self.draft is not None:
-            self.draft.truncate(min(self.draft.n_past, len(self.tokens) - 1))
-        sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k, self.draft is not None)]
+        self._forget(len(self.tokens) - 1)
+        sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
-        source = "model" if k else None
-        return new_tokens, sources, StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, source)
+        step = StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None)
+        if self.drafter is not None:
+            self.policy.observe(draft.key, step)
+        return new_tokens, sources, step
 
-    def _draft(self, k: int) -> tuple[list[int], np.ndarray, float]:
-        """k tokens from the draft, each drawn from q, with q kept (sampling only) for verification."""
-        draft, decode_seconds = self.draft, 0.0
-        drafted: list[int] = []
-        q_rows = self._draft_rows.take(k, draft.n_vocab)
-        # The last token, and the previous bonus if the draft missed it.
-        pending = self._visible_to(draft, self.tokens[draft.n_past :])
-        for i in range(k):
-            decode_started = time.perf_counter()
-            logits = draft.decode(pending, n_logit_rows=1)
-            decode_seconds += time.perf_counter() - decode_started
-            if self.sampling.greedy:
-                token = int(logits[0].argmax())
-            else:
-                token = sample(probabilities(logits, self.sampling, out=q_rows[i : i + 1])[0], self.rng)
-            drafted.append(token)
-            pending = [token]
-        # The last draft token is not decoded by the draft: if all k pass, the next step catches up.
-        return drafted, q_rows, decode_seconds
-
-    def _verify(self, drafted: np.ndarray, q: np.ndarray, target_logits: np.ndarray) -> Verdict:
+    def _verify(self, draft: Draft, target_logits: np.ndarray) -> Verdict:
+        drafted = np.array(draft.tokens, dtype=np.int64)
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
         p = probabilities(target_logits, self.sampling, out=self._target_rows.take(*target_logits.shape))
         if not len(drafted):
             return Verdict(0, sample(p[0], self.rng))
+        if draft.q is None:
+            return verify_deterministic(drafted, p, self.rng)
+        q = draft.q
         if q.shape[1] != p.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
             width = max(q.shape[1], p.shape[1])
             q, p = (np.pad(rows, ((0, 0), (0, width - rows.shape[1]))) for rows in (q, p))
         return verify_sampled(drafted, q, p, self.rng)
 
 
-class _RowBuffer:
-    """A float32 (rows, vocab) array kept between steps, grown when a step needs more rows."""
-
-    def __init__(self) -> None:
-        self._array = np.empty((0, 0), dtype=np.float32)
-
-    def take(self, rows: int, vocab: int) -> np.ndarray:
-        if self._array.shape[0] < rows or self._array.shape[1] != vocab:
-            self._array = np.empty((rows, vocab), dtype=np.float32)
-        return self._array[:rows]
-
-
-def _source_of_next(verdict: Verdict, k: int, speculative: bool) -> Source:
-    if not speculative or k == 0:  # no drafts this step (end of the reply or of the context)
+def _source_of_next(verdict: Verdict, k: int) -> Source:
+    if k == 0:  # no drafts this step (target alone, or drafting did not pay, or no room)
         return Source.TARGET
     return Source.BONUS if verdict.is_bonus(k) else Source.CORRECTION

@@ -115,6 +115,19 @@ def _softmax(values: np.ndarray) -> np.ndarray:
     return exp / exp.sum()
 
 
+class RowBuffer:
+    """A float32 (rows, vocab) array kept between steps, grown when a step needs more rows: rows of
+    probabilities are rewritten every step, and fresh arrays of a 262k vocabulary cost page faults."""
+
+    def __init__(self) -> None:
+        self._array = np.empty((0, 0), dtype=np.float32)
+
+    def take(self, rows: int, vocab: int) -> np.ndarray:
+        if self._array.shape[0] < rows or self._array.shape[1] != vocab:
+            self._array = np.empty((rows, vocab), dtype=np.float32)
+        return self._array[:rows]
+
+
 _BLOCK = 1024
 
 

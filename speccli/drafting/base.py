@@ -1,0 +1,57 @@
+"""The seam between the generator and whatever proposes draft tokens.
+
+A `Drafter` is told the context (every token so far; the last one is still pending: no cache holds
+it yet), proposes up to some number of tokens, and is told when the context is cut back. How many it
+proposes is asked of the K policy through `DraftRequest.length_for`, with a key naming what kind of
+proposal it is about to make (a draft model, a long or short n-gram match), so the policy can keep
+acceptance and costs apart per kind. Nothing here may look at the target's verdict on this step:
+the number and kind of tokens depend on the past only, which is what keeps the output exact.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from speccli.core.sampling import SamplingParams
+
+LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    context: Sequence[int]  # every token so far; context[-1] is pending
+    limit: int  # at most this many tokens: room in the context, tokens the reply still needs
+    sampling: SamplingParams
+    rng: np.random.Generator
+    length_for: LengthFor
+
+
+@dataclass(frozen=True)
+class Draft:
+    source: str  # "model" or "ngram": what statistics report
+    key: str  # what the K policy learns from: the source, refined (e.g. "ngram:long")
+    tokens: list[int]
+    q: np.ndarray | None  # (len(tokens), V): the rows the tokens were drawn from; None: proposed with certainty
+
+    @staticmethod
+    def nothing() -> Draft:
+        return Draft("", "", [], None)
+
+
+class Drafter(Protocol):
+    name: str  # "model", "ngram" or "ngram+model"
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Take in a new prompt: hold context[:-1] (the prefix held already was kept by `forget`)."""
+
+    def propose(self, request: DraftRequest) -> Draft: ...
+
+    def forget(self, n_tokens: int) -> None:
+        """The context was cut back to its first `n_tokens` tokens (rejected drafts, a new prompt)."""
+
+    def reset(self) -> None: ...
+
+    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
+        """Seconds per drafted token, by proposal key, measured now (a draft model decodes once)."""

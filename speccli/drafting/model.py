@@ -1,0 +1,71 @@
+"""A smaller model of the same vocabulary as the draft source: K decodes, each token drawn from q."""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from speccli.core.sampling import RowBuffer, probabilities, sample
+from speccli.drafting.base import Draft, DraftRequest
+from speccli.llama.model import Model
+
+
+class ModelDrafter:
+    """Drafts with a draft `Model`, keeping its KV cache a prefix of the context between steps."""
+
+    name = "model"
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self._q_rows = RowBuffer()
+
+    def sync(self, context: Sequence[int]) -> None:
+        """Make the cache hold context[:-1] (it holds a prefix of it already: see `forget`)."""
+        if self.model.n_past < len(context) - 1:
+            self.model.decode(self.visible(context[self.model.n_past : -1]), n_logit_rows=0)
+
+    def propose(self, request: DraftRequest) -> Draft:
+        model = self.model
+        # Decoding k - 1 tokens past the context must fit in the draft's own window.
+        room = model.n_ctx - len(request.context) + 1
+        k = request.length_for(self.name, min(request.limit, room))
+        if k <= 0:
+            return Draft.nothing()
+        q_rows = self._q_rows.take(k, model.n_vocab)
+        drafted: list[int] = []
+        # The pending token, and the previous bonus token if the draft never decoded it.
+        pending = self.visible(request.context[model.n_past :])
+        for i in range(k):
+            logits = model.decode(pending, n_logit_rows=1)
+            if request.sampling.greedy:
+                token = int(logits[0].argmax())
+            else:
+                token = sample(probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0], request.rng)
+            drafted.append(token)
+            pending = [token]
+        # The last draft token is not decoded here: if all k pass, the next step catches up.
+        return Draft(self.name, self.name, drafted, None if request.sampling.greedy else q_rows)
+
+    def visible(self, tokens: Sequence[int]) -> list[int]:
+        """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary
+        (padding that check-vocab tolerates). The draft sees token 0 there instead. That changes only
+        what the draft proposes, never the output distribution: verification uses the q it sampled."""
+        return [token if token < self.model.n_vocab else 0 for token in tokens]
+
+    def forget(self, n_tokens: int) -> None:
+        self.model.truncate(min(self.model.n_past, n_tokens))
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
+        """One draft decode of one token, timed at the cache's end and then dropped again (the second
+        of two, so a first decode's set-up cost is not counted)."""
+        model, start = self.model, self.model.n_past
+        token = self.visible([context[start]])
+        seconds = []
+        for _ in range(2):
+            began = time.perf_counter()
+            model.decode(token, n_logit_rows=1)
+            seconds.append(time.perf_counter() - began)
+            model.truncate(start)
+        return {self.name: seconds[-1]}

@@ -1,0 +1,190 @@
+"""How many tokens to draft each step: a fixed K, or `auto`, chosen from this machine's own costs.
+
+`auto` picks, before each step, the draft length k (0 included: a plain target decode) that
+maximises expected tokens per second:
+
+    E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        tokens a step yields (its correction/bonus included)
+    T(k) = k * d + V(k+1)                           seconds: k drafted tokens at d each, one verify of k+1 rows
+    k*   = argmax_k E(k) / T(k)
+
+a_j is the acceptance of draft position j given that 1..j-1 were kept, counted per proposal key
+(the draft model; n-gram matches by length), shrunk towards the position before it while few steps
+have been seen. d is the measured seconds per drafted token of that key (0 for n-gram lookup).
+V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
+(probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
+and refreshed from every step's own timings.
+
+Everything the choice uses is known before the step's verification: counts and timings of earlier
+steps, and how much the draft source has to offer. It never depends on the tokens being verified,
+so the output distribution stays the target's (tests/test_verify_deterministic.py proves the rule
+exact for any such choice; tests/test_engine_distribution.py checks it on real models).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from speccli.core.stats import StepEvent
+
+MAX_K = 64
+PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
+PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
+PRIOR_WEIGHT = 2.0  # in judged drafts
+TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
+FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 1-2 tokens to re-check it
+
+
+class KPolicy(Protocol):
+    name: str  # "4", "auto"
+    needs_costs: bool  # whether `calibrate` must run before the first step
+
+    def length_for(self, key: str, available: int) -> int: ...
+
+    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None: ...
+
+    def observe(self, key: str, step: StepEvent) -> None: ...
+
+
+class FixedK:
+    """Draft K tokens every step (fewer only where the context or the reply has no room)."""
+
+    needs_costs = False
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.name = str(k)
+
+    def length_for(self, key: str, available: int) -> int:
+        return min(self.k, available)
+
+    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
+        pass
+
+    def observe(self, key: str, step: StepEvent) -> None:
+        pass
+
+
+@dataclass
+class VerifyCosts:
+    """V(n): seconds of one target decode with n logit rows, plus per-row work, from measured points."""
+
+    decode_seconds: dict[int, float] = field(default_factory=dict)
+    per_row_seconds: float = 0.0
+
+    def __call__(self, n: int) -> float:
+        sizes = sorted(self.decode_seconds)
+        at = bisect.bisect_left(sizes, n)
+        if len(sizes) == 1:  # a context too full to profile more: assume cost grows with rows
+            decode = self.decode_seconds[sizes[0]] * n / sizes[0]
+        elif at < len(sizes) and sizes[at] == n:
+            decode = self.decode_seconds[n]
+        else:
+            # Interpolate between the neighbours, or extend the nearest segment's slope.
+            low, high = (sizes[at - 1], sizes[at]) if 0 < at < len(sizes) else (sizes[-2:] if at else sizes[:2])
+            slope = (self.decode_seconds[high] - self.decode_seconds[low]) / (high - low)
+            decode = max(self.decode_seconds[low] + slope * (n - low), self.decode_seconds[sizes[0]])
+        return decode + self.per_row_seconds * n
+
+    def update(self, n: int, decode_seconds: float, other_seconds: float) -> None:
+        known = self.decode_seconds.get(n)
+        self.decode_seconds[n] = decode_seconds if known is None else known + TIMING_WEIGHT * (decode_seconds - known)
+        self.per_row_seconds += TIMING_WEIGHT * (other_seconds / n - self.per_row_seconds)
+
+
+@dataclass
+class KeyHistory:
+    """Per position j: steps that judged draft j+1 (drafted it, kept 1..j), and steps that kept it."""
+
+    judged_at: list[int] = field(default_factory=list)
+    kept_at: list[int] = field(default_factory=list)
+    token_seconds: float | None = None  # seconds per drafted token
+    idle_steps: int = 0  # steps in a row that drafted nothing from this key
+    rejected_in_a_row: int = 0  # steps whose drafts from this key were all rejected
+
+    def add(self, drafted: int, accepted: int) -> None:
+        judged = min(drafted, accepted + 1)
+        while len(self.judged_at) < judged:
+            self.judged_at.append(0)
+            self.kept_at.append(0)
+        for position in range(judged):
+            self.judged_at[position] += 1
+            self.kept_at[position] += position < accepted
+
+    def acceptance(self, positions: int) -> list[float]:
+        """a_1 .. a_positions: each position's rate, shrunk towards the one before it."""
+        pooled = (sum(self.kept_at) + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (sum(self.judged_at) + PRIOR_WEIGHT)
+        rates, previous = [], pooled
+        for position in range(positions):
+            judged = self.judged_at[position] if position < len(self.judged_at) else 0
+            kept = self.kept_at[position] if position < len(self.kept_at) else 0
+            previous = (kept + PRIOR_WEIGHT * previous) / (judged + PRIOR_WEIGHT)
+            rates.append(previous)
+        return rates
+
+
+class AutoK:
+    """K per step from measured costs and acceptance (see the module docstring)."""
+
+    name = "auto"
+    needs_costs = True
+
+    def __init__(self, max_k: int = MAX_K) -> None:
+        self.max_k = max_k
+        self.verify = VerifyCosts()
+        self.keys: dict[str, KeyHistory] = {}
+
+    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
+        self.verify.decode_seconds.update(verify_seconds)
+        for key, seconds in token_costs.items():
+            self._history(key).token_seconds = seconds
+
+    def length_for(self, key: str, available: int) -> int:
+        history = self._history(key)
+        limit = min(available, self.max_k)
+        if limit <= 0:
+            return 0
+        best = self._best_length(history, history.acceptance(limit))
+        if best == 0 and self._worth_probing(history, limit):
+            best = min(limit, 2)
+        history.idle_steps = 0 if best else history.idle_steps + 1
+        return best
+
+    def observe(self, key: str, step: StepEvent) -> None:
+        rows = step.drafted + 1
+        self.verify.update(rows, step.target_seconds, step.other_seconds)
+        if not key or not step.drafted:
+            return
+        history = self._history(key)
+        history.add(step.drafted, step.accepted)
+        per_token = step.draft_seconds / step.drafted
+        known = history.token_seconds
+        history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
+        history.rejected_in_a_row = 0 if step.accepted else history.rejected_in_a_row + 1
+
+    def expected_rate(self, key: str, k: int) -> float:
+        """Expected tokens per second of drafting k tokens of `key` now (k = 0: the target alone)."""
+        history = self._history(key)
+        return self._rate(history, history.acceptance(k), k)
+
+    def _history(self, key: str) -> KeyHistory:
+        return self.keys.setdefault(key, KeyHistory())
+
+    def _rate(self, history: KeyHistory, acceptance: list[float], k: int) -> float:
+        tokens, kept_so_far = 1.0, 1.0
+        for rate in acceptance[:k]:
+            kept_so_far *= rate
+            tokens += kept_so_far
+        return tokens / (k * (history.token_seconds or 0.0) + self.verify(k + 1))
+
+    def _best_length(self, history: KeyHistory, acceptance: list[float]) -> int:
+        rates = [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
+        return max(range(len(rates)), key=rates.__getitem__)
+
+    def _worth_probing(self, history: KeyHistory, limit: int) -> bool:
+        """Re-check a key the estimates have ruled out, now and then (less often after each failed
+        probe), but only if drafting could pay at all: with every draft kept, at these costs."""
+        if history.idle_steps < FIRST_PROBE_AFTER * 2 ** min(history.rejected_in_a_row, 8):
+            return False
+        certain = [1.0] * limit
+        return self._best_length(history, certain) > 0
