@@ -2,8 +2,10 @@
 
 The exact joint distribution of the first two generated tokens is computed from the target's own
 logits (one decode per first token); thousands of speculative generations are compared with it by
-a chi-square test. Two broken rules, run the same way, must fail it: verification against the raw
-draft logits while drafting from processed ones, and resampling from p instead of the residual.
+a chi-square test: with a draft model, with n-gram drafts (no q), and with both under `--k auto`,
+whose draft lengths change as it learns. Broken rules, run the same way, must fail it: verification
+against the raw draft logits while drafting from processed ones, resampling from p instead of the
+residual, and (n-gram) resampling from p without removing the rejected token.
 """
 from __future__ import annotations
 
@@ -13,17 +15,38 @@ from scipy import stats
 
 from speccli.llama.model import Model
 from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.stats import TokenEvent
+from speccli.core.stats import RunStats, TokenEvent
 from speccli.core.sampling import SamplingParams, probabilities
 from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.policy import FixedK
+from speccli.drafting.base import Draft
+from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.policy import AutoK, FixedK
+from speccli.drafting.specs import make_drafter
 from tests.conftest import loaded_related_pair
 
 SAMPLES = 3000
 PROMPT = b"the cat sat on"
 # Temperature and top-k make processed and raw distributions differ, which a biased rule exposes.
 SETTINGS = SamplingParams(temperature=0.7, top_k=12)
+
+
+def repeating_prompt(target: Model) -> list[int]:
+    """PROMPT, a token y, PROMPT again: n-gram lookup then proposes y first. y is the token whose
+    probability there is closest to 1/2, so proposals are both kept and rejected (a random tiny
+    model is peaked, and rarely copies its prompt on its own)."""
+    base = target.tokenizer.tokenize(PROMPT)
+    best_margin, best_prompt = 0.0, None
+    for y in range(3, target.n_vocab):
+        prompt = base + [y] + base[1:]
+        target.reset()
+        target.decode(prompt[:-1], n_logit_rows=0)
+        p_y = float(probabilities(target.decode(prompt[-1:]), SETTINGS)[0][y])
+        if min(p_y, 1 - p_y) > best_margin:
+            best_margin, best_prompt = min(p_y, 1 - p_y), prompt
+    target.reset()
+    assert best_margin > 0.02, "every proposal would be kept, or every one rejected: pick another PROMPT"
+    return best_prompt
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +73,27 @@ def exact_two_token_distribution(target: Model, prompt: list[int]) -> dict[tuple
     return joint
 
 
-def sampled_pairs(generator: Generator, prompt: list[int], n: int) -> list[tuple[int, ...]]:
-    """The first two tokens of n generations; the end-of-generation token is kept when it comes first.
+def sampled_pairs(generator: Generator, prompt: list[int], n: int, max_tokens: int = 4) -> list[tuple[int, ...]]:
+    return sampled_pairs_and_stats(generator, prompt, n, max_tokens)[0]
 
-    Each generation asks for k+1 tokens, so its first step drafts all k (the engine drafts no more
-    than a reply still needs) and the whole verify rule, bonus token included, shapes the pair.
+
+def sampled_pairs_and_stats(generator: Generator, prompt: list[int], n: int, max_tokens: int = 4):
+    """The first two tokens of n generations, and their summed statistics; the end-of-generation
+    token is kept when it comes first.
+
+    Each generation asks for k+1 tokens (`max_tokens`), so its first step may draft all k (the engine
+    drafts no more than a reply still needs) and the whole verify rule, bonus token included, shapes
+    the pair.
     """
-    pairs = []
+    pairs, total = [], RunStats()
     for _ in range(n):
-        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max(2, generator.k + 1))))
+        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)))
+        total = total + events[-1].stats
         tokens = [e.token for e in events if isinstance(e, TokenEvent)][:2]
         if len(tokens) < 2 and events[-1].reason == "eog":
             tokens.append(generator.tokens[len(prompt) + len(tokens)])
         pairs.append(tuple(tokens))
-    return pairs
+    return pairs, total
 
 
 def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> float:
@@ -80,18 +110,27 @@ def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int
     return float(stats.chisquare(observed_counts, expected_counts).pvalue)
 
 
-class RawLogitsDraftBug(Generator):
+class RawLogitsDraftBug(ModelDrafter):
     """The known bug: draft from processed q, but verify against softmax of the raw draft logits."""
 
-    def _draft(self, k):
-        drafted, processed_q, seconds = super()._draft(k)
+    def propose(self, request):
+        draft = super().propose(request)
         # Recompute q the buggy way: plain softmax over the raw logits, same prefixes.
-        self.draft.truncate(len(self.tokens) - 1)
+        self.model.truncate(len(request.context) - 1)
         raw = []
-        for token in [self.tokens[-1]] + drafted[:-1]:
-            logits = self.draft.decode([token])
+        for token in [request.context[-1]] + draft.tokens[:-1]:
+            logits = self.model.decode([token])
             raw.append(probabilities(logits, SamplingParams(temperature=1.0))[0])
-        return drafted, np.stack(raw), seconds
+        return Draft(draft.source, draft.key, draft.tokens, np.stack(raw))
+
+
+class LearningAutoK(AutoK):
+    """`auto` with a memory-bound cost curve (verify ~ one decode, as on a GPU), so it drafts varied
+    lengths as its acceptance estimates move; on these tiny CPU models it would mostly draft nothing."""
+
+    def calibrate(self, verify_seconds, token_costs):
+        super().calibrate({n: 1e-3 * (1 + 0.02 * n) for n in verify_seconds}, {key: 2e-4 for key in token_costs})
+        self.verify.update = lambda *timings: None
 
 
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
@@ -99,8 +138,8 @@ def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt)
     for k in (1, 3):
-        generator = Generator(target, draft, SETTINGS, k=k, seed=1234 + k)
-        p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
+        generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(k), seed=1234 + k)
+        p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES, max_tokens=k + 1), expected)
         assert p_value > 1e-3, f"k={k}: p={p_value:.2e}"
         target.reset(), draft.reset()
 
@@ -109,7 +148,7 @@ def test_target_only_sampling_matches_too(pair) -> None:
     target, _ = pair
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt)
-    p_value = chi_square_p_value(sampled_pairs(Generator(target, None, SETTINGS, k=0, seed=7), prompt, SAMPLES), expected)
+    p_value = chi_square_p_value(sampled_pairs(Generator(target, None, SETTINGS, seed=7), prompt, SAMPLES), expected)
     assert p_value > 1e-3, f"p={p_value:.2e}"
     target.reset()
 
@@ -118,7 +157,7 @@ def test_raw_draft_logits_bug_is_detected(pair) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt)
-    generator = RawLogitsDraftBug(target, draft, SETTINGS, k=3, seed=99)
+    generator = Generator(target, RawLogitsDraftBug(draft), SETTINGS, FixedK(3), seed=99)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
@@ -130,7 +169,46 @@ def test_skipping_the_residual_is_detected(pair, monkeypatch) -> None:
     expected = exact_two_token_distribution(target, prompt)
     # After a rejection, draw from p itself instead of norm(max(0, p - q)).
     monkeypatch.setattr(verify_module, "residual_distribution", lambda p, q: p / p.sum())
-    generator = Generator(target, draft, SETTINGS, k=3, seed=99)
+    generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(3), seed=99)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
+    assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
+
+
+def test_ngram_drafts_match_the_target_distribution(pair) -> None:
+    target, _ = pair
+    prompt = repeating_prompt(target)
+    expected = exact_two_token_distribution(target, prompt)
+    generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=21)
+    pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
+    target.reset()
+    ngram = stats.by_source["ngram"]
+    assert ngram.drafted_at[0] >= SAMPLES and 0 < ngram.accepted_at[0] < ngram.drafted_at[0], ngram  # kept and rejected
+    p_value = chi_square_p_value(pairs, expected)
+    assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> None:
+    target, draft = pair
+    prompt = repeating_prompt(target)
+    expected = exact_two_token_distribution(target, prompt)
+    policy = LearningAutoK()
+    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=22)
+    pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
+    target.reset(), draft.reset()
+    lengths = stats.draft_lengths
+    assert len([length for length in lengths if length > 0]) >= 2, f"auto should vary its draft length: {lengths}"
+    assert set(stats.by_source) == {"ngram", "model"}, stats.by_source
+    p_value = chi_square_p_value(pairs, expected)
+    assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def test_ngram_resampling_that_keeps_the_rejected_token_is_detected(pair, monkeypatch) -> None:
+    target, _ = pair
+    prompt = repeating_prompt(target)
+    expected = exact_two_token_distribution(target, prompt)
+    monkeypatch.setattr(verify_module, "without_token", lambda p, token: p / p.sum())
+    generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=23)
+    p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
+    target.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
