@@ -32,7 +32,7 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
-FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 1-2 tokens to re-check it
+FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
 
 
 class KPolicy(Protocol):
@@ -100,7 +100,8 @@ class KeyHistory:
     kept_at: list[int] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
-    rejected_in_a_row: int = 0  # steps whose drafts from this key were all rejected
+    probing: bool = False  # the current draft is a re-check the estimates alone would not make
+    failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
 
     def add(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)
@@ -145,7 +146,8 @@ class AutoK:
         if limit <= 0:
             return 0
         best = self._best_length(history, history.acceptance(limit))
-        if best == 0 and self._worth_probing(history, limit):
+        history.probing = best == 0 and self._worth_probing(history, limit)
+        if history.probing:
             best = min(limit, 2)
         history.idle_steps = 0 if best else history.idle_steps + 1
         return best
@@ -160,7 +162,9 @@ class AutoK:
         per_token = step.draft_seconds / step.drafted
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
-        history.rejected_in_a_row = 0 if step.accepted else history.rejected_in_a_row + 1
+        if history.probing:
+            pays = self._best_length(history, history.acceptance(self.max_k)) > 0
+            history.failed_probes = 0 if pays else history.failed_probes + 1
 
     def expected_rate(self, key: str, k: int) -> float:
         """Expected tokens per second of drafting k tokens of `key` now (k = 0: the target alone)."""
@@ -182,9 +186,10 @@ class AutoK:
         return max(range(len(rates)), key=rates.__getitem__)
 
     def _worth_probing(self, history: KeyHistory, limit: int) -> bool:
-        """Re-check a key the estimates have ruled out, now and then (less often after each failed
-        probe), but only if drafting could pay at all: with every draft kept, at these costs."""
-        if history.idle_steps < FIRST_PROBE_AFTER * 2 ** min(history.rejected_in_a_row, 8):
+        """Re-check a key the estimates have ruled out, now and then, but only if drafting could pay
+        at all (with every draft kept, at these costs). Each re-check after which drafting still does
+        not pay doubles the wait before the next, so their cost stays a vanishing share of the steps."""
+        if history.idle_steps < FIRST_PROBE_AFTER * 2 ** min(history.failed_probes, 8):
             return False
         certain = [1.0] * limit
         return self._best_length(history, certain) > 0

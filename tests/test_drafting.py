@@ -1,0 +1,207 @@
+"""Draft sources and K policies on their own: what the n-gram lookup proposes, how the chain picks a
+source, which K `auto` chooses for given costs and acceptance, and how --spec/--k are checked."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccli.core.sampling import SamplingParams
+from speccli.core.stats import StepEvent
+from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.policy import AutoK, FixedK, VerifyCosts
+from speccli.drafting.specs import check_spec, make_drafter, needs_draft_model, parse_k
+from speccli.errors import SpeccliError
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def request(context, limit=16, length_for=lambda key, available: available) -> DraftRequest:
+    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for)
+
+
+# --- n-gram lookup ---------------------------------------------------------------------------------
+
+
+def test_ngram_proposes_what_followed_the_longest_earlier_match() -> None:
+    # "5 6" occurs twice before the end; the longer match "4 5 6" picks the second occurrence.
+    context = [1, 5, 6, 9, 9, 4, 5, 6, 7, 8, 2, 4, 5, 6]
+    draft = NgramDrafter().propose(request(context))
+    assert draft.tokens == [7, 8, 2, 4, 5, 6] and draft.q is None and draft.source == "ngram"
+    assert draft.key == "ngram:3-5"  # matched "4 5 6": three tokens
+
+
+def test_ngram_takes_the_most_recent_occurrence_of_an_equally_long_match() -> None:
+    draft = NgramDrafter().propose(request([3, 1, 2, 3, 7, 3]))
+    assert draft.tokens == [7, 3]  # "3" last occurred before 7, not before 1
+
+
+def test_ngram_match_length_extends_past_the_indexed_n_grams() -> None:
+    phrase = list(range(100, 130))
+    draft = NgramDrafter().propose(request(phrase + [1, 2] + phrase, limit=4))
+    assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+"
+
+
+def test_ngram_with_no_earlier_occurrence_proposes_nothing() -> None:
+    assert NgramDrafter().propose(request([1, 2, 3, 4])).tokens == []
+
+
+def test_ngram_respects_the_limit_and_the_policy() -> None:
+    context = [1, 2, 3, 4, 5, 1, 2]
+    assert NgramDrafter().propose(request(context, limit=2)).tokens == [3, 4]
+    asked = []
+    draft = NgramDrafter().propose(request(context, length_for=lambda key, available: asked.append((key, available)) or 1))
+    assert draft.tokens == [3] and asked == [("ngram:1-2", 5)]  # 3 4 5 1 2 follow the match
+
+
+def test_ngram_index_after_forget_equals_a_fresh_index() -> None:
+    rng = np.random.default_rng(1)
+    context = [int(x) for x in rng.integers(0, 6, size=300)]
+    incremental = NgramDrafter()
+    for end in range(10, 300, 7):
+        incremental.propose(request(context[:end]))
+    incremental.forget(150)
+    replaced = context[:150] + [int(x) for x in rng.integers(0, 6, size=100)]
+    fresh = NgramDrafter()
+    for end in range(151, 250):
+        assert incremental.propose(request(replaced[:end])) == fresh.propose(request(replaced[:end]))
+
+
+# --- chain ------------------------------------------------------------------------------------------
+
+
+class Fixed:
+    """A drafter that always proposes the same tokens (or nothing)."""
+
+    def __init__(self, name: str, tokens: list[int]) -> None:
+        self.name, self.tokens, self.forgotten = name, tokens, []
+
+    def propose(self, request: DraftRequest) -> Draft:
+        return Draft(self.name, self.name, self.tokens, None) if self.tokens else Draft.nothing()
+
+    def sync(self, context) -> None:
+        pass
+
+    def forget(self, n_tokens: int) -> None:
+        self.forgotten.append(n_tokens)
+
+    def reset(self) -> None:
+        pass
+
+    def token_costs(self, context) -> dict[str, float]:
+        return {self.name: 0.5}
+
+
+def test_chain_uses_the_first_source_that_proposes() -> None:
+    empty, second, third = Fixed("a", []), Fixed("b", [4, 5]), Fixed("c", [6])
+    chain = ChainDrafter([empty, second, third])
+    assert chain.name == "a+b+c"
+    assert chain.propose(request([1])).source == "b"
+    chain.forget(3)
+    assert empty.forgotten == second.forgotten == third.forgotten == [3]
+    assert chain.token_costs([1]) == {"a": 0.5, "b": 0.5, "c": 0.5}
+
+
+# --- K policies -------------------------------------------------------------------------------------
+
+
+def step(drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.01) -> StepEvent:
+    return StepEvent(drafted, accepted, draft_seconds, target_seconds, 0.0, "x")
+
+
+def test_fixed_k_drafts_k_unless_less_is_available() -> None:
+    assert FixedK(4).length_for("model", 10) == 4 and FixedK(4).length_for("ngram:1-2", 2) == 2
+
+
+# Verify cost curves measured on this kind of CPU (single-token decodes per n-token verify).
+COMPUTE_BOUND = {1: 1.0, 2: 1.42, 4: 2.2, 8: 3.5, 16: 4.0, 32: 7.3}  # Qwen2.5 1.5B Q4_K_M
+MEMORY_BOUND = {1: 1.0, 2: 1.06, 4: 1.14, 8: 1.25, 16: 1.39, 32: 1.9}  # Gemma 3 270M F32
+
+
+def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
+    policy = AutoK()
+    policy.calibrate({n: 0.025 * units for n, units in curve.items()}, {k: 0.025 * c for k, c in costs.items()})
+    return policy
+
+
+def learn(policy: AutoK, key: str, drafted: int, accepted: int, times: int, token_cost: float = 0.0) -> None:
+    """`times` steps of `key` drafting `drafted` tokens and keeping `accepted`, timed as calibrated."""
+    for _ in range(times):
+        policy.observe(key, step(drafted, accepted, drafted * 0.025 * token_cost, policy.verify(drafted + 1)))
+
+
+def test_auto_never_drafts_with_a_model_that_cannot_pay() -> None:
+    """Qwen on this CPU: a 0.68-cost draft, a compute-bound verify and acceptance ~0.85 lose at every K."""
+    policy = calibrated(COMPUTE_BOUND, {"model": 0.68})
+    for accepted in [4, 3, 4, 2, 4, 4, 1, 4, 3, 4] * 3:
+        learn(policy, "model", 4, accepted, 1, token_cost=0.68)
+    chosen = []
+    for _ in range(500):
+        k = policy.length_for("model", 16)
+        chosen.append(k)
+        if k:  # a re-check (every draft kept would pay at K=15 on this curve): it keeps 2 of 2
+            learn(policy, "model", k, k, 1, token_cost=0.68)
+    assert sum(1 for k in chosen if k) <= 5, "re-checks must become ever rarer"
+
+
+def test_auto_drafts_long_with_a_good_cheap_draft_on_a_flat_verify_curve() -> None:
+    """Gemma F32 target, its own Q4_K_M as draft (c ~ 0.55, acceptance ~ 0.99)."""
+    policy = calibrated(MEMORY_BOUND, {"model": 0.55})
+    learn(policy, "model", 8, 8, 30, token_cost=0.55)
+    assert policy.length_for("model", 16) >= 6
+
+
+def test_auto_stops_drafting_a_source_that_is_always_rejected() -> None:
+    policy = calibrated(MEMORY_BOUND, {"model": 0.55})
+    assert policy.length_for("model", 8) > 0  # optimistic before it has seen anything
+    learn(policy, "model", 2, 0, 30, token_cost=0.55)
+    assert policy.length_for("model", 8) == 0
+
+
+def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None:
+    policy = calibrated(COMPUTE_BOUND, {})
+    learn(policy, "ngram:12+", 16, 16, 20)
+    chosen = policy.length_for("ngram:12+", 32)
+    assert chosen >= 8
+    assert policy.expected_rate("ngram:12+", chosen) > 1.5 * policy.expected_rate("ngram:12+", 0)
+
+
+def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
+    cheap = calibrated(COMPUTE_BOUND, {})
+    learn(cheap, "ngram:1-2", 2, 0, 30)
+    probes = []
+    for index in range(500):
+        k = cheap.length_for("ngram:1-2", 8)
+        if k:
+            probes.append(index)
+            learn(cheap, "ngram:1-2", k, 0, 1)  # the re-check fails too
+    gaps = np.diff(probes)
+    assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:])), probes
+    costly = calibrated(COMPUTE_BOUND, {"model": 0.68})
+    learn(costly, "model", 2, 0, 30, token_cost=0.68)
+    assert all(costly.length_for("model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
+
+
+def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:
+    costs = VerifyCosts({1: 1.0, 4: 2.5, 8: 3.0})
+    assert costs(1) == 1.0 and costs(2) == pytest.approx(1.5) and costs(16) == pytest.approx(4.0)
+    costs.update(8, 5.0, other_seconds=0.8)  # a slower step at 8 rows moves the estimate there
+    assert costs.decode_seconds[8] == pytest.approx(3.4) and costs.per_row_seconds == pytest.approx(0.02)
+
+
+# --- --spec and --k ---------------------------------------------------------------------------------
+
+
+def test_spec_and_k_are_checked_with_one_clear_line() -> None:
+    assert check_spec("ngram+model") == "ngram+model" and needs_draft_model("ngram+model")
+    assert not needs_draft_model("ngram")
+    with pytest.raises(SpeccliError, match=r"--spec must be one of model, ngram, ngram\+model, got 'tree'"):
+        check_spec("tree")
+    assert parse_k("auto") is None and parse_k("8") == 8 and parse_k(3) == 3
+    for bad, shown in [("0", "0"), ("65", "65"), ("-1", "-1"), ("abc", "'abc'"), ("2.5", "'2.5'")]:
+        with pytest.raises(SpeccliError, match=rf"--k must be 'auto' or an integer from 1 to 64, got {shown}$"):
+            parse_k(bad)
+    with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
+        make_drafter("model", None)
+    assert make_drafter("ngram", None).name == "ngram"
