@@ -188,6 +188,14 @@ def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:
     assert costs(1) == 1.0 and costs(2) == pytest.approx(1.5) and costs(16) == pytest.approx(4.0)
     costs.update(8, 5.0, other_seconds=0.8)  # a slower step at 8 rows moves the estimate there
     assert costs.decode_seconds[8] == pytest.approx(3.4) and costs.per_row_seconds == pytest.approx(0.02)
+    costs.update(8, 100.0, other_seconds=0.0)  # a decode slowed by something else moves it a bounded step
+    assert costs.decode_seconds[8] == pytest.approx(3.4 + 0.2 * 3.4)
+
+
+def test_verify_cost_curve_is_never_lower_for_more_rows() -> None:
+    costs = VerifyCosts({1: 1.0, 2: 1.1, 3: 9.0, 4: 1.2, 8: 1.5})  # 3 rows timed while the machine was busy
+    curve = [costs(n) for n in range(1, 9)]
+    assert curve == sorted(curve) and costs(3) == pytest.approx(1.2)
 
 
 # --- --spec and --k ---------------------------------------------------------------------------------

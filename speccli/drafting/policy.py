@@ -67,28 +67,45 @@ class FixedK:
 
 @dataclass
 class VerifyCosts:
-    """V(n): seconds of one target decode with n logit rows, plus per-row work, from measured points."""
+    """V(n): seconds of one target decode with n logit rows, plus per-row work, from measured points.
+
+    Timings on a shared machine are noisy one way only: something else running makes a decode
+    slower, never faster. So one step's timing moves its size's estimate by at most a bounded step
+    (clipped at twice the estimate), and the curve read from the points is the largest
+    non-decreasing one under them: a spike at one size is pulled down by the sizes above it.
+    """
 
     decode_seconds: dict[int, float] = field(default_factory=dict)
     per_row_seconds: float = 0.0
 
     def __call__(self, n: int) -> float:
+        return self.decode(n) + self.per_row_seconds * n
+
+    def decode(self, n: int) -> float:
+        """The decode part of V(n), from the measured points."""
         sizes = sorted(self.decode_seconds)
+        values = [self.decode_seconds[size] for size in sizes]
+        for i in range(len(values) - 2, -1, -1):
+            values[i] = min(values[i], values[i + 1])
         at = bisect.bisect_left(sizes, n)
         if len(sizes) == 1:  # a context too full to profile more: assume cost grows with rows
-            decode = self.decode_seconds[sizes[0]] * n / sizes[0]
-        elif at < len(sizes) and sizes[at] == n:
-            decode = self.decode_seconds[n]
+            return values[0] * n / sizes[0]
+        if at < len(sizes) and sizes[at] == n:
+            return values[at]
+        # Interpolate between the neighbours, or extend the nearest segment's slope.
+        if 0 < at < len(sizes):
+            low, high = at - 1, at
         else:
-            # Interpolate between the neighbours, or extend the nearest segment's slope.
-            low, high = (sizes[at - 1], sizes[at]) if 0 < at < len(sizes) else (sizes[-2:] if at else sizes[:2])
-            slope = (self.decode_seconds[high] - self.decode_seconds[low]) / (high - low)
-            decode = max(self.decode_seconds[low] + slope * (n - low), self.decode_seconds[sizes[0]])
-        return decode + self.per_row_seconds * n
+            low, high = (len(sizes) - 2, len(sizes) - 1) if at else (0, 1)
+        slope = (values[high] - values[low]) / (sizes[high] - sizes[low])
+        return max(values[low] + slope * (n - sizes[low]), values[0])
 
     def update(self, n: int, decode_seconds: float, other_seconds: float) -> None:
         known = self.decode_seconds.get(n)
-        self.decode_seconds[n] = decode_seconds if known is None else known + TIMING_WEIGHT * (decode_seconds - known)
+        if known is None:
+            self.decode_seconds[n] = min(decode_seconds, 2 * self.decode(n)) if self.decode_seconds else decode_seconds
+        else:
+            self.decode_seconds[n] = known + TIMING_WEIGHT * (min(decode_seconds, 2 * known) - known)
         self.per_row_seconds += TIMING_WEIGHT * (other_seconds / n - self.per_row_seconds)
 
 
