@@ -23,6 +23,8 @@ from speccli.bench.theory import best_k
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, TokenEvent
+from speccli.drafting.model import ModelDrafter
+from speccli.drafting.policy import FixedK
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 
@@ -34,7 +36,7 @@ class Generation:
 
 
 def measure_generation(
-    generator: Generator, prompt_tokens: Sequence[int], n_predict: int, *, mode: str, **labels
+    generator: Generator, prompt_tokens: Sequence[int], n_predict: int, *, mode: str, k: int, **labels
 ) -> Generation:
     """Generate from empty caches, timing the whole decode phase by the wall clock; labels: task,
     prompt_index, run, seed."""
@@ -54,7 +56,7 @@ def measure_generation(
         tokens.append(generator.tokens[-1])
     measurement = Measurement(
         mode=mode,
-        k=generator.k,
+        k=k,
         reason=done.reason,
         decode_wall_seconds=max(elapsed - done.stats.prefill_seconds, 1e-9),
         stats=done.stats,
@@ -145,9 +147,14 @@ def run_bench(
         done: dict[int | None, Generation] = {}
         for k in order:
             advance(f"{task} · {'target only' if k is None else f'K={k}'}")
-            generator = Generator(target, None if k is None else draft, sampling, k or 0, seed)
+            if k is None:
+                generator = Generator(target, None, sampling, seed=seed)
+            else:
+                generator = Generator(target, ModelDrafter(draft), sampling, FixedK(k), seed)
             mode = "target" if k is None else "speculative"
-            done[k] = measure_generation(generator, tokenized[index], settings.n_predict, mode=mode, seed=seed, **labels)
+            done[k] = measure_generation(
+                generator, tokenized[index], settings.n_predict, mode=mode, k=k or 0, seed=seed, **labels
+            )
         baseline = done.pop(None)
         if settings.greedy and run >= 0:
             check.check_round(

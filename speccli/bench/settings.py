@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from speccli.core.generator import MAX_K
+from speccli.drafting.policy import MAX_K
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
 
