@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from speccli.bench.report import GreedyCheck, Parting
+from speccli.bench.report import GreedyCheck, Measurement, Parting
 from speccli.core.parting import find_parting
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
@@ -19,59 +19,57 @@ class GreedyCheckFailed(SpeccliError):
 
 @dataclass
 class GreedyChecker:
-    """Compares the outputs of each round as it finishes (the target is free then)."""
+    """Counts and explains partings, one speculative generation at a time, as each round finishes."""
 
     applies: bool
     checked: int = 0
     identical: int = 0
     partings: list[Parting] = field(default_factory=list)
 
-    def check_round(
+    def check(
         self,
         target: Model,
         prompt_tokens: Sequence[int],
-        labels: dict,
-        reference: list[int],
-        speculative: dict[int, tuple[list[int], str]],
-        reference_reason: str,
+        reference: Measurement,
+        reference_tokens: list[int],
+        candidate: Measurement,
+        candidate_tokens: list[int],
     ) -> None:
-        """`labels`: task, prompt_index, run; `speculative`: K -> (tokens, stop reason)."""
-        for k, (candidate, reason) in speculative.items():
-            self.checked += 1
-            if candidate == reference:
-                self.identical += 1
-                continue
-            parting = find_parting(target, prompt_tokens, reference, candidate, k)
-            if parting is not None:
-                self.partings.append(Parting(
-                    **labels,
-                    k=k,
-                    index=parting.index,
-                    target_token=parting.reference_token,
-                    speculative_token=parting.candidate_token,
-                    top_two_gap=parting.top_two_gap,
-                    tolerance=parting.tolerance,
-                    near_tie=bool(parting.near_tie),
-                    description=parting.describe(),
-                ))
-                continue
-            # Equal as far as both go, yet one is longer: with the end-of-generation token kept and the
-            # same token limit on both sides, nothing explains that, so it fails like any other parting.
-            shorter = min(len(reference), len(candidate))
+        """One speculative generation (`candidate`) against the target-only one of its round."""
+        self.checked += 1
+        if candidate_tokens == reference_tokens:
+            self.identical += 1
+            return
+        labels = {"task": candidate.task, "prompt_index": candidate.prompt_index, "run": candidate.run, "k": candidate.k}
+        parting = find_parting(target, prompt_tokens, reference_tokens, candidate_tokens, candidate.k)
+        if parting is not None:
             self.partings.append(Parting(
                 **labels,
-                k=k,
-                index=shorter,
-                target_token=None,
-                speculative_token=None,
-                top_two_gap=None,
-                tolerance=None,
-                near_tie=False,
-                description=(
-                    f"outputs agree for {shorter} tokens, then one side stops ({reference_reason} alone vs "
-                    f"{reason} speculative) where the other goes on: not a near-tie"
-                ),
+                index=parting.index,
+                target_token=parting.reference_token,
+                speculative_token=parting.candidate_token,
+                top_two_gap=parting.top_two_gap,
+                tolerance=parting.tolerance,
+                near_tie=bool(parting.near_tie),
+                description=parting.describe(),
             ))
+            return
+        # Equal as far as both go, yet one is longer: with the end-of-generation token kept and the
+        # same token limit on both sides, nothing explains that, so it fails like any other parting.
+        shorter = min(len(reference_tokens), len(candidate_tokens))
+        self.partings.append(Parting(
+            **labels,
+            index=shorter,
+            target_token=None,
+            speculative_token=None,
+            top_two_gap=None,
+            tolerance=None,
+            near_tie=False,
+            description=(
+                f"outputs agree for {shorter} tokens, then one side stops ({reference.reason} alone vs "
+                f"{candidate.reason} speculative) where the other goes on: not a near-tie"
+            ),
+        ))
 
     def result(self) -> GreedyCheck:
         if not self.applies:

@@ -157,10 +157,10 @@ def run_bench(
             )
         baseline = done.pop(None)
         if settings.greedy and run >= 0:
-            check.check_round(
-                target, tokenized[index], labels, baseline.tokens,
-                {k: (g.tokens, g.measurement.reason) for k, g in done.items()}, baseline.measurement.reason,
-            )
+            for generation in done.values():
+                check.check(
+                    target, tokenized[index], baseline.measurement, baseline.tokens, generation.measurement, generation.tokens
+                )
         return Round(task, index, run, baseline.measurement, {k: g.measurement for k, g in done.items()})
 
     profiler = CostProfiler(target, draft, tokenized[0], settings.ks)
