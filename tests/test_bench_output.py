@@ -156,6 +156,15 @@ def test_json_into_proc_fails_before_measuring(pair_args) -> None:
     assert result.stderr.strip().splitlines() == ["error: --json /proc/x.json: cannot write in /proc (No such file or directory)"]
 
 
+def assert_kept(error: SpeccliError, report: BenchReport) -> None:
+    """The error names the file the report was kept in, and that file holds the report."""
+    kept = Path(str(error).rsplit("kept in ", 1)[1])
+    try:
+        assert BenchReport.model_validate_json(kept.read_text()) == report
+    finally:
+        kept.unlink()
+
+
 def test_a_report_that_cannot_be_written_after_all_is_kept_and_named(tiny_report, tmp_path) -> None:
     folder = tmp_path / "gone"
     folder.mkdir()
@@ -164,11 +173,7 @@ def test_a_report_that_cannot_be_written_after_all_is_kept_and_named(tiny_report
     folder.write_text("")
     with pytest.raises(SpeccliError, match=r"--json .*r\.json: cannot write it \(File exists\); the report is kept in ") as caught:
         write_report(destination, tiny_report)
-    kept = Path(str(caught.value).rsplit("kept in ", 1)[1])
-    try:
-        assert BenchReport.model_validate_json(kept.read_text()) == tiny_report
-    finally:
-        kept.unlink()
+    assert_kept(caught.value, tiny_report)
 
 
 def test_report_is_written_atomically(tiny_report, tmp_path, monkeypatch) -> None:
@@ -190,11 +195,7 @@ def test_report_is_written_atomically(tiny_report, tmp_path, monkeypatch) -> Non
     assert calls and calls[0][1] == target and calls[0][0].startswith("r.json.") and calls[0][0].endswith(".partial")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
-    kept = Path(str(caught.value).rsplit("kept in ", 1)[1])
-    try:
-        assert BenchReport.model_validate_json(kept.read_text()) == tiny_report
-    finally:
-        kept.unlink()
+    assert_kept(caught.value, tiny_report)
 
 
 # --- issue 12 #10: --compare with files it cannot use ---------------------------------------------------
