@@ -1,10 +1,9 @@
 """`speccli bench` on tiny real GGUF models, driven through the real CLI: every figure is produced, the
-JSON report validates against the shipped schema, the greedy check catches a diverging engine, and bad
-input fails with one line before anything is loaded or written."""
+JSON report validates against the schema generated from the report's types, the greedy check catches a
+diverging engine, and bad input fails with one line before anything is loaded or written."""
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 import jsonschema
@@ -12,8 +11,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from speccli.bench import command as bench
+from speccli.bench.prompts import load_prompt_set
+from speccli.bench.report import report_schema
+from speccli.bench.settings import parse_k_spec
+from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
+from speccli.core.stats import RunStats, StepEvent
 from speccli.errors import SpeccliError
 from speccli.core.verify import Verdict, verify_greedy
 
@@ -28,7 +31,7 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    document = json.loads(resources.files("speccli.data").joinpath("bench_schema.json").read_text())  # shipped as package data
+    document = report_schema()
     jsonschema.Draft202012Validator.check_schema(document)
     return document
 
@@ -49,21 +52,24 @@ def validate(report: dict, schema: dict) -> None:
 def assert_complete(summary: dict, k: int) -> None:
     """Every figure of one K is there and has a value (the tiny pair drafts and accepts tokens)."""
     for side in ("baseline", "speculative"):
-        assert summary[side]["tokens_per_second"]["median"] > 0
+        assert summary[side]["wall_tokens_per_second"]["median"] > 0
         assert summary[side]["prefill_seconds"] is not None
         assert summary[side]["tokens"] > 0
         split = summary[side]["time_split"]
-        assert sum(split[f"{n}_fraction"] for n in ("draft", "target", "other")) == pytest.approx(1, abs=1e-6)
+        parts = ("draft", "target", "other", "between_steps")
+        assert sum(split[f"{n}_fraction"] for n in parts) == pytest.approx(1, abs=1e-6)
     assert summary["speedup"]["min"] <= summary["speedup"]["median"] <= summary["speedup"]["max"]
     assert 0 < summary["acceptance_rate"] <= 1
     assert 0 < summary["alpha"] <= 1
+    assert summary["accepted"] <= summary["judged"] <= summary["drafted"]
+    assert summary["alpha"] == pytest.approx(summary["accepted"] / summary["judged"])
     assert len(summary["per_position_acceptance"]) == k
     assert 1 <= summary["tokens_per_target_decode"] <= k + 1
     # the last step may be cut short by --n-predict, so at most (not exactly) one more than the drafts kept
     assert summary["tokens_per_target_decode"] <= summary["accepted_per_target_decode"] + 1 + 1e-9
     assert summary["predicted"]["speedup"] > 0
     assert summary["predicted"]["tokens_per_verify"] == pytest.approx(
-        bench.expected_tokens_per_verify(summary["alpha"], k)
+        expected_tokens_per_verify(summary["alpha"], k)
     )
     assert summary["efficiency"] == pytest.approx(summary["speedup"]["median"] / summary["predicted"]["speedup"])
     assert summary["observed_costs"]["c"] > 0
@@ -98,6 +104,10 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     for role in ("target", "draft"):
         assert report["models"][role]["size_bytes"] == Path(report["models"][role]["path"]).stat().st_size
     assert not [p for p in tmp_path.iterdir() if p.name != "report.json"], "no temporary files left behind"
+    # judged is the engine's count (RunStats.positions.judged), summed over the speculative runs
+    spec = [m["stats"]["positions"] for m in report["measurements"] if m["mode"] == "speculative"]
+    assert result_k["overall"]["judged"] == sum(p["judged"] for p in spec) > 0
+    assert result_k["overall"]["drafted"] == sum(m["stats"]["positions"]["drafted"] for m in report["measurements"])
 
 
 def test_sweep_reports_each_k_best_k_and_chart(pair_args, tmp_path, schema) -> None:
@@ -192,7 +202,9 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--runs", "0"], "--runs must be >= 1"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--n-predict", "0"], "--n-predict must be >= 1"),
-        (["--temp", "-1"], "--temp must be >= 0"),
+        (["--temp", "-1"], "--temp must be a finite number >= 0"),
+        (["--temp", "inf"], "--temp must be a finite number >= 0"),
+        (["--k", "-1"], "between 1 and 64, got -1"),
         (["--prompts", "MISSING"], "no such file"),
         (["--prompts", "empty"], "no prompts in it"),
         (["--prompts", "blank"], "no prompts in it"),
@@ -213,7 +225,8 @@ def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, mes
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert not out.exists()
-    assert not list(tmp_path.glob(".out.json*")), "no partial file either"
+    # nothing else either: no partial report (the atomic writer's out.json.PID.partial), no probe file
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in files.values())
 
 
 def test_json_into_a_missing_folder_fails_before_measuring(pair_args, tmp_path) -> None:
@@ -233,22 +246,22 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
 
 
 def test_parse_k_spec() -> None:
-    assert bench.parse_k_spec("4") == [4]
-    assert bench.parse_k_spec("1,2,4,8") == [1, 2, 4, 8]
-    assert bench.parse_k_spec("1-8") == list(range(1, 9))
-    assert bench.parse_k_spec(" 8, 1-3 ,2") == [1, 2, 3, 8]
+    assert parse_k_spec("4") == [4]
+    assert parse_k_spec("1,2,4,8") == [1, 2, 4, 8]
+    assert parse_k_spec("1-8") == list(range(1, 9))
+    assert parse_k_spec(" 8, 1-3 ,2") == [1, 2, 3, 8]
     for bad in ("0", "1,x", "5-2", "", "-1", "1-", "1,,2", "65"):
         with pytest.raises(SpeccliError):
-            bench.parse_k_spec(bad)
+            parse_k_spec(bad)
 
 
 def test_theory() -> None:
-    assert bench.expected_tokens_per_verify(0.5, 1) == pytest.approx(1.5)
-    assert bench.expected_tokens_per_verify(1.0, 4) == 5
-    assert bench.expected_tokens_per_verify(0.0, 4) == 1
+    assert expected_tokens_per_verify(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens_per_verify(1.0, 4) == 5
+    assert expected_tokens_per_verify(0.0, 4) == 1
     # free drafts and a verify as cheap as one decode: the speedup is the expected tokens per verify
-    assert bench.predicted_speedup(0.8, 4, c=0.0, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2)
-    assert bench.predicted_speedup(0.8, 4, c=0.25, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2 / 2)
+    assert predicted_speedup(0.8, 4, c=0.0, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert predicted_speedup(0.8, 4, c=0.25, verify_ratio=1.0) == pytest.approx((1 - 0.8**5) / 0.2 / 2)
 
 
 def test_alpha_estimate_recovers_a_geometric_acceptance() -> None:
@@ -261,12 +274,25 @@ def test_alpha_estimate_recovers_a_geometric_acceptance() -> None:
             kept += 1
         accepted += kept
         judged += kept + (kept < k)
-    assert bench.estimate_alpha(accepted, judged) == pytest.approx(alpha, abs=0.01)
-    assert bench.estimate_alpha(0, 0) is None
+    assert estimate_alpha(accepted, judged) == pytest.approx(alpha, abs=0.01)
+    assert estimate_alpha(0, 0) is None
+
+
+def test_alpha_is_one_when_every_draft_is_kept_even_a_shorter_last_one() -> None:
+    """K=2 steps, then a last step with room for 1 draft (the reply's end): all kept, so alpha = 1.
+    (Judged counts derived from the per-position lists gave 5/6 here: 0.83 on Gemma with --n-predict 8.)"""
+    stats = RunStats()
+    for drafted in (2, 2, 1):
+        stats.add(StepEvent(drafted, drafted, 0.0, 0.0, 0.0, "model"))
+    stats += RunStats()
+    assert stats.positions.judged == stats.accepted == 5
+    assert estimate_alpha(stats.accepted, stats.positions.judged) == 1.0
+    stats.add(StepEvent(3, 1, 0.0, 0.0, 0.0, "model"))  # kept 1, rejected the 2nd: judged 2, the 3rd never
+    assert stats.positions.judged == 7 and stats.by_source["model"].judged == 7
 
 
 def test_builtin_prompts_cover_the_task_kinds() -> None:
-    prompts = bench.load_prompt_set(None)
+    prompts = load_prompt_set(None)
     assert prompts.tasks == ["code", "json", "summarize", "story", "qa"]
     assert len(prompts.sha256) == 64
 
@@ -274,19 +300,5 @@ def test_builtin_prompts_cover_the_task_kinds() -> None:
 def test_jsonl_prompts_with_and_without_task(tmp_path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text('{"task": "code", "prompt": "def f():\\n"}\n\n{"prompt": "Hello"}\n')
-    prompts = bench.load_prompt_set(path)
+    prompts = load_prompt_set(path)
     assert [(p.task, p.prompt) for p in prompts.prompts] == [("code", "def f():\n"), ("prompt", "Hello")]
-
-
-def test_report_is_written_atomically(tmp_path, monkeypatch) -> None:
-    target = tmp_path / "r.json"
-    target.write_text("old")
-
-    def broken_replace(*_args):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(bench.os, "replace", broken_replace)
-    with pytest.raises(SpeccliError, match="cannot write it"):
-        bench.write_report(target, {"a": 1})
-    assert target.read_text() == "old"
-    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -240,10 +240,14 @@ def bench(
         Optional[Path],
         typer.Option("--prompts", help='Prompt file: JSONL {"task": ..., "prompt": ...} or one prompt per line (default: built-in set).'),
     ] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Also write every figure and the environment to this JSON file.")] = None,
+    json_path: Annotated[
+        Optional[Path],
+        typer.Option("--json", help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
+    ] = None,
     compare: Annotated[
         Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
+    schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
     ctx: ContextOption = 2048,
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
@@ -251,17 +255,26 @@ def bench(
     config: ConfigOption = None,
 ) -> None:
     """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, efficiency."""
-    from speccli.bench.command import BenchRequest, BenchSettings, compare_command, run_command
+    import json
 
-    if compare:
-        compare_command(*compare)
+    from speccli.bench.command import console, run_command
+    from speccli.bench.compare import compare_command
+    from speccli.bench.report import report_schema
+    from speccli.bench.settings import BenchRequest, BenchSettings
+    from speccli.models.pair import PairRequest
+
+    if schema:
+        typer.echo(json.dumps(report_schema(), indent=2))
         return
-    settings = BenchSettings(ks=(), n_predict=n_predict, temperature=temperature, seed=seed, runs=runs, warmup=warmup)
-    request = BenchRequest(
-        pair=pair, target=target, draft=draft, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path,
-        n_ctx=ctx, threads=threads, target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, config=config,
+    if compare:
+        compare_command(*compare, console())
+        return
+    pair_request = PairRequest(
+        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, n_threads=threads,
+        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft,
     )
-    run_command(request)
+    settings = BenchSettings(n_predict=n_predict, temperature=temperature, seed=seed, runs=runs, warmup=warmup)
+    run_command(BenchRequest(pair=pair_request, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path))
 
 
 def main() -> None:

@@ -48,19 +48,24 @@ class PositionCounts:
 
     drafted: int = 0
     accepted: int = 0
+    # Draft tokens the target actually judged: each step's accepted ones plus the one it rejected
+    # (drafts after a rejection are never judged). Counted, not derived from the per-position lists:
+    # with draft lengths that vary, a step that kept all of a short draft judged no further position.
+    judged: int = 0
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
 
     def add(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
+        self.judged += accepted + (accepted < drafted)
         self._grow(drafted)
         for position in range(drafted):
             self.drafted_at[position] += 1
             self.accepted_at[position] += position < accepted
 
     def __add__(self, other: PositionCounts) -> PositionCounts:
-        total = PositionCounts(self.drafted + other.drafted, self.accepted + other.accepted)
+        total = PositionCounts(self.drafted + other.drafted, self.accepted + other.accepted, self.judged + other.judged)
         for counts in (self, other):
             total._grow(len(counts.drafted_at))
             for position, (drafted, accepted) in enumerate(zip(counts.drafted_at, counts.accepted_at)):
@@ -78,12 +83,6 @@ class PositionCounts:
     def acceptance_rate(self) -> float:
         """Draft tokens kept / draft tokens proposed."""
         return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def judged(self) -> int:
-        """Draft tokens the target actually judged: each step's accepted ones plus the one it rejected.
-        Drafts after a rejection are never judged. (Per position: drafted_at[0] + accepted_at[:-1].)"""
-        return sum(self.drafted_at[:1]) + sum(self.accepted_at[:-1])
 
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]

@@ -1,0 +1,64 @@
+"""`speccli bench --compare A.json B.json`: two reports side by side, K by K, and what differs between
+the runs (models, prompts, settings, environment). Both files are validated first (`files.load_report`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from speccli.bench.files import load_report
+from speccli.bench.render import number
+from speccli.bench.report import BenchReport, Summary
+
+_IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
+    ("target sha256", lambda r: r.models.target.sha256[:12]),
+    ("draft sha256", lambda r: r.models.draft.sha256[:12]),
+    ("prompt set", lambda r: r.prompts.sha256[:12]),
+    ("temperature", lambda r: r.settings.temperature),
+    ("n_predict", lambda r: r.settings.n_predict),
+    ("backend", lambda r: r.environment.backend),
+    ("threads", lambda r: r.environment.threads),
+    ("speccli", lambda r: r.environment.speccli),
+    ("llama-cpp-python", lambda r: r.environment.llama_cpp_python),
+)
+
+_FIGURES: tuple[tuple[str, Callable[[Summary], float | None], int], ...] = (
+    ("speculative tok/s A → B", lambda s: s.speculative.wall_tokens_per_second and s.speculative.wall_tokens_per_second.median, 1),
+    ("target-only tok/s A → B", lambda s: s.baseline.wall_tokens_per_second and s.baseline.wall_tokens_per_second.median, 1),
+    ("speedup A → B", lambda s: s.speedup and s.speedup.median, 2),
+    ("acceptance A → B", lambda s: s.acceptance_rate, 2),
+    ("efficiency A → B", lambda s: s.efficiency, 2),
+)
+
+
+def differences(a: BenchReport, b: BenchReport) -> list[str]:
+    """What differs between the two runs' models, prompts, settings and environment."""
+    return [f"{label}: {get(a)} → {get(b)}" for label, get in _IDENTITY if get(a) != get(b)]
+
+
+def render_comparison(a: BenchReport, b: BenchReport, names: tuple[str, str], console: Console) -> None:
+    console.print(f"[bold]A[/bold] = {escape(names[0])} ({a.created})   [bold]B[/bold] = {escape(names[1])} ({b.created})")
+    differ = differences(a, b)
+    console.print("  differs: " + (escape("; ".join(differ)) if differ else "nothing in models, prompts, settings or environment"))
+    by_k_a = {r.k: r.overall for r in a.results}
+    by_k_b = {r.k: r.overall for r in b.results}
+    table = Table(header_style="bold")
+    table.add_column("K", justify="right")
+    for name, _, _ in _FIGURES:
+        table.add_column(name, justify="right")
+    for k in sorted(set(by_k_a) | set(by_k_b)):
+        left, right = by_k_a.get(k), by_k_b.get(k)
+        cells = [
+            f"{number(get(left) if left else None, digits)} → {number(get(right) if right else None, digits)}"
+            for _, get, digits in _FIGURES
+        ]
+        table.add_row(str(k), *cells)
+    console.print(table)
+
+
+def compare_command(first: Path, second: Path, console: Console) -> None:
+    a, b = load_report(first), load_report(second)
+    render_comparison(a, b, (str(first), str(second)), console)

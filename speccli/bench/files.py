@@ -1,0 +1,142 @@
+"""The bench report on disk: where `--json` may write (checked before measuring), writing it (atomically
+to a file, through a symlink to its target, directly to stdout or a special file), and reading one back
+for `--compare`, validated against the report's types (the generated schema)."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
+from speccli.errors import SpeccliError
+from speccli.models.registry import build_atomically
+
+STDOUT_NAME = "-"
+
+
+@dataclass(frozen=True)
+class JsonDestination:
+    """Where the JSON report goes. "file": replaced atomically at `path` (a symlink's target, if `given`
+    is a link); "special": a FIFO or device, opened and written as it is; "stdout": the JSON is the
+    command's output, and the human-readable report goes to stderr."""
+
+    given: Path
+    kind: Literal["file", "special", "stdout"]
+    path: Path
+
+    @property
+    def is_stdout(self) -> bool:
+        return self.kind == "stdout"
+
+
+def json_destination(path: Path | None) -> JsonDestination | None:
+    """Refuse an unusable --json path before spending minutes measuring."""
+    if path is None:
+        return None
+    if str(path) == STDOUT_NAME:
+        return JsonDestination(path, "stdout", path)
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        status = None
+    except OSError as error:  # a symlink loop, a path through a file, no permission
+        raise SpeccliError(f"--json {path}: {error.strerror}") from None
+    if status is not None and stat.S_ISDIR(status.st_mode):
+        raise SpeccliError(f"--json {path}: is a directory; give a file name")
+    if status is not None and _is_stdout(status):  # /dev/stdout, whether a pipe, a terminal or a file
+        return JsonDestination(path, "stdout", path)
+    if status is not None and not stat.S_ISREG(status.st_mode):
+        if not os.access(path, os.W_OK):
+            raise SpeccliError(f"--json {path}: cannot write to it")
+        return JsonDestination(path, "special", path)
+    # Replace a symlink's target, not the link (a dangling link's target is created).
+    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    parent = real.parent if str(real.parent) else Path(".")
+    if not parent.is_dir():
+        raise SpeccliError(f"--json {path}: the folder {parent} does not exist")
+    try:  # Only a real file proves the folder takes files (os.access says yes to /proc as root).
+        handle, probe = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".probe", dir=parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise SpeccliError(f"--json {path}: cannot write in {parent} ({error.strerror})") from None
+    return JsonDestination(path, "file", real)
+
+
+def _is_stdout(status: os.stat_result) -> bool:
+    try:
+        out = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test runner's capture)
+        return False
+    return (status.st_dev, status.st_ino) == (out.st_dev, out.st_ino)
+
+
+def report_json(report: BenchReport) -> str:
+    return report.model_dump_json(indent=2) + "\n"
+
+
+def write_report(destination: JsonDestination, report: BenchReport) -> None:
+    """Write the report; if the destination fails after all (disk full, a folder gone), keep the report
+    in the temporary folder and say where, so a finished measurement is never lost."""
+    text = report_json(report)
+    if destination.is_stdout:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    try:
+        if destination.kind == "special":
+            with open(destination.path, "w", encoding="utf-8") as stream:
+                stream.write(text)
+        else:
+            build_atomically(destination.path, lambda partial: partial.write_text(text, encoding="utf-8"))
+    except OSError as error:
+        kept = _keep_elsewhere(text)
+        raise SpeccliError(f"--json {destination.given}: cannot write it ({error.strerror}); the report is kept in {kept}") from None
+
+
+def _keep_elsewhere(text: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    handle, name = tempfile.mkstemp(prefix=f"speccli-bench-{stamp}-", suffix=".json")
+    with os.fdopen(handle, "w", encoding="utf-8") as stream:
+        stream.write(text)
+    return Path(name)
+
+
+def load_report(path: Path) -> BenchReport:
+    """A report written by `speccli bench --json`, checked against the report's types; one line naming
+    the first problem otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpeccliError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SpeccliError(f"{path}: is a directory, not a bench report") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpeccliError(f"{path}: cannot read it as a bench report ({error})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpeccliError(f"{path}: not a speccli bench JSON report (not JSON: {error})") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        older = isinstance(version, int) and version < SCHEMA_VERSION
+        raise SpeccliError(
+            f"{path}: bench report schema version {version}, this speccli reads only version {SCHEMA_VERSION}"
+            + ("; it was written by an older speccli: run the benchmark again to compare" if older else "")
+        )
+    try:
+        return BenchReport.model_validate_json(text, strict=True)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise SpeccliError(f"{path}: not a valid bench report: {where}: {first['msg']}") from None

@@ -1,0 +1,269 @@
+"""The bench report's types: every part of `speccli bench --json`, and its JSON Schema, generated from
+them. Renderers and `--compare` read these types; dicts exist only at the JSON edge.
+
+Times have two meanings here, and their names say which:
+* `stats` (a `speccli.core.stats.RunStats`) holds per-step timer sums: draft, target and "other"
+  (sampling, the verify rule, bookkeeping) inside each step;
+* `decode_wall_seconds` is wall-clock time around the whole decode phase (all of `generate()` after
+  prefill), so it also holds what happens between steps (turning tokens into text, the event loop).
+  Bench's tokens/s and speedups use the wall-clock figure: it is what a user waits for.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from speccli.core.stats import RunStats
+
+SCHEMA_VERSION = 2  # 1: reports before the typed report (no `stats`, wall and timer times mixed)
+KIND = "speccli-bench"
+
+
+class Part(BaseModel):
+    # Every field is written, so the generated schema requires every field.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
+
+# --- one generation ----------------------------------------------------------------------------------
+
+
+class Measurement(Part):
+    """One generation: the target alone (mode "target", k 0) or speculative (mode "speculative")."""
+
+    task: str
+    prompt_index: int
+    run: int  # negative for warm-up runs (never reported)
+    mode: Literal["target", "speculative"]
+    k: int
+    seed: int
+    reason: str  # why generation ended: "eog", "max_tokens", ...
+    decode_wall_seconds: float  # wall-clock time of the decode phase (everything after prefill)
+    stats: RunStats  # the engine's figures: per-step timer sums, per-position counts
+
+    @computed_field
+    @property
+    def wall_tokens_per_second(self) -> float:
+        """Generated tokens / decode_wall_seconds."""
+        return self.stats.generated / self.decode_wall_seconds if self.decode_wall_seconds > 0 else 0.0
+
+
+# --- figures over many generations -----------------------------------------------------------------------
+
+
+class Spread(Part):
+    median: float
+    min: float
+    max: float
+
+
+class TimeSplit(Part):
+    """Where the decode phase's wall-clock time went: the per-step timers, and the rest ("between
+    steps"). Fractions are of the wall-clock time and add up to 1."""
+
+    draft_seconds: float
+    target_seconds: float
+    other_seconds: float
+    between_steps_seconds: float
+    draft_fraction: float
+    target_fraction: float
+    other_fraction: float
+    between_steps_fraction: float
+
+
+class SideSummary(Part):
+    """One side (target alone, or speculative at one K) over some rounds."""
+
+    wall_tokens_per_second: Spread | None  # decode phase, wall-clock, each run from its own token count
+    prefill_seconds: Spread | None
+    tokens: int
+    tokens_per_run: list[int]
+    stop_reasons: list[str]
+    time_split: TimeSplit
+
+
+class Prediction(Part):
+    """The speedup theory predicts from measured alpha, c and v (Leviathan et al. 2023, sec. 3.4)."""
+
+    alpha: float
+    tokens_per_verify: float  # E(alpha, K), the correction/bonus token included
+    step_cost: float  # K*c + v(K+1), in target 1-token decodes
+    speedup: float
+
+
+class ObservedCosts(Part):
+    """c and v as the runs' own per-step timers saw them, and the prediction from those."""
+
+    c: float
+    verify_relative_to_1_token: float
+    predicted_speedup: float | None
+
+
+class Summary(Part):
+    """Every figure for one K over some rounds (one task's, or all)."""
+
+    runs: int
+    baseline: SideSummary
+    speculative: SideSummary
+    speedup: Spread | None  # of per-round wall-clock tokens/s ratios
+    drafted: int
+    accepted: int
+    judged: int  # draft tokens the target ruled on (PositionCounts.judged)
+    target_decodes: int
+    acceptance_rate: float | None
+    per_position_acceptance: list[float | None]
+    alpha: float | None
+    tokens_per_target_decode: float | None  # counts the target's own correction/bonus token
+    accepted_per_target_decode: float | None
+    observed_costs: ObservedCosts | None
+    predicted: Prediction | None
+    efficiency: float | None  # measured median speedup / predicted speedup
+
+
+class TaskSummary(Summary):
+    task: str
+
+
+class KResult(Part):
+    """The figures of one speculative configuration (today: one K), overall and by task."""
+
+    k: int
+    overall: Summary
+    tasks: list[TaskSummary]
+
+
+class VerifyCost(Part):
+    k: int
+    tokens: int
+    seconds: float
+    relative_to_1_token: float
+
+
+class Costs(Part):
+    """Profiled decode times (medians), the inputs of the prediction."""
+
+    position: int  # tokens in the cache when profiled
+    reps: int
+    target_decode_1_seconds: float
+    draft_decode_1_seconds: float
+    c: float  # draft 1-token decode / target 1-token decode
+    verify: list[VerifyCost]  # (K+1)-token target decodes with K+1 logit rows
+
+    def verify_ratio(self, k: int) -> float:
+        return next(v.relative_to_1_token for v in self.verify if v.k == k)
+
+
+class BestK(Part):
+    k: int
+    speedup: float
+    reason: str
+
+
+class Parting(Part):
+    """Where a greedy speculative output parted from the target's own, and whether a near-tie explains it."""
+
+    task: str
+    prompt_index: int
+    run: int
+    k: int
+    index: int
+    target_token: int | None  # None where one side stopped and the other went on
+    speculative_token: int | None
+    top_two_gap: float | None
+    tolerance: float | None
+    near_tie: bool
+    description: str
+
+
+class GreedyCheck(Part):
+    applies: bool
+    status: Literal["passed", "near_tie", "failed", "not_applicable"]
+    checked: int
+    identical: int
+    partings: list[Parting]
+
+    @property
+    def unexplained(self) -> list[Parting]:
+        return [p for p in self.partings if not p.near_tie]
+
+
+# --- what the run was ------------------------------------------------------------------------------------
+
+
+class Settings(Part):
+    k: list[int]
+    n_predict: int
+    temperature: float
+    greedy: bool
+    seed: int
+    runs: int
+    warmup: int
+    n_ctx: int
+
+
+class Environment(Part):
+    speccli: str
+    python: str
+    platform: str
+    llama_cpp_python: str
+    backend: str
+    gpu_offload_supported: bool
+    system_info: str
+    cpu_count: int
+    threads: int
+    target_n_gpu_layers: int
+    draft_n_gpu_layers: int
+
+
+class ModelFile(Part):
+    name: str
+    path: str
+    size_bytes: int
+    sha256: str
+
+
+class Models(Part):
+    pair: str | None
+    target: ModelFile
+    draft: ModelFile
+
+
+class PromptsInfo(Part):
+    source: str
+    sha256: str
+    count: int
+    tasks: list[str]
+
+
+NOTES = {
+    "wall_tokens_per_second": "decode phase only (prefill timed apart), wall-clock, each run from its own token count",
+    "stats": "the engine's RunStats: its times are per-step timer sums, not wall-clock",
+    "tokens_per_target_decode": "counts the target's own correction or bonus token",
+    "predicted": "a prediction, not a measurement: (1 - alpha^(K+1)) / (1 - alpha) / (K*c + v(K+1))",
+    "efficiency": "measured median speedup / predicted speedup",
+}
+
+
+class BenchReport(Part):
+    """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
+
+    schema_version: Literal[2]
+    kind: Literal["speccli-bench"]
+    created: str  # ISO 8601, UTC
+    command: str  # the command line that repeats the measurement
+    settings: Settings
+    environment: Environment
+    models: Models
+    prompts: PromptsInfo
+    notes: dict[str, str]
+    costs: Costs
+    results: list[KResult]  # one per K, in the order asked for
+    best_k: BestK | None  # None for a single K
+    greedy_check: GreedyCheck
+    measurements: list[Measurement]  # every measured generation, warm-ups left out
+
+
+def report_schema() -> dict:
+    """The JSON Schema (draft 2020-12) that every written report validates against."""
+    schema = BenchReport.model_json_schema(mode="serialization")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}

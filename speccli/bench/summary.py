@@ -1,0 +1,123 @@
+"""Every figure of one K over a set of rounds: speeds and speedups from wall-clock decode times, counts
+from the engine's RunStats added up, and the prediction theory makes from them."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from functools import reduce
+from operator import add
+from typing import Sequence
+
+from speccli.bench.report import (
+    Costs,
+    Measurement,
+    ObservedCosts,
+    Prediction,
+    SideSummary,
+    Spread,
+    Summary,
+    TimeSplit,
+)
+from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
+from speccli.core.stats import RunStats
+
+
+@dataclass
+class Round:
+    """One prompt, one run: the target-only generation and one speculative generation per K."""
+
+    task: str
+    prompt_index: int
+    run: int
+    baseline: Measurement
+    speculative: dict[int, Measurement]
+
+
+def spread(values: Sequence[float]) -> Spread | None:
+    if not values:
+        return None
+    return Spread(median=statistics.median(values), min=min(values), max=max(values))
+
+
+def total_stats(measurements: Sequence[Measurement]) -> RunStats:
+    return reduce(add, (m.stats for m in measurements), RunStats())
+
+
+def summarize(rounds: Sequence[Round], k: int, costs: Costs) -> Summary:
+    """Every figure for one K over some rounds (a task's, or all)."""
+    base = [r.baseline for r in rounds]
+    spec = [r.speculative[k] for r in rounds]
+    base_stats, spec_stats = total_stats(base), total_stats(spec)
+    speedups = [
+        s.wall_tokens_per_second / b.wall_tokens_per_second for b, s in zip(base, spec) if b.wall_tokens_per_second > 0
+    ]
+    steps, drafted, accepted = spec_stats.steps, spec_stats.drafted, spec_stats.accepted
+    judged = spec_stats.positions.judged
+    alpha = estimate_alpha(accepted, judged)
+    measured = statistics.median(speedups) if speedups else None
+    prediction = None
+    if alpha is not None:
+        e = expected_tokens_per_verify(alpha, k)
+        step_cost = k * costs.c + costs.verify_ratio(k)
+        prediction = Prediction(alpha=alpha, tokens_per_verify=e, step_cost=step_cost, speedup=e / step_cost)
+    observed = None
+    if base_stats.steps and base_stats.target_seconds and drafted and steps:
+        target_per_step = base_stats.target_seconds / base_stats.steps
+        c = (spec_stats.draft_seconds / drafted) / target_per_step
+        verify = (spec_stats.target_seconds / steps) / target_per_step
+        observed = ObservedCosts(
+            c=c,
+            verify_relative_to_1_token=verify,
+            predicted_speedup=predicted_speedup(alpha, k, c, verify) if alpha is not None else None,
+        )
+    positions = spec_stats.positions
+    by_position = [a / d if d else None for a, d in zip(positions.accepted_at, positions.drafted_at)]
+    by_position += [None] * (k - len(by_position))  # positions no step drafted
+    return Summary(
+        runs=len(rounds),
+        baseline=_side(base, base_stats),
+        speculative=_side(spec, spec_stats),
+        speedup=spread(speedups),
+        drafted=drafted,
+        accepted=accepted,
+        judged=judged,
+        target_decodes=steps,
+        acceptance_rate=accepted / drafted if drafted else None,
+        per_position_acceptance=by_position,
+        alpha=alpha,
+        tokens_per_target_decode=spec_stats.generated / steps if steps else None,
+        accepted_per_target_decode=accepted / steps if steps else None,
+        observed_costs=observed,
+        predicted=prediction,
+        efficiency=measured / prediction.speedup if measured is not None and prediction else None,
+    )
+
+
+def _side(measurements: Sequence[Measurement], stats: RunStats) -> SideSummary:
+    return SideSummary(
+        wall_tokens_per_second=spread([m.wall_tokens_per_second for m in measurements]),
+        prefill_seconds=spread([m.stats.prefill_seconds for m in measurements]),
+        tokens=stats.generated,
+        tokens_per_run=[m.stats.generated for m in measurements],
+        stop_reasons=sorted({m.reason for m in measurements}),
+        time_split=_time_split(stats, sum(m.decode_wall_seconds for m in measurements)),
+    )
+
+
+def _time_split(stats: RunStats, wall_seconds: float) -> TimeSplit:
+    between = max(wall_seconds - stats.decode_seconds, 0.0)
+    total = max(wall_seconds, stats.decode_seconds)
+
+    def fraction(seconds: float) -> float:
+        return seconds / total if total else 0.0
+
+    return TimeSplit(
+        draft_seconds=stats.draft_seconds,
+        target_seconds=stats.target_seconds,
+        other_seconds=stats.other_seconds,
+        between_steps_seconds=between,
+        draft_fraction=fraction(stats.draft_seconds),
+        target_fraction=fraction(stats.target_seconds),
+        other_fraction=fraction(stats.other_seconds),
+        between_steps_fraction=fraction(between),
+    )

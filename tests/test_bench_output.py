@@ -1,0 +1,238 @@
+"""Where `speccli bench` puts its report, on tiny real GGUF models: the JSON before the human-readable
+report (a closed stdout never costs the file), through symlinks, to stdout or a FIFO, never into a place
+that cannot hold it; and `--compare` reading reports: one line for a file it cannot use."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from speccli.bench.files import json_destination, write_report
+from speccli.bench.report import SCHEMA_VERSION, BenchReport, report_schema
+from speccli.cli.app import app
+from speccli.errors import SpeccliError
+
+FAST = ["--n-predict", "6", "--runs", "1", "--warmup", "0", "--ctx", "512", "--threads", "1"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    """Keep the sha256 cache out of the user's home (subprocesses inherit it)."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture
+def pair_args(tiny_pair) -> list[str]:
+    return ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), *FAST]
+
+
+@pytest.fixture(scope="module")
+def tiny_report_file(tiny_pair, tmp_path_factory) -> Path:
+    """A real `speccli bench --k 4 --json X` report of the tiny pair."""
+    out = tmp_path_factory.mktemp("report") / "k4.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        result = CliRunner().invoke(
+            app, ["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--k", "4", *FAST, "--json", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def tiny_report(tiny_report_file) -> BenchReport:
+    return BenchReport.model_validate_json(tiny_report_file.read_text())
+
+
+def validate(document: dict) -> None:
+    jsonschema.validate(document, report_schema(), cls=jsonschema.Draft202012Validator)
+
+
+def speccli(*args: str, **popen) -> subprocess.Popen:
+    """The real command in its own process, so stdout and stderr are real file descriptors."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "speccli", *args], env=env, cwd=popen.pop("cwd", ROOT), **popen)
+
+
+# --- the schema ------------------------------------------------------------------------------------
+
+
+def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_report_file) -> None:
+    document = json.loads(tiny_report_file.read_text())
+    jsonschema.Draft202012Validator.check_schema(report_schema())
+    validate(document)
+    assert document["schema_version"] == SCHEMA_VERSION and document["settings"]["k"] == [4]
+    # the schema requires every field the types write, nested ones included
+    for name in ("results", "measurements", "greedy_check"):
+        broken = {key: value for key, value in document.items() if key != name}
+        with pytest.raises(jsonschema.ValidationError):
+            validate(broken)
+    del document["measurements"][0]["stats"]["positions"]
+    with pytest.raises(jsonschema.ValidationError, match="'positions' is a required property"):
+        validate(document)
+
+
+def test_schema_option_prints_the_generated_schema_and_none_is_kept_by_hand() -> None:
+    result = CliRunner().invoke(app, ["bench", "--schema"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == report_schema()
+    assert not (ROOT / "speccli" / "data" / "bench_schema.json").exists()
+
+
+# --- issue 12 #1: the JSON first ----------------------------------------------------------------------
+
+
+def test_a_closed_stdout_never_costs_the_json_file(pair_args, tmp_path) -> None:
+    """`speccli bench ... --json X | head -c 10`: the reader is gone before the report is shown."""
+    out = tmp_path / "report.json"
+    process = speccli("bench", *pair_args, "--k", "2", "--json", str(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()  # nobody will read the human-readable report
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0, "the report was not shown, so the command did not succeed"
+    validate(json.loads(out.read_text()))
+    assert "Traceback" not in stderr.decode()
+
+
+# --- issue 12 #2: links, stdout, FIFOs ------------------------------------------------------------------
+
+
+def test_json_through_a_symlink_writes_the_links_target(pair_args, tmp_path) -> None:
+    real = tmp_path / "reports" / "latest.json"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    result = CliRunner().invoke(app, ["bench", *pair_args, "--k", "1", "--json", str(link)])
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    validate(json.loads(real.read_text()))
+    assert sorted(p.name for p in real.parent.iterdir()) == ["latest.json"]
+
+
+@pytest.mark.parametrize("name", ["-", "/dev/stdout"])
+def test_json_to_stdout_moves_the_human_report_to_stderr(pair_args, tmp_path, name) -> None:
+    process = speccli("bench", *pair_args, "--k", "1", "--json", name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr.decode()
+    validate(json.loads(stdout))  # stdout is the JSON and nothing else
+    assert "speccli bench · ad-hoc pair · K=1" in stderr.decode() and "greedy check" in stderr.decode()
+    assert list(tmp_path.iterdir()) == [], "no file named '-' (or anything else) written"
+    assert Path("/dev/stdout").is_symlink(), "/dev/stdout left as it was"
+
+
+def test_json_to_a_fifo_is_written_into_it(pair_args, tmp_path) -> None:
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    result = CliRunner().invoke(app, ["bench", *pair_args, "--k", "1", "--json", str(fifo)])
+    if reader.is_alive():  # the run never opened the FIFO: let the reader go
+        with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "w"):
+            pass
+    reader.join(timeout=10)
+    assert result.exit_code == 0, result.output
+    assert fifo.is_fifo(), "the FIFO was not replaced by a regular file"
+    validate(json.loads(received[0]))
+    assert "greedy check" in result.stdout  # the human-readable report stays on stdout
+
+
+# --- issue 12 #13: a place that cannot hold the report -----------------------------------------------------
+
+
+def test_json_into_proc_fails_before_measuring(pair_args) -> None:
+    result = CliRunner().invoke(app, ["bench", *pair_args, "--k", "1", "--json", "/proc/x.json"])
+    assert result.exit_code == 1
+    assert result.stdout == ""  # nothing was measured
+    assert result.stderr.strip().splitlines() == ["error: --json /proc/x.json: cannot write in /proc (No such file or directory)"]
+
+
+def assert_kept(error: SpeccliError, report: BenchReport) -> None:
+    """The error names the file the report was kept in, and that file holds the report."""
+    kept = Path(str(error).rsplit("kept in ", 1)[1])
+    try:
+        assert BenchReport.model_validate_json(kept.read_text()) == report
+    finally:
+        kept.unlink()
+
+
+def test_a_report_that_cannot_be_written_after_all_is_kept_and_named(tiny_report, tmp_path) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    destination = json_destination(folder / "r.json")  # passes: the folder is there
+    shutil.rmtree(folder)  # ... and then it is a file
+    folder.write_text("")
+    with pytest.raises(SpeccliError, match=r"--json .*r\.json: cannot write it \(File exists\); the report is kept in ") as caught:
+        write_report(destination, tiny_report)
+    assert_kept(caught.value, tiny_report)
+
+
+def test_report_is_written_atomically(tiny_report, tmp_path, monkeypatch) -> None:
+    """A failed rename (the atomic writer's last step) leaves the old file as it was, no partial file
+    beside it, and the report kept elsewhere, named in the error."""
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    destination = json_destination(target)
+    real_replace, calls = os.replace, []
+
+    def broken_replace(source, dest):
+        calls.append((Path(source).name, Path(dest)))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(SpeccliError, match=r"cannot write it \(No space left on device\); the report is kept in ") as caught:
+        write_report(destination, tiny_report)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert calls and calls[0][1] == target and calls[0][0].startswith("r.json.") and calls[0][0].endswith(".partial")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert_kept(caught.value, tiny_report)
+
+
+# --- issue 12 #10: --compare with files it cannot use ---------------------------------------------------
+
+
+def _compare(a: Path, b: Path):
+    return CliRunner().invoke(app, ["bench", "--compare", str(a), str(b)])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("models"), "not a valid bench report: models: Field required"),
+        (lambda d: d["results"][0]["overall"].pop("speedup"), "not a valid bench report: results.0.overall.speedup: Field required"),
+        (lambda d: d["results"][0].update(k="four"), "not a valid bench report: results.0.k: Input should be a valid integer"),
+        (lambda d: d["settings"].update(temperature="hot"), "not a valid bench report: settings.temperature: Input should be a valid number"),
+        (lambda d: d.update(results={}), "not a valid bench report: results: Input should be a valid array"),
+        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 2; it was written by an older speccli"),
+        (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
+    ],
+    ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "kind"],
+)
+def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:
+    document = json.loads(tiny_report_file.read_text())
+    change(document)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(document))
+    for first, second in ((bad, tiny_report_file), (tiny_report_file, bad)):
+        result = _compare(first, second)
+        assert result.exit_code == 1, result.output
+        assert result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        assert lines == [f"error: {bad}: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {bad}: {message}")), lines
+
+
+def test_compare_reads_two_reports(tiny_report_file) -> None:
+    result = _compare(tiny_report_file, tiny_report_file)
+    assert result.exit_code == 0, result.output
+    assert "speedup A → B" in result.stdout and "nothing in models, prompts, settings or environment" in result.stdout
+    assert "│ 4 │" in result.stdout
