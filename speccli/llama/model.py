@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +23,13 @@ import llama_cpp
 
 from speccli.errors import SpeccliError
 from speccli.llama.log import clear_errors, last_llama_error
-from speccli.llama.tokenizer import Tokenizer, load_model
+from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
+from speccli.settings import check_ctx_for_model
+
+
+# How llama.cpp reports a failed allocation when it creates a context (it catches std::bad_alloc and
+# returns no context, logging the exception's text).
+_OUT_OF_MEMORY = re.compile(r"bad_alloc|failed to allocate|out of memory", re.IGNORECASE)
 
 
 class ContextFullError(SpeccliError):
@@ -44,6 +51,7 @@ class Model:
     def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
+        check_ctx_for_model(options.n_ctx, self.path)
         self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
         self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
@@ -61,10 +69,24 @@ class Model:
         # Sliding-window models (Gemma 3) must keep the whole window history: dropping a suffix of
         # rejected drafts is only exact with the full-size SWA cache (llama.cpp's default; made explicit).
         params.swa_full = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        clear_errors()
+        try:
+            with interruptible():
+                self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        except KeyboardInterrupt:
+            if self._ctx:
+                llama_cpp.llama_free(self._ctx)
+                self._ctx = None
+            llama_cpp.llama_model_free(self._model)
+            raise
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
-            raise SpeccliError(f"{self.path}: llama.cpp could not create a context{last_llama_error()}")
+            cause = last_llama_error()
+            if _OUT_OF_MEMORY.search(cause):
+                raise SpeccliError(
+                    f"{self.path}: not enough memory for a {options.n_ctx}-token context; lower --ctx{cause}"
+                )
+            raise SpeccliError(f"{self.path}: llama.cpp could not create a context{cause}")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         # llama.cpp may round the context up and clamp the batch to it: use what it chose.
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)
