@@ -34,12 +34,15 @@ class SpeccliGroup(TyperGroup):
         several lines; here they are one line like every other error."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
+        _write_names_as_given()
         try:
             exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
+            message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
-            where = f"{context.command_path}: " if context is not None else ""
-            typer.echo(f"error: {where}{' '.join(error.format_message().split())}", err=True)
+            if context is not None:
+                message = f"{context.command_path}: {message} (see '{context.command_path} --help')"
+            typer.echo(f"error: {message}", err=True)
             sys.exit(error.exit_code)
         except typer.Abort:
             sys.exit(INTERRUPTED)
@@ -61,6 +64,14 @@ class SpeccliGroup(TyperGroup):
                 raise
             typer.echo(f"error: {_one_line(error)}", err=True)
             raise typer.Exit(getattr(error, "exit_code", USAGE_ERROR)) from None
+
+
+def _write_names_as_given() -> None:
+    """A file name that is not UTF-8 (`bad\\xffname.gguf`) reaches Python as surrogate escapes; on
+    stdout they become the original bytes again, as `ls` prints them, rather than an encoding error
+    in the middle of a report. (stderr already escapes them: Python's default there.)"""
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
 
 
 def _one_line(error: Exception) -> str:
