@@ -50,6 +50,13 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
         raise unreadable(path, error) from None
 
 
+def trained_context_length(path: Path) -> int | None:
+    """The context the model was trained with (`<arch>.context_length`), None when the file does not say."""
+    metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
+    length = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return length if isinstance(length, int) else None
+
+
 def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
     # A big-endian file has its version (2 or 3) in the high bytes when read little-endian.
     (version,) = struct.unpack_from("<I", data, 4)

@@ -2,8 +2,9 @@
 
 Every check takes the value and the name the user knows it by (`--temp`, `/temp`, `pairs.x.k`),
 raises `SpeccliError` with one line naming it and saying what is wrong, and returns the value it
-accepts, so callers can use it inline. All of them run before any model is loaded; only
-`check_ctx_for_model` reads a file (the GGUF header, never the weights).
+accepts, so callers can use it inline. All of them run before any model is loaded, and none reads a
+file: the bound of --ctx that depends on the model is checked as it loads (`speccli.llama.model`).
+Light on imports, so the command line can check its options without numpy or llama.cpp.
 """
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import secrets
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.gguf_meta import read_gguf_metadata
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
@@ -95,25 +95,10 @@ def check_max_tokens(value: int, name: str = "--max-tokens") -> int:
 
 
 def check_ctx(value: int, name: str = "--ctx") -> int:
-    """The lower bound; the upper one depends on the models (`check_ctx_for_model`)."""
+    """The lower bound; the upper one is each model's training context (checked as it loads)."""
     if value < MIN_CTX:
         raise SpeccliError(f"{name} must be at least {MIN_CTX} tokens, got {value}")
     return value
-
-
-def check_ctx_for_model(n_ctx: int, path: Path, name: str = "--ctx") -> int:
-    """At most the context the model was trained with (`<arch>.context_length` in its GGUF header).
-
-    Beyond it the model's output is not meaningful, and llama.cpp would still try to allocate the KV
-    cache for it: --ctx 1000000000 grew to 20 GB before failing. A file without the key passes.
-    """
-    metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
-    trained = metadata.get(f"{metadata.get('general.architecture')}.context_length")
-    if isinstance(trained, int) and n_ctx > trained:
-        raise SpeccliError(
-            f"{name} {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}"
-        )
-    return n_ctx
 
 
 def check_threads(value: int | None, name: str = "--threads") -> int | None:

@@ -22,9 +22,9 @@ import numpy as np
 import llama_cpp
 
 from speccli.errors import SpeccliError
+from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
-from speccli.settings import check_ctx_for_model
 
 
 # How llama.cpp reports a failed allocation when it creates a context (it catches std::bad_alloc and
@@ -45,13 +45,22 @@ class LoadOptions:
     n_batch: int = 512
 
 
+def _check_ctx_within_training(n_ctx: int, path: Path) -> None:
+    """Read from the GGUF header before any weights: past its training context a model's output means
+    little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
+    before it failed)."""
+    trained = trained_context_length(path)
+    if trained is not None and n_ctx > trained:
+        raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}")
+
+
 class Model:
     """A loaded model with one sequence in its KV cache, decoded in batches."""
 
     def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
-        check_ctx_for_model(options.n_ctx, self.path)
+        _check_ctx_within_training(options.n_ctx, self.path)
         self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
         self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
