@@ -13,16 +13,19 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from speccli.cli.app import app
-from speccli.errors import UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.gguf_meta import read_gguf_metadata
+from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import check_readable
 from speccli.settings import check_seed
+from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/nonexistent/model.gguf"  # an argument that fails if anything tries to load it
@@ -110,6 +113,21 @@ def test_ctx_beyond_the_training_context_is_refused_before_loading(tiny_pair):
         "use at most 512", 1,
     )
     assert time.perf_counter() - started < 5
+
+
+def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):
+    """A model trained for a context whose KV cache is 4x this machine's memory and swap: llama.cpp's
+    allocation fails at once (no page is touched) and says so in one line."""
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0":
+        pytest.skip("needs Linux's heuristic overcommit (mode 0), which refuses an allocation larger than memory + swap")
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    memory_and_swap = sum(int(meminfo[key].split()[0]) * 1024 for key in ("MemTotal", "SwapTotal"))
+    config = TinyConfig(n_layer=64, n_head_kv=4)
+    kv_bytes_per_token = config.n_layer * 2 * config.n_head_kv * config.head_dim * 2  # K and V, f16
+    n_ctx = 4 * memory_and_swap // kv_bytes_per_token
+    path = write_tiny_gguf(tmp_path / "deep.gguf", replace(config, context_length=n_ctx))
+    with pytest.raises(SpeccliError, match=rf"^{path}: not enough memory for a {n_ctx}-token context; lower --ctx \(llama.cpp: .*memory"):
+        Model(path, LoadOptions(n_ctx=n_ctx, n_threads=1))
 
 
 # --- 15 and 5: the message itself -----------------------------------------------------------------------

@@ -27,9 +27,9 @@ from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
 
 
-# How llama.cpp reports a failed allocation when it creates a context (it catches std::bad_alloc and
-# returns no context, logging the exception's text).
-_OUT_OF_MEMORY = re.compile(r"bad_alloc|failed to allocate|out of memory", re.IGNORECASE)
+# How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a
+# std::bad_alloc it catches (it then returns no context, logging the exception's text).
+_OUT_OF_MEMORY = re.compile(r"insufficient memory|bad_alloc|failed to allocate|out of memory", re.IGNORECASE)
 
 
 class ContextFullError(SpeccliError):
