@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from pathlib import Path
 
 from speccli.errors import SpeccliError
 

@@ -30,7 +30,7 @@ class SpeccliGroup(TyperGroup):
     """Maps every known error to one line in one place; `--debug` or SPECCLI_DEBUG=1 shows the traceback."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        """Typer would draw usage errors (`chat --k abc`, `pull` without a name) as a boxed panel of
+        """Typer would draw usage errors (`chat --top-k abc`, `pull` without a name) as a boxed panel of
         several lines; here they are one line like every other error."""
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
@@ -44,7 +44,7 @@ class SpeccliGroup(TyperGroup):
                 message = f"{context.command_path}: {message} (see '{context.command_path} --help')"
             typer.echo(f"error: {message}", err=True)
             sys.exit(error.exit_code)
-        except typer.Abort:
+        except typer.Abort:  # Click's Ctrl-C at a prompt; a Ctrl-C elsewhere Typer turns into exit 130 itself
             sys.exit(INTERRUPTED)
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
@@ -55,10 +55,6 @@ class SpeccliGroup(TyperGroup):
             # The reader went away (`speccli models | head`): nothing left to say to anyone.
             sys.stderr.close()
             raise typer.Exit(READER_GONE) from None
-        except KeyboardInterrupt:
-            if os.environ.get("SPECCLI_DEBUG"):
-                raise
-            raise typer.Exit(INTERRUPTED) from None
         except (SpeccliError, OSError) as error:
             if os.environ.get("SPECCLI_DEBUG"):
                 raise
