@@ -1,4 +1,10 @@
-"""The one exception type users see as a single line (the CLI maps it; `--debug` shows the traceback)."""
+"""The exception types users see as a single line (the CLI maps them; `--debug` shows the traceback),
+and the one wording of why a file cannot be read."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
 
 
 class SpeccliError(Exception):
@@ -11,3 +17,22 @@ class UnreadableFileError(SpeccliError):
     """A model or config file that is missing, not readable, or not what it claims to be."""
 
     exit_code = 2
+
+
+_REASONS = {
+    errno.ENOENT: "no such file",
+    errno.ELOOP: "a loop of symbolic links, not a file",
+    errno.EISDIR: "is a directory, not a GGUF file",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "no such file (a part of the path is not a folder)",
+    errno.ENAMETOOLONG: "the name is too long",
+}
+
+
+def unreadable(path: Path | str, error: OSError) -> UnreadableFileError:
+    """`path: reason` for a file that could not be opened or read; a dangling link says where it points."""
+    if error.errno == errno.ENOENT and os.path.islink(path):
+        return UnreadableFileError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist")
+    reason = _REASONS.get(error.errno or 0) or f"cannot read it ({error.strerror or error})"
+    return UnreadableFileError(f"{path}: {reason}")

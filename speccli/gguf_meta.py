@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from speccli.errors import UnreadableFileError
+from speccli.errors import UnreadableFileError, unreadable
 
 # GGUF value types (gguf spec): id -> struct format of a scalar, or None for string/array.
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -46,14 +46,15 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
                     raise UnreadableFileError(f"{path}: truncated or corrupt GGUF metadata") from None
                 except ValueError as error:
                     raise UnreadableFileError(f"{path}: unsupported or corrupt GGUF file ({error})") from None
-    except FileNotFoundError:
-        raise UnreadableFileError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UnreadableFileError(f"{path}: is a directory, not a GGUF file") from None
-    except PermissionError:
-        raise UnreadableFileError(f"{path}: permission denied") from None
     except OSError as error:
-        raise UnreadableFileError(f"{path}: cannot read it ({error.strerror or error})") from None
+        raise unreadable(path, error) from None
+
+
+def trained_context_length(path: Path) -> int | None:
+    """The context the model was trained with (`<arch>.context_length`), None when the file does not say."""
+    metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
+    length = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    return length if isinstance(length, int) else None
 
 
 def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
@@ -131,26 +132,32 @@ class _Reader:
                 self.offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
                 if self.offset > len(self.data):
                     raise _Truncated
+            elif item_type == _STRING:
+                self._strings(count, keep=False)
             else:
                 for _ in range(count):
                     self.skip_value(item_type)
         else:
             self.value(value_type)
 
-    def _strings(self, count: int) -> list[bytes]:
+    def _strings(self, count: int, keep: bool = True) -> list[bytes]:
         # The hot loop for 262k-token vocabularies: local names, no per-item bounds check
         # (a short slice at the end shows up in the final offset check instead).
         data, offset, read_length = self.data, self.offset, self._u64
         if count * 8 > len(data) - offset:
             raise _Truncated
-        strings = []
-        append = strings.append
+        strings: list[bytes] = []
         try:
-            for _ in range(count):
-                (length,) = read_length(data, offset)
-                offset += 8
-                append(data[offset:offset + length])
-                offset += length
+            if keep:
+                append = strings.append
+                for _ in range(count):
+                    (length,) = read_length(data, offset)
+                    offset += 8
+                    append(data[offset:offset + length])
+                    offset += length
+            else:
+                for _ in range(count):
+                    offset += 8 + read_length(data, offset)[0]
         except struct.error:
             raise _Truncated from None
         if offset > len(data):

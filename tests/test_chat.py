@@ -64,7 +64,7 @@ def endless_pair(tiny_dir: Path) -> tuple[Path, Path]:
         unk_id=None,
     )
     return write_related_pair(tiny_dir / "endless", target_layers=2, draft_layers=1,
-                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="endless")
+                              config=TinyConfig(head_scale=0.0, vocab=vocab, context_length=32768), name="endless")
 
 
 def chat(pair, *args: str, input: str | None = None, terminal: bool = False):
@@ -72,7 +72,8 @@ def chat(pair, *args: str, input: str | None = None, terminal: bool = False):
     env = {"TTY_COMPATIBLE": "1" if terminal else "0", "FORCE_COLOR": None, "NO_COLOR": None, "COLUMNS": "100"}
     target, draft = pair
     return CliRunner(env=env).invoke(
-        app, ["chat", "-m", str(target), "-md", str(draft), "-t", "1", *args], input=input, catch_exceptions=False
+        app, ["chat", "-m", str(target), "-md", str(draft), "-t", "1", "-c", "512", *args], input=input,
+        catch_exceptions=False,
     )
 
 
@@ -138,7 +139,7 @@ def test_template_rendering_has_one_bos_and_eos_by_text(chat_pair):
 
 
 def test_second_turn_decodes_only_new_tokens(chat_pair):
-    options = LoadOptions(n_ctx=1024, n_threads=1)
+    options = LoadOptions(n_ctx=512, n_threads=1)
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
         display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), k=3, max_tokens=40)
@@ -183,8 +184,12 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 6
     assert "unknown command /bogus; known: /stats, /reset, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
-    assert all("from 1 to 64" in line for line in errors[1:4])
-    assert "temperature must be >= 0" in errors[4] and "/temp needs a number" in errors[5]
+    assert errors[1:4] == [
+        "error: /k (draft tokens per step) must be between 1 and 64, got 0",
+        "error: /k (draft tokens per step) must be between 1 and 64, got 65",
+        "error: /k needs a whole number from 1 to 64, got 'x'",
+    ]
+    assert errors[4:] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'"]
     assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["hello"]
 
 
@@ -349,14 +354,15 @@ def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--k", "0"], "error: k (draft tokens per step) must be between 1 and 64, got 0"),
-        (["--k", "65"], "error: k (draft tokens per step) must be between 1 and 64, got 65"),
-        (["--temp", "-0.5"], "error: temperature must be >= 0 (0 is greedy), got -0.5"),
-        (["--top-p", "0"], "error: top-p must be in (0, 1], got 0.0"),
-        (["--top-p", "1.5"], "error: top-p must be in (0, 1], got 1.5"),
-        (["--top-k", "-1"], "error: top-k must be >= 0 (0 keeps every token), got -1"),
-        (["--min-p", "1"], "error: min-p must be in [0, 1), got 1.0"),
-        (["-n", "0"], "error: max tokens must be >= 1, got 0"),
+        (["--k", "0"], "error: --k (draft tokens per step) must be between 1 and 64, got 0"),
+        (["--k", "65"], "error: --k (draft tokens per step) must be between 1 and 64, got 65"),
+        (["--k", "two"], "error: --k needs a whole number from 1 to 64, got 'two'"),
+        (["--temp", "-0.5"], "error: --temp must be >= 0 (0 is greedy), got -0.5"),
+        (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0"),
+        (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5"),
+        (["--top-k", "-1"], "error: --top-k must be >= 0 (0 keeps every token), got -1"),
+        (["--min-p", "1"], "error: --min-p must be in [0, 1), got 1.0"),
+        (["-n", "0"], "error: --max-tokens must be >= 1, got 0"),
         (["-p", "   "], "error: the prompt (--prompt) is empty"),
     ],
 )

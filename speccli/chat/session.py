@@ -36,11 +36,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from speccli.llama.model import Model
 from speccli.llama.tokenizer import Tokenizer
 from speccli.chat.view import Display, Mode
-from speccli.core.generator import GenerationLimits, Generator, MAX_K, common_prefix_length, validate_k
+from speccli.core.generator import GenerationLimits, Generator, common_prefix_length
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
+from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -251,8 +252,7 @@ class ChatSession:
         max_tokens: int = 512,
         system: str | None = None,
     ) -> None:
-        if max_tokens < 1:
-            raise SpeccliError(f"max tokens must be >= 1, got {max_tokens}")
+        check_max_tokens(max_tokens, "max tokens")
         self.generator = Generator(target, draft, sampling, k, seed)
         self.display = display
         self.max_tokens = max_tokens
@@ -380,11 +380,10 @@ class ChatSession:
             self.generator.reset()
             self.display.notice("(conversation cleared)")
         elif name == "/k":
-            self.generator.k = _parse_k(argument)
+            self.generator.k = parse_k(argument, "/k")
             self.display.notice(f"(k = {self.generator.k})")
         elif name == "/temp":
-            sampling = replace(self.generator.sampling, temperature=_parse_float("/temp", argument))
-            sampling.validate()
+            sampling = replace(self.generator.sampling, temperature=check_temperature(_parse_float("/temp", argument), "/temp"))
             self.generator.sampling = sampling
             self.display.notice(f"(temperature = {sampling.temperature:g}{', greedy' if sampling.greedy else ''})")
         elif name == "/system":
@@ -407,16 +406,6 @@ def _oldest_turns(count: int) -> str:
     return "oldest turn" if count == 1 else f"{count} oldest turns"
 
 
-def _parse_k(argument: str) -> int:
-    try:
-        k = int(argument)
-    except ValueError:
-        k = 0
-    if not 1 <= k <= MAX_K:
-        raise SpeccliError(f"/k needs a whole number from 1 to {MAX_K}, got {argument or 'nothing'!r}")
-    return k
-
-
 def _parse_float(command: str, argument: str) -> float:
     try:
         return float(argument)
@@ -427,23 +416,57 @@ def _parse_float(command: str, argument: str) -> float:
 # --- the command --------------------------------------------------------------------------------
 
 
-def typed_lines() -> Iterator[str]:
+def as_text(data: str | bytes) -> tuple[str, bool]:
+    """A message as the models will see it, and whether it had to be repaired.
+
+    Bytes that are not UTF-8 (in piped input, or in an argument, which Python hands over as
+    surrogate escapes) each become U+FFFD, the replacement character, rather than ending the
+    session; the caller says so.
+    """
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace"), True
+
+
+def typed_lines(display: Display) -> Iterator[str]:
     """Lines typed at a terminal, until Ctrl-D or Ctrl-C."""
     import readline  # noqa: F401  (input() then gets line editing and history)
 
     while True:
         try:
-            yield input("> ")
+            line, repaired = as_text(input("> "))
         except (EOFError, KeyboardInterrupt):
             print()
             return
+        if repaired:
+            display.notice(_REPAIRED)
+        yield line
 
 
 def piped_lines(display: Display) -> Iterator[str]:
-    for line in sys.stdin:
+    """Piped stdin, one message per line, read as bytes so that one bad line costs nothing else."""
+    for raw in sys.stdin.buffer:
+        line, repaired = as_text(raw)
         if line.strip():
             display.echo_user(line.strip())
+            if repaired:
+                display.notice(_REPAIRED)
             yield line
+
+
+_REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
+
+
+def one_message(prompt: str, display: Display) -> str:
+    """The message `--prompt` names ('-': all of stdin), refused when empty, like an empty line."""
+    text, repaired = as_text(sys.stdin.buffer.read() if prompt == "-" else prompt)
+    if not text.strip():
+        raise SpeccliError("the prompt read from stdin (--prompt -) is empty" if prompt == "-" else "the prompt (--prompt) is empty")
+    if repaired:
+        display.notice(_REPAIRED)
+    return text
 
 
 def run_chat(
@@ -458,16 +481,16 @@ def run_chat(
     json_output: bool,
     provenance: bool,
 ) -> None:
-    """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each."""
-    # Bad settings fail here, before seconds of model loading.
-    sampling.validate()
-    GenerationLimits(max_tokens=max_tokens).validate()
-    if k is not None:
-        validate_k(k)
-    if prompt is not None and prompt != "-" and not prompt.strip():
-        raise SpeccliError("the prompt (--prompt) is empty")
+    """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each.
+
+    The settings were checked as the command line was read; the message is read (and checked) before
+    seconds of model loading.
+    """
     request.validate()
     display = Display(_output_mode(json_output), provenance=provenance)
+    message = one_message(prompt, display) if prompt is not None else None
+    if system is not None:
+        system, _ = as_text(system)
     with open_pair(request) as pair:
         session = ChatSession(
             pair.target, pair.draft, display,
@@ -475,10 +498,10 @@ def run_chat(
         )
         resolved = pair.resolved
         session.announce(f"target {resolved.target_name} · draft {resolved.draft_name} · k={session.generator.k}")
-        if prompt is not None:
-            session.send(sys.stdin.read() if prompt == "-" else prompt)
+        if message is not None:
+            session.send(message)
         else:
-            session.run(typed_lines() if sys.stdin.isatty() else piped_lines(display))
+            session.run(typed_lines(display) if sys.stdin.isatty() else piped_lines(display))
 
 
 def _output_mode(json_output: bool) -> Mode:

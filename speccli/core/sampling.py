@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from speccli.settings import check_min_p, check_temperature, check_top_k, check_top_p
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,16 +28,10 @@ class SamplingParams:
         return self.temperature == 0
 
     def validate(self) -> None:
-        from speccli.errors import SpeccliError
-
-        if not self.temperature >= 0:
-            raise SpeccliError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise SpeccliError(f"top-k must be >= 0 (0 keeps every token), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise SpeccliError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise SpeccliError(f"min-p must be in [0, 1), got {self.min_p}")
+        check_temperature(self.temperature, "temperature")
+        check_top_k(self.top_k, "top-k")
+        check_top_p(self.top_p, "top-p")
+        check_min_p(self.min_p, "min-p")
 
 
 def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:

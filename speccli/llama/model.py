@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,8 +22,14 @@ import numpy as np
 import llama_cpp
 
 from speccli.errors import SpeccliError
+from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
-from speccli.llama.tokenizer import Tokenizer, load_model
+from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
+
+
+# How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a
+# std::bad_alloc it catches (it then returns no context, logging the exception's text).
+_OUT_OF_MEMORY = re.compile(r"insufficient memory|bad_alloc|failed to allocate|out of memory", re.IGNORECASE)
 
 
 class ContextFullError(SpeccliError):
@@ -38,12 +45,22 @@ class LoadOptions:
     n_batch: int = 512
 
 
+def _check_ctx_within_training(n_ctx: int, path: Path) -> None:
+    """Read from the GGUF header before any weights: past its training context a model's output means
+    little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
+    before it failed)."""
+    trained = trained_context_length(path)
+    if trained is not None and n_ctx > trained:
+        raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}")
+
+
 class Model:
     """A loaded model with one sequence in its KV cache, decoded in batches."""
 
     def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
+        _check_ctx_within_training(options.n_ctx, self.path)
         self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
         self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
@@ -61,10 +78,24 @@ class Model:
         # Sliding-window models (Gemma 3) must keep the whole window history: dropping a suffix of
         # rejected drafts is only exact with the full-size SWA cache (llama.cpp's default; made explicit).
         params.swa_full = True
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        clear_errors()
+        try:
+            with interruptible():
+                self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        except KeyboardInterrupt:
+            if self._ctx:
+                llama_cpp.llama_free(self._ctx)
+                self._ctx = None
+            llama_cpp.llama_model_free(self._model)
+            raise
         if not self._ctx:
             llama_cpp.llama_model_free(self._model)
-            raise SpeccliError(f"{self.path}: llama.cpp could not create a context{last_llama_error()}")
+            cause = last_llama_error()
+            if _OUT_OF_MEMORY.search(cause):
+                raise SpeccliError(
+                    f"{self.path}: not enough memory for a {options.n_ctx}-token context; lower --ctx{cause}"
+                )
+            raise SpeccliError(f"{self.path}: llama.cpp could not create a context{cause}")
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         # llama.cpp may round the context up and clamp the batch to it: use what it chose.
         self.n_ctx: int = llama_cpp.llama_n_ctx(self._ctx)

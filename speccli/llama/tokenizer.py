@@ -1,27 +1,52 @@
-"""Loading a GGUF file into llama.cpp, and its vocabulary: text <-> token ids."""
+"""Loading a GGUF file into llama.cpp (checked first, stopped by Ctrl-C), and its vocabulary: text <-> token ids."""
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import llama_cpp
 
-from speccli.errors import UnreadableFileError
+from speccli.errors import UnreadableFileError, unreadable
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
 
 def check_readable(path: Path) -> None:
-    if not path.exists():
-        raise UnreadableFileError(f"{path}: no such file")
-    if path.is_dir():
-        raise UnreadableFileError(f"{path}: is a directory, not a GGUF file")
+    """Refuse, in one line, what llama.cpp would only fail to load: a missing or unreadable file, a
+    directory, a loop of symbolic links, anything that is not GGUF."""
     try:
         with path.open("rb") as file:
             magic = file.read(4)
     except OSError as error:
-        raise UnreadableFileError(f"{path}: cannot read it ({error.strerror})") from None
+        raise unreadable(path, error) from None
     if magic != b"GGUF":
         raise UnreadableFileError(f"{path}: not a GGUF file")
+
+
+@contextmanager
+def interruptible() -> Iterator[Callable[[], bool]]:
+    """Ctrl-C during a long llama.cpp call (loading weights, allocating a context) stops it promptly.
+
+    Python runs a signal handler only when Python code runs: inside a llama.cpp call that is the log
+    or progress callback, where a KeyboardInterrupt cannot unwind through C (ctypes prints it and
+    carries on: the load went on, and the command exited 0). So while the call runs, Ctrl-C only
+    sets a flag; the progress callback reads it and asks llama.cpp to stop loading, and on the way
+    out the interrupt is raised here, in Python, where it can unwind.
+    """
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set
+        return
+    previous = signal.signal(signal.SIGINT, lambda *_: requested.set())
+    try:
+        yield requested.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if requested.is_set():
+        raise KeyboardInterrupt
 
 
 def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.llama_model_p:
@@ -31,7 +56,17 @@ def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers  # -1: every layer
     params.vocab_only = vocab_only
     clear_errors()
-    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    model = None
+    try:
+        with interruptible() as interrupted:
+            # Kept referenced until llama.cpp returns: it calls back into this object.
+            keep_loading = llama_cpp.llama_progress_callback(lambda _progress, _user_data: not interrupted())
+            params.progress_callback = keep_loading
+            model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+    except KeyboardInterrupt:
+        if model:
+            llama_cpp.llama_model_free(model)
+        raise
     if not model:
         raise UnreadableFileError(f"{path}: llama.cpp could not load it{last_llama_error()}")
     return model

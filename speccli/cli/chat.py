@@ -1,0 +1,75 @@
+"""`speccli chat`: options -> a pair request and sampling settings -> `speccli.chat.session.run_chat`."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from speccli.cli.options import (
+    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MaxTokensOption, MinPOption, PairArgument,
+    TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
+)
+from speccli.settings import check_seed, parse_k
+
+
+def chat(
+    pair: PairArgument = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    k: Annotated[
+        Optional[str],
+        typer.Option(
+            "--k", metavar="K", help="Draft tokens per target decode, 1 to 64 (default: the pair's).",
+            callback=checked(parse_k),
+        ),
+    ] = None,
+    temperature: TemperatureOption = 0.8,
+    top_k: TopKOption = 40,
+    top_p: TopPOption = 0.95,
+    min_p: MinPOption = 0.05,
+    seed: Annotated[
+        Optional[int],
+        typer.Option("--seed", "-s", help="Random seed; -1 or none: random.", callback=checked(check_seed)),
+    ] = None,
+    max_tokens: MaxTokensOption = 512,
+    ctx: ContextOption = 4096,
+    threads: ThreadsOption = None,
+    ngl: TargetGpuLayersOption = None,
+    ngl_draft: DraftGpuLayersOption = None,
+    system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
+    prompt: Annotated[
+        Optional[str],
+        typer.Option(
+            "--prompt", "-p",
+            help="Reply to this one message and exit; '-' reads it from stdin. Without it, piped stdin is "
+            "read one turn per line (slash commands work).",
+        ),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON object per reply on stdout: text, finish reason, statistics.")
+    ] = False,
+    color_provenance: Annotated[
+        bool,
+        typer.Option(
+            "--color-provenance/--no-color-provenance",
+            help="Color tokens by origin: accepted draft, target correction, bonus.",
+        ),
+    ] = True,
+    config: ConfigOption = None,
+) -> None:
+    """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
+    from speccli.chat.session import run_chat
+    from speccli.core.sampling import SamplingParams
+    from speccli.models.pair import PairRequest
+
+    run_chat(
+        PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft),
+        sampling=SamplingParams(temperature, top_k, top_p, min_p),
+        k=k,
+        seed=seed,
+        max_tokens=max_tokens,
+        system=system,
+        prompt=prompt,
+        json_output=json_output,
+        provenance=color_provenance,
+    )

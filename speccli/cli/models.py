@@ -1,0 +1,28 @@
+"""`speccli models` (the registry as tables) and `speccli pull` (obtain models into the caches)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from speccli.cli.options import ConfigOption
+
+
+def models(config: ConfigOption = None) -> None:
+    """List the named models (source, size on disk, cached or not, pairs) and the pairs."""
+    from rich.console import Console
+
+    from speccli.models.registry import load_registry, registry_tables
+
+    Console().print(registry_tables(load_registry(config)))
+
+
+def pull(
+    names: Annotated[list[str], typer.Argument(help="Model or pair names (a pair pulls its target and draft).")],
+    config: ConfigOption = None,
+) -> None:
+    """Download or build models into the local caches, with progress; prints each model's file."""
+    from speccli.models.registry import load_registry, pull_models
+
+    for name, path in pull_models(load_registry(config), names):
+        typer.echo(f"{name}: {path}")

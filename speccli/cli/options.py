@@ -1,0 +1,85 @@
+"""Options shared by several commands, each defined once and checked as it is parsed.
+
+A checked option runs its `speccli.settings` check while the command line is read, so a bad value
+is one line before anything is resolved, downloaded or loaded; chat's slash commands and
+models.toml use the same checks. llama.cpp's short names are accepted as aliases.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from speccli import settings
+
+
+def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.CallbackParam, Any], Any]:
+    """A Click callback running `check` on the value under the option's own name (`--temp`)."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        if value is None or ctx.resilient_parsing:
+            return value
+        return check(value, param.opts[0])
+
+    return callback
+
+
+ConfigOption = Annotated[
+    Optional[Path],
+    typer.Option("--config", help="Extra models.toml, read after the shipped and user files (overrides them)."),
+]
+PairArgument = Annotated[Optional[str], typer.Argument(help="A pair from models.toml (default: its default_pair).")]
+TargetOption = Annotated[
+    Optional[str], typer.Option("--target", "-m", help="Target model: registry name or GGUF path (overrides the pair's).")
+]
+DraftOption = Annotated[
+    Optional[str], typer.Option("--draft", "-md", help="Draft model: registry name or GGUF path (overrides the pair's).")
+]
+TemperatureOption = Annotated[
+    float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.", callback=checked(settings.check_temperature))
+]
+TopKOption = Annotated[
+    int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 keeps all.", callback=checked(settings.check_top_k))
+]
+TopPOption = Annotated[
+    float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].", callback=checked(settings.check_top_p))
+]
+MinPOption = Annotated[
+    float,
+    typer.Option(
+        "--min-p", help="Drop tokens below min-p times the top probability.", callback=checked(settings.check_min_p)
+    ),
+]
+MaxTokensOption = Annotated[
+    int,
+    typer.Option("--max-tokens", "-n", help="Most tokens to generate per reply.", callback=checked(settings.check_max_tokens)),
+]
+ContextOption = Annotated[
+    int,
+    typer.Option(
+        "--ctx", "-c",
+        help="Context window, in tokens, for both models (at most what they were trained with).",
+        callback=checked(settings.check_ctx),
+    ),
+]
+ThreadsOption = Annotated[
+    Optional[int],
+    typer.Option("--threads", "-t", help="CPU threads (default: all cores).", callback=checked(settings.check_threads)),
+]
+TargetGpuLayersOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--ngl", "-ngl",
+        help="Target layers on the GPU, -1 for all (default: the pair's, else all).",
+        callback=checked(settings.check_gpu_layers),
+    ),
+]
+DraftGpuLayersOption = Annotated[
+    Optional[int],
+    typer.Option(
+        "--ngl-draft", "-ngld",
+        help="Draft layers on the GPU, -1 for all (default: the pair's, else all).",
+        callback=checked(settings.check_gpu_layers),
+    ),
+]

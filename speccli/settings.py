@@ -1,0 +1,122 @@
+"""The one check of each user setting, shared by the command line, chat's slash commands and models.toml.
+
+Every check takes the value and the name the user knows it by (`--temp`, `/temp`, `pairs.x.k`),
+raises `SpeccliError` with one line naming it and saying what is wrong, and returns the value it
+accepts, so callers can use it inline. All of them run before any model is loaded, and none reads a
+file: the bound of --ctx that depends on the model is checked as it loads (`speccli.llama.model`).
+Light on imports, so the command line can check its options without numpy or llama.cpp.
+"""
+from __future__ import annotations
+
+import math
+import re
+import secrets
+
+from speccli.errors import SpeccliError
+
+MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
+MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
+RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
+
+
+def check_k(k: int, name: str = "--k") -> int:
+    """Draft tokens per step, a whole number from 1 to MAX_K. (`parse_k` turns text into one.)"""
+    if not 1 <= k <= MAX_K:
+        raise SpeccliError(f"{name} (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
+    return k
+
+
+def parse_k(text: str, name: str = "--k") -> int:
+    """K as typed (`/k 4`); the single place where spellings other than a number will be added."""
+    try:
+        k = int(text)
+    except ValueError:
+        raise SpeccliError(f"{name} needs a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
+    return check_k(k, name)
+
+
+def parse_k_sweep(text: str, name: str = "--k") -> list[int]:
+    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; items may mix: '1-3,8'. Sorted, unique."""
+    usage = "give a number (4), a list (1,2,4,8) or a range (1-8)"
+    if not text.strip():
+        raise SpeccliError(f"{name} is empty; {usage}")
+    values: set[int] = set()
+    for item in text.split(","):
+        item = item.strip()
+        # Numbers may be negative ('-1' is K = -1, refused by check_k below, not a broken range).
+        match = re.fullmatch(r"(-?\d+)(?:\s*-\s*(-?\d+))?", item)
+        if not match:
+            raise SpeccliError(f"{name} {text!r}: {item!r} is not a number or a range; {usage}")
+        low = int(match[1])
+        high = low if match[2] is None else int(match[2])
+        if low > high:
+            raise SpeccliError(f"{name} {text!r}: the range {item} runs backwards; write {high}-{low}")
+        for value in (low, high):
+            check_k(value, f"{name} {text!r}: K")
+        values.update(range(low, high + 1))
+    return sorted(values)
+
+
+def _finite(value: float, name: str) -> float:
+    if not math.isfinite(value):
+        raise SpeccliError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def check_temperature(value: float, name: str = "--temp") -> float:
+    if not _finite(value, name) >= 0:
+        raise SpeccliError(f"{name} must be >= 0 (0 is greedy), got {value}")
+    return value
+
+
+def check_top_k(value: int, name: str = "--top-k") -> int:
+    if value < 0:
+        raise SpeccliError(f"{name} must be >= 0 (0 keeps every token), got {value}")
+    return value
+
+
+def check_top_p(value: float, name: str = "--top-p") -> float:
+    if not 0 < _finite(value, name) <= 1:
+        raise SpeccliError(f"{name} must be in (0, 1], got {value}")
+    return value
+
+
+def check_min_p(value: float, name: str = "--min-p") -> float:
+    if not 0 <= _finite(value, name) < 1:
+        raise SpeccliError(f"{name} must be in [0, 1), got {value}")
+    return value
+
+
+def check_max_tokens(value: int, name: str = "--max-tokens") -> int:
+    if value < 1:
+        raise SpeccliError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def check_ctx(value: int, name: str = "--ctx") -> int:
+    """The lower bound; the upper one is each model's training context (checked as it loads)."""
+    if value < MIN_CTX:
+        raise SpeccliError(f"{name} must be at least {MIN_CTX} tokens, got {value}")
+    return value
+
+
+def check_threads(value: int | None, name: str = "--threads") -> int | None:
+    if value is not None and value < 1:
+        raise SpeccliError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def check_gpu_layers(value: int | None, name: str = "--ngl") -> int | None:
+    """Layers to offload: a count, or -1 for all of them (llama.cpp's convention)."""
+    if value is not None and value < -1:
+        raise SpeccliError(f"{name} must be a number of layers, or -1 for all, got {value}")
+    return value
+
+
+def check_seed(value: int | None, name: str = "--seed") -> int | None:
+    """A seed >= 0; -1 (llama.cpp's "random") draws one, so a report can still name the seed used."""
+    if value == RANDOM_SEED:
+        return secrets.randbelow(2**32)
+    if value is not None and value < 0:
+        raise SpeccliError(f"{name} must be >= 0, or -1 for a random seed, got {value}")
+    return value

@@ -1,0 +1,240 @@
+"""Bad input at the command line, as a hostile user would give it (issue 12): every case is one line
+naming the thing and what is wrong, with the documented exit code, and is refused before any model
+loads; input that can be repaired (bytes that are not UTF-8) is repaired and said so.
+
+Runs the real CLI on tiny real GGUF files (tests/conftest.py), and once a real subprocess for Ctrl-C.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from speccli.cli.app import app
+from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.gguf_meta import read_gguf_metadata
+from speccli.llama.model import LoadOptions, Model
+from speccli.llama.tokenizer import check_readable
+from speccli.settings import check_seed
+from tests.tiny_gguf import TinyConfig, write_tiny_gguf
+
+REPO = Path(__file__).resolve().parents[1]
+MISSING_MODEL = "/nonexistent/model.gguf"  # an argument that fails if anything tries to load it
+
+
+def speccli(*args: str, input: str | bytes | None = None):
+    env = {"TTY_COMPATIBLE": "0", "FORCE_COLOR": None, "NO_COLOR": None, "COLUMNS": "100"}
+    return CliRunner(env=env).invoke(app, list(args), input=input, catch_exceptions=False, prog_name="speccli")
+
+
+def chat(pair, *args: str, input: str | bytes | None = None):
+    target, draft = pair
+    return speccli("chat", "-m", str(target), "-md", str(draft), "-t", "1", "-c", "256", "-n", "4", *args, input=input)
+
+
+def assert_one_line(result, line: str, exit_code: int) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert result.stderr == line + "\n"
+    assert result.stdout == ""
+
+
+# --- 19: usage errors are one line, exit 2 --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["chat", "--top-k", "abc"], "error: speccli chat: Invalid value for '--top-k': Input should be a valid "
+         "integer, unable to parse string as an integer (see 'speccli chat --help')"),
+        (["pull"], "error: speccli pull: Missing argument 'names'. (see 'speccli pull --help')"),
+        (["chat", "--bogus"], "error: speccli chat: No such option: --bogus (see 'speccli chat --help')"),
+        (["nosuch"], "error: speccli: No such command 'nosuch'. (see 'speccli --help')"),
+    ],
+)
+def test_usage_errors_are_one_line_with_exit_code_2(args, line):
+    assert_one_line(speccli(*args), line, 2)
+
+
+# --- 18, 12, 16, 9: settings refused as the line is parsed, before anything loads -------------------
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["bench", "--k", "-1"], "error: --k '-1': K (draft tokens per step) must be between 1 and 64, got -1"),
+        (["bench", "--k", "2,-3"], "error: --k '2,-3': K (draft tokens per step) must be between 1 and 64, got -3"),
+        (["bench", "--k", "1,x"], "error: --k '1,x': 'x' is not a number or a range; give a number (4), a list "
+         "(1,2,4,8) or a range (1-8)"),
+        (["chat", "--temp", "inf"], "error: --temp must be a finite number, got inf"),
+        (["chat", "--temp", "nan"], "error: --temp must be a finite number, got nan"),
+        (["bench", "--temp", "inf"], "error: --temp must be a finite number, got inf"),
+        (["chat", "--top-p", "nan"], "error: --top-p must be a finite number, got nan"),
+        (["chat", "--min-p", "-inf"], "error: --min-p must be a finite number, got -inf"),
+        (["chat", "--ngl", "-5"], "error: --ngl must be a number of layers, or -1 for all, got -5"),
+        (["bench", "--ngl-draft", "-7"], "error: --ngl-draft must be a number of layers, or -1 for all, got -7"),
+        (["chat", "--seed", "-2"], "error: --seed must be >= 0, or -1 for a random seed, got -2"),
+        (["bench", "--seed", "-2"], "error: --seed must be >= 0, or -1 for a random seed, got -2"),
+        (["chat", "--ctx", "8"], "error: --ctx must be at least 16 tokens, got 8"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_model_is_named_or_loaded(args, line):
+    assert_one_line(speccli(*args, "-m", MISSING_MODEL), line, 1)
+
+
+def test_seed_minus_one_draws_a_seed_and_others_pass_unchanged():
+    drawn = {check_seed(-1) for _ in range(20)}
+    assert all(0 <= seed < 2**32 for seed in drawn) and len(drawn) > 1
+    assert check_seed(7) == 7 and check_seed(None) is None
+
+
+def test_seed_minus_one_means_random_in_chat(tiny_pair):
+    result = chat(tiny_pair, "-p", "hello", "--seed", "-1", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.splitlines()[0])["finish_reason"] in ("max_tokens", "stop")
+
+
+# --- 4: --ctx beyond the models' training context --------------------------------------------------
+
+
+def test_ctx_beyond_the_training_context_is_refused_before_loading(tiny_pair):
+    started = time.perf_counter()
+    result = chat(tiny_pair, "-p", "hello", "--ctx", "1000000000")
+    assert_one_line(
+        result, f"error: --ctx 1000000000 is more than the 512 tokens {tiny_pair.target.name} was trained with; "
+        "use at most 512", 1,
+    )
+    assert time.perf_counter() - started < 5
+
+
+def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):
+    """A model trained for a context whose KV cache is 4x this machine's memory and swap: llama.cpp's
+    allocation fails at once (no page is touched) and says so in one line."""
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() != "0":
+        pytest.skip("needs Linux's heuristic overcommit (mode 0), which refuses an allocation larger than memory + swap")
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    memory_and_swap = sum(int(meminfo[key].split()[0]) * 1024 for key in ("MemTotal", "SwapTotal"))
+    config = TinyConfig(n_layer=64, n_head_kv=4)
+    kv_bytes_per_token = config.n_layer * 2 * config.n_head_kv * config.head_dim * 2  # K and V, f16
+    n_ctx = 4 * memory_and_swap // kv_bytes_per_token
+    path = write_tiny_gguf(tmp_path / "deep.gguf", replace(config, context_length=n_ctx))
+    with pytest.raises(SpeccliError, match=rf"^{path}: not enough memory for a {n_ctx}-token context; lower --ctx \(llama.cpp: .*memory"):
+        Model(path, LoadOptions(n_ctx=n_ctx, n_threads=1))
+
+
+# --- 15 and 5: the message itself -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, stdin, line", [
+    (["-p", "-"], "", "error: the prompt read from stdin (--prompt -) is empty"),
+    (["-p", "-"], " \n\n", "error: the prompt read from stdin (--prompt -) is empty"),
+    (["-p", ""], None, "error: the prompt (--prompt) is empty"),
+])
+def test_an_empty_prompt_is_refused_whether_given_or_read_from_stdin(args, stdin, line):
+    assert_one_line(speccli("chat", "-m", MISSING_MODEL, *args, input=stdin), line, 1)
+
+
+REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
+
+
+def test_piped_lines_that_are_not_utf8_are_repaired_and_the_session_goes_on(tiny_pair):
+    result = chat(tiny_pair, "--json", "--temp", "0", input=b"caf\xe9 au lait\nsecond turn\n")
+    assert result.exit_code == 0, result.output
+    replies = [record for record in map(json.loads, result.stdout.splitlines()) if "prompt" in record]
+    assert [reply["prompt"] for reply in replies] == ["caf\ufffd au lait", "second turn"]
+    assert result.stderr.count(REPAIRED) == 1
+
+
+@pytest.mark.parametrize("how", ["argument", "stdin"])
+def test_a_prompt_that_is_not_utf8_is_repaired(tiny_pair, how):
+    # Python hands an argument's undecodable bytes over as surrogate escapes (os.fsdecode).
+    args, stdin = (["-p", os.fsdecode(b"caf\xe9")], None) if how == "argument" else (["-p", "-"], b"caf\xe9")
+    result = chat(tiny_pair, "--json", *args, input=stdin)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.splitlines()[0])["prompt"] == "caf\ufffd"
+    assert REPAIRED in result.stderr
+
+
+# --- 11: a model path that is not UTF-8 ----------------------------------------------------------------
+
+
+@pytest.fixture
+def non_utf8_pair(tiny_pair, tmp_path):
+    directory = os.fsdecode(bytes(tmp_path) + b"/bad\xffdir")
+    os.mkdir(directory)
+    target, draft = (os.path.join(directory, name) for name in ("target.gguf", os.fsdecode(b"draft\xfe.gguf")))
+    shutil.copyfile(tiny_pair.target, target)
+    shutil.copyfile(tiny_pair.draft, draft)
+    return target, draft
+
+
+def test_chat_loads_a_model_whose_path_is_not_utf8(non_utf8_pair):
+    result = chat(non_utf8_pair, "-p", "hello", "--json")
+    assert result.exit_code == 0, result.output
+    assert "prompt" in json.loads(result.stdout.splitlines()[0])
+
+
+def test_bench_loads_a_model_whose_path_is_not_utf8(non_utf8_pair):
+    target, draft = non_utf8_pair
+    result = speccli("bench", "-m", target, "-md", draft, "--k", "2", "-n", "4", "--runs", "1", "--warmup", "0",
+                     "--ctx", "512", "--threads", "1")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_error_naming_a_path_that_is_not_utf8_is_one_line(non_utf8_pair, tmp_path):
+    target, _ = non_utf8_pair
+    missing = os.fsdecode(bytes(tmp_path) + b"/gone\xff.gguf")
+    result = speccli("chat", "-m", target, "-md", missing, "-p", "hello")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [f"error: {bytes(tmp_path).decode()}/gone\\udcff.gguf: no such file"]
+
+
+# --- 17: a loop of symbolic links ---------------------------------------------------------------------
+
+
+def test_a_symlink_loop_is_named_as_such_not_as_a_missing_file(tmp_path):
+    (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
+    (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
+    (tmp_path / "dangling.gguf").symlink_to(tmp_path / "gone.gguf")
+    for read in (check_readable, lambda path: read_gguf_metadata(path, lambda key: True)):
+        with pytest.raises(UnreadableFileError, match=r"a\.gguf: a loop of symbolic links, not a file$"):
+            read(tmp_path / "a.gguf")
+        with pytest.raises(UnreadableFileError, match=r"dangling\.gguf: a symbolic link to .*gone\.gguf, which does not exist$"):
+            read(tmp_path / "dangling.gguf")
+
+
+# --- 6: Ctrl-C while a model loads -----------------------------------------------------------------------
+
+
+def test_ctrl_c_during_model_load_exits_130_promptly_without_a_traceback(tiny_pair):
+    """SIGINT is sent as soon as llama.cpp logs that it began reading the first model, so it lands
+    while llama.cpp, not Python, is running: the case the log callback used to swallow."""
+    command = [sys.executable, "-m", "speccli", "chat", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft),
+               "-t", "1", "-c", "256", "-p", "hello"]
+    env = dict(os.environ, SPECCLI_LLAMA_LOG="1", PYTHONPATH=str(REPO))
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = []
+    for line in process.stderr:
+        log.append(line)
+        if b"llama_model_loader:" in line:
+            process.send_signal(signal.SIGINT)
+            sent = time.perf_counter()
+            break
+    else:
+        pytest.fail("llama.cpp never logged the model load: " + b"".join(log).decode(errors="replace"))
+    stdout, rest = process.communicate(timeout=30)
+    stopped_after = time.perf_counter() - sent
+    log_text = (b"".join(log) + rest).decode(errors="replace")
+    assert process.returncode == 130, log_text[-2000:]
+    assert "Traceback" not in log_text and "Exception ignored" not in log_text
+    assert stdout == b""  # no reply: it stopped before generating
+    assert stopped_after < 5

@@ -1,0 +1,125 @@
+"""speccli.gguf_meta against gguf.GGUFReader, the reference reader, on real files: every key, every
+value, the tensor count.
+
+The files: the Gemma 3 270M model (262,144-token vocabulary) and vocabulary-only GGUF files of
+llama.cpp's own tests (`vendor/llama.cpp/models/ggml-vocab-*.gguf` in the llama-cpp-python sdist).
+GGUFReader costs about a second per 10k tokens (all 19 files: 3.5 minutes), so four small ones
+stand for the tokenizer families: SPM, WPM, and BPE with two architectures. The sdist is fetched
+once with pip into ~/.cache/speccli/test-data (57 s here, most of it pip preparing the sdist's
+metadata; 75 MB kept: the vocab files only); without the network the tests skip, saying why.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGUFReader, GGUFValueType
+
+from speccli.gguf_meta import read_gguf_metadata
+
+LLAMA_CPP_PYTHON = version("llama_cpp_python")
+TEST_DATA = Path.home() / ".cache" / "speccli" / "test-data"
+VOCAB_DIR = TEST_DATA / f"llama-cpp-python-{LLAMA_CPP_PYTHON}-vocab"
+COMPARED = {  # file -> (architecture, tokenizer model)
+    "ggml-vocab-llama-spm.gguf": ("llama", "llama"),
+    "ggml-vocab-bert-bge.gguf": ("bert", "bert"),
+    "ggml-vocab-gpt-2.gguf": ("gpt2", "gpt2"),
+    "ggml-vocab-deepseek-coder.gguf": ("llama", "gpt2"),
+}
+
+
+def extract_vocab_files(sdist: Path, destination: Path) -> None:
+    """Only `models/ggml-vocab-*.gguf` from the sdist; written to a temporary folder and renamed,
+    so an interrupted extraction never passes for a complete one."""
+    partial = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".partial-"))
+    try:
+        with tarfile.open(sdist) as archive:
+            for member in archive.getmembers():
+                name = Path(member.name).name
+                if member.isfile() and "/vendor/llama.cpp/models/" in member.name and name.startswith("ggml-vocab-") \
+                        and name.endswith(".gguf"):
+                    source = archive.extractfile(member)
+                    assert source is not None
+                    with source, (partial / name).open("wb") as target:
+                        shutil.copyfileobj(source, target)
+        partial.rename(destination)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vocab_dir() -> Path:
+    if not VOCAB_DIR.is_dir():
+        VOCAB_DIR.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=VOCAB_DIR.parent) as download:
+            fetched = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                 f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", download],
+                capture_output=True, text=True, timeout=900,
+            )
+            if fetched.returncode != 0:
+                pytest.skip(f"could not download the llama-cpp-python {LLAMA_CPP_PYTHON} sdist with pip: "
+                            f"{(fetched.stderr.strip().splitlines() or ['no output'])[-1]}")
+            (sdist,) = Path(download).glob("*.tar.gz")
+            extract_vocab_files(sdist, VOCAB_DIR)
+    return VOCAB_DIR
+
+
+def reference_metadata(path: Path) -> tuple[dict[str, Any], int]:
+    """What gguf.GGUFReader reads, in gguf_meta's shapes: str, bytes per array string, numpy arrays."""
+    reader = GGUFReader(path)
+    metadata = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):  # the reader's own header pseudo-fields
+            continue
+        main_type = field.types[0]
+        if main_type == GGUFValueType.ARRAY and field.types[-1] == GGUFValueType.STRING:
+            metadata[key] = [bytes(field.parts[index]) for index in field.data]
+        elif main_type == GGUFValueType.ARRAY:
+            metadata[key] = np.concatenate([field.parts[index] for index in field.data]) if field.data else None
+        elif main_type == GGUFValueType.STRING:
+            metadata[key] = bytes(field.parts[-1]).decode("utf-8", errors="replace")
+        else:
+            metadata[key] = field.parts[-1][0]
+    return metadata, len(reader.tensors)
+
+
+def assert_same_metadata(path: Path) -> None:
+    ours, tensor_count = read_gguf_metadata(path, lambda key: True)
+    reference, reference_tensor_count = reference_metadata(path)
+    assert list(ours) == list(reference)  # same keys, in file order
+    assert tensor_count == reference_tensor_count
+    for key, expected in reference.items():
+        value = ours[key]
+        if isinstance(expected, np.ndarray):
+            assert isinstance(value, np.ndarray) and value.dtype == expected.dtype, key
+            assert np.array_equal(value, expected, equal_nan=True), key
+        elif expected is None:  # an empty numeric array
+            assert isinstance(value, np.ndarray) and value.size == 0, key
+        else:
+            assert type(value) is type(expected.item() if isinstance(expected, np.generic) else expected), key
+            assert value == expected or (value != value and expected != expected), key  # NaN equals NaN here
+
+
+@pytest.mark.parametrize("name", COMPARED)
+def test_llama_cpp_vocab_file_reads_the_same_as_gguf_reader(vocab_dir, name):
+    path = vocab_dir / name
+    assert_same_metadata(path)
+    metadata, _ = read_gguf_metadata(path, lambda key: key in ("general.architecture", "tokenizer.ggml.model"))
+    assert (metadata["general.architecture"], metadata["tokenizer.ggml.model"]) == COMPARED[name]
+
+
+@pytest.mark.gemma
+def test_gemma_reads_the_same_as_gguf_reader():
+    """One GGUFReader read of the 262k-token vocabulary (about 10 s), every key compared."""
+    from speccli.models.registry import load_registry, resolve_model
+
+    assert_same_metadata(resolve_model("gemma3-270m-q4km", load_registry(), quiet=True))
