@@ -669,14 +669,14 @@ def file_info(name: str, path: Path) -> dict[str, Any]:
 
 
 def _sha_cache_file() -> Path:
-    from speccli.models.registry import model_cache_dir
+    from speccli.util.cache import model_cache_dir
 
     return model_cache_dir().parent / "sha256-cache.json"
 
 
 def cached_sha256(path: Path) -> str:
     """sha256 of a file, remembered by (resolved path, size, mtime) so a 1 GB model is hashed once."""
-    from speccli.models.registry import sha256_of
+    from speccli.util.hashing import sha256_of
 
     resolved = path.resolve()
     stat = resolved.stat()
@@ -768,7 +768,7 @@ def build_report(
 
 def write_text_atomically(path: Path, text: str) -> None:
     """Readers never see a half-written file (the registry's builds use the same mechanism)."""
-    from speccli.models.registry import build_atomically
+    from speccli.util.files import build_atomically
 
     build_atomically(path, lambda partial: partial.write_text(text, encoding="utf-8"))
 
@@ -808,7 +808,7 @@ def _spread_text(s: dict[str, float] | None, digits: int = 1, suffix: str = "") 
 
 
 def _size(n: int) -> str:
-    from speccli.models.registry import format_size
+    from speccli.util.format import format_size
 
     return format_size(n)
 
