@@ -380,13 +380,13 @@ def test_two_cold_runs_at_once_build_a_derived_model_once(tmp_path):
         tmp_path / "derived.toml",
         '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n',
     )
-    # Each process reports whether it found the file already built once it held the build lock.
+    # Each process counts the builds it ran; a build takes over a second, so the two runs overlap.
     script = (
-        "import sys, speccli.util.files as files, speccli.models.sources as sources\n"
+        "import time, speccli.models.sources as sources\n"
         "from speccli.models.registry import load_registry, resolve_model\n"
         "built = []\n"
         "original = sources.derive_gguf\n"
-        "sources.derive_gguf = lambda *a: built.append(1) or original(*a)\n"
+        "sources.derive_gguf = lambda *a: built.append(1) or time.sleep(1.5) or original(*a)\n"
         f"resolve_model('half', load_registry({str(config)!r}), quiet=True)\n"
         "print(len(built))\n"
     )

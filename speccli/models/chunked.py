@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from speccli.errors import SpeccliError
 from speccli.models.schema import TomlTable
