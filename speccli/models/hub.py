@@ -52,6 +52,7 @@ class HubSource:
 
     key: ClassVar[str] = "hf"
     requires: ClassVar[tuple[str, ...]] = ()
+    fetched: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, entry: TomlTable) -> HubSource:

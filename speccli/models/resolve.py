@@ -9,7 +9,7 @@ from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, PairEntry, Registry, unknown_name
-from speccli.models.sources import LocalSource, describe_missing
+from speccli.models.sources import describe_missing
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, 
     (a cached one is used without asking the network); without, it must already be on disk."""
     files = RegistryFiles(registry)
     if name_or_path in registry.models:
-        if fetch or isinstance(registry.models[name_or_path].source, LocalSource):
+        if fetch or not registry.models[name_or_path].source.fetched:
             return files.obtain(name_or_path, update=False, quiet=quiet)[0]
         cached = files.cached(name_or_path)
         if cached is None:

@@ -44,6 +44,7 @@ class ModelFiles(Protocol):
 class ModelSource(Protocol):
     key: ClassVar[str]  # the models.toml key that selects this source
     requires: tuple[str, ...]  # other models this one is made from
+    fetched: ClassVar[bool]  # whether obtaining it downloads or builds (False: the file is there or missing)
 
     @classmethod
     def parse(cls, entry: TomlTable) -> ModelSource: ...
@@ -64,6 +65,7 @@ class LocalSource:
 
     key: ClassVar[str] = "path"
     requires: ClassVar[tuple[str, ...]] = ()
+    fetched: ClassVar[bool] = False
 
     @classmethod
     def parse(cls, entry: TomlTable) -> LocalSource:
@@ -105,6 +107,7 @@ class PackageSource:
 
     key: ClassVar[str] = "package"
     requires: ClassVar[tuple[str, ...]] = ()
+    fetched: ClassVar[bool] = True
 
     @classmethod
     def parse(cls, entry: TomlTable) -> PackageSource:
@@ -167,6 +170,7 @@ class DerivedSource:
     ftype: str
 
     key: ClassVar[str] = "derive"
+    fetched: ClassVar[bool] = True
 
     @property
     def requires(self) -> tuple[str, ...]:
