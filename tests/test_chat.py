@@ -20,7 +20,8 @@ from gguf import TokenType
 from typer.testing import CliRunner
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.chat.session import ChatSession, Conversation, TemplateFormat, chat_format_for
+from speccli.chat.session import ChatSession, Conversation
+from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
 from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel
 from speccli.core.stats import RunStats, Source, StepEvent

@@ -11,7 +11,8 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import Source, TokenEvent
 from speccli.core.parting import find_parting
-from speccli.models.registry import load_registry, resolve_pair
+from speccli.models.config import load_registry
+from speccli.models.resolve import resolve_pair
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.policy import AutoK, FixedK

@@ -120,6 +120,7 @@ def test_llama_cpp_vocab_file_reads_the_same_as_gguf_reader(vocab_dir, name):
 @pytest.mark.gemma
 def test_gemma_reads_the_same_as_gguf_reader():
     """One GGUFReader read of the 262k-token vocabulary (about 10 s), every key compared."""
-    from speccli.models.registry import load_registry, resolve_model
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
 
     assert_same_metadata(resolve_model("gemma3-270m-q4km", load_registry(), quiet=True))

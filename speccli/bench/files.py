@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
 from speccli.errors import SpeccliError
-from speccli.models.registry import build_atomically
+from speccli.util.files import build_atomically
 
 STDOUT_NAME = "-"
 

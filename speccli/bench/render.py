@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speccli.bench.report import BenchReport, BestK, GreedyCheck, KResult, Spread, Summary, TimeSplit
-from speccli.models.registry import format_size
+from speccli.util.format import format_size
 
 _COLUMNS = (
     ("tokens\nA/B", "right"),

@@ -25,16 +25,13 @@ import threading
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Iterator
 
-import jinja2
-import jinja2.ext
 import numpy as np
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from speccli.llama.model import Model
 from speccli.llama.tokenizer import Tokenizer
+from speccli.chat.template import ChatFormat, Message, chat_format_for
 from speccli.chat.view import Display, Mode
 from speccli.core.generator import GenerationLimits, Generator, common_prefix_length
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
@@ -53,82 +50,6 @@ COMMANDS = {
     "/help": "this list",
     "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
 }
-
-Message = dict[str, str]
-
-
-# --- turning messages into text --------------------------------------------------------------
-
-
-class ChatFormat(Protocol):
-    stop: tuple[str, ...]  # strings that end a reply, besides the model's end-of-generation tokens
-    parse_special: bool  # whether special-token text in the rendering means the special token
-
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str: ...
-
-
-class TemplateFormat:
-    """The GGUF's own Jinja chat template, rendered the way llama-cpp-python's Jinja2ChatFormatter does."""
-
-    stop = ()  # the template's end-of-turn token is an end-of-generation token
-    parse_special = True
-
-    def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
-        environment = ImmutableSandboxedEnvironment(
-            loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-        )
-        self._template = environment.from_string(template)
-        self._bos_token = bos_token
-        self._eos_token = eos_token
-
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        def raise_exception(message: str) -> None:
-            raise SpeccliError(f"the chat template refused the conversation: {message}")
-
-        try:
-            return self._template.render(
-                messages=list(messages),
-                bos_token=self._bos_token,
-                eos_token=self._eos_token,
-                add_generation_prompt=add_generation_prompt,
-                raise_exception=raise_exception,
-                strftime_now=lambda format: datetime.now().strftime(format),
-            )
-        except jinja2.TemplateError as error:
-            raise SpeccliError(f"the chat template failed: {error}") from None
-
-
-class PlainTranscript:
-    """For models without a template (base models): "User: ..." / "Assistant: ..." lines."""
-
-    stop = ("\nUser:",)
-    parse_special = False
-
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        parts = []
-        for message in messages:
-            if message["role"] == "system":
-                parts.append(f"{message['content']}\n\n")
-            elif message["role"] == "user":
-                parts.append(f"User: {message['content']}\n")
-            else:
-                # The reply as generated (usually with its leading space), so the transcript
-                # re-renders to exactly the text the model saw.
-                parts.append(f"Assistant:{message['content']}\n")
-        if add_generation_prompt:
-            parts.append("Assistant:")
-        return "".join(parts)
-
-
-def chat_format_for(tokenizer: Tokenizer) -> tuple[ChatFormat, str | None]:
-    """The format to use and, when it is the fallback, why (to tell the user once)."""
-    template = tokenizer.chat_template
-    if not template:
-        return PlainTranscript(), "the target has no chat template (a base model?)"
-    try:
-        return TemplateFormat(template, tokenizer.token_text(tokenizer.bos_id), tokenizer.token_text(tokenizer.eos_id)), None
-    except jinja2.TemplateError as error:
-        return PlainTranscript(), f"the target's chat template does not parse ({error})"
 
 
 # --- the conversation and its tokens --------------------------------------------------------------

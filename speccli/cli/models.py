@@ -12,7 +12,8 @@ def models(config: ConfigOption = None) -> None:
     """List the named models (source, size on disk, cached or not, pairs) and the pairs."""
     from rich.console import Console
 
-    from speccli.models.registry import load_registry, registry_tables
+    from speccli.models.config import load_registry
+    from speccli.models.status import registry_tables
 
     Console().print(registry_tables(load_registry(config)))
 
@@ -22,7 +23,8 @@ def pull(
     config: ConfigOption = None,
 ) -> None:
     """Download or build models into the local caches, with progress; prints each model's file."""
-    from speccli.models.registry import load_registry, pull_models
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import pull_models
 
     for name, path in pull_models(load_registry(config), names):
         typer.echo(f"{name}: {path}")

@@ -22,7 +22,8 @@ def check_vocab(
     from rich.console import Console
     from rich.text import Text
 
-    from speccli.models.registry import load_registry, resolve_model
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
     from speccli.vocab.check import Verdict, check_pair
 
     try:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from speccli.llama.model import LoadOptions, Model
 from speccli.errors import SpeccliError
-from speccli.models.registry import ResolvedPair, load_registry, resolve_pair
+from speccli.models.config import load_registry
+from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.vocab.check import ensure_compatible
 
 

@@ -1,0 +1,33 @@
+"""A GGUF's Jinja chat template, rendered by llama-cpp-python's own Jinja2ChatFormatter, so that
+speccli's prompts are exactly those `Llama.create_chat_completion` would build (the same sandbox,
+`{% generation %}` tags, `tojson`, `strftime_now`, `raise_exception`)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jinja2
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from speccli.errors import SpeccliError
+
+
+class TemplateSyntaxError(SpeccliError):
+    """The template does not parse: the caller may fall back to another format."""
+
+
+class ChatTemplate:
+    def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
+        try:
+            self._with_prompt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
+            self._without_prompt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=False)
+        except jinja2.TemplateError as error:
+            raise TemplateSyntaxError(f"the chat template does not parse ({error})") from None
+
+    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
+        formatter = self._with_prompt if add_generation_prompt else self._without_prompt
+        try:
+            return formatter(messages=list(messages)).prompt
+        except ValueError as error:  # the template's raise_exception(...)
+            raise SpeccliError(f"the chat template refused the conversation: {error}") from None
+        except jinja2.TemplateError as error:
+            raise SpeccliError(f"the chat template failed: {error}") from None

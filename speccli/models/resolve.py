@@ -1,0 +1,116 @@
+"""From names to files: a registry name or a path to its GGUF, a pair to its two files, and `pull`.
+Each source knows how to find and obtain its own files (sources.py, hub.py, chunked.py)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, PairEntry, Registry, unknown_name
+from speccli.models.sources import describe_missing
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    name: str | None  # None when --target and --draft were both given without a pair
+    target_name: str  # a registry name, or the path as given
+    draft_name: str
+    target_path: Path
+    draft_path: Path
+    k: int
+    target_n_gpu_layers: int
+    draft_n_gpu_layers: int
+
+
+class RegistryFiles:
+    """The registry's models as files: what is on disk (`cached`), and getting it there (`obtain`).
+    Each returns the model's files, the one llama.cpp loads first."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+
+    def cached(self, name: str) -> list[Path] | None:
+        entry = self.registry.models[name]
+        return entry.source.cached_files(entry, self)
+
+    def obtain(self, name: str, *, update: bool, quiet: bool) -> list[Path]:
+        entry = self.registry.models[name]
+        return entry.source.obtain(entry, self, update=update, quiet=quiet)
+
+
+def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, quiet: bool = False) -> Path:
+    """The GGUF file for a registry name or a path. With fetch, a missing model is downloaded or built
+    (a cached one is used without asking the network); without, it must already be on disk."""
+    files = RegistryFiles(registry)
+    if name_or_path in registry.models:
+        if fetch or not registry.models[name_or_path].source.fetched:
+            return files.obtain(name_or_path, update=False, quiet=quiet)[0]
+        cached = files.cached(name_or_path)
+        if cached is None:
+            raise SpeccliError(f"model '{name_or_path}' is not on disk yet; `speccli pull {name_or_path}` fetches it")
+        return cached[0]
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    if os.path.lexists(path) or _looks_like_path(name_or_path):
+        raise UnreadableFileError(f"{name_or_path}: {describe_missing(path)}")
+    raise SpeccliError(unknown_name("model", name_or_path, registry.models, " (and no file by that name)"))
+
+
+def _looks_like_path(text: str) -> bool:
+    # Registry names never hold a separator; an unknown name that reads like a file was meant as one.
+    return os.sep in text or "/" in text or text.startswith("~") or text.endswith(".gguf")
+
+
+def resolve_pair(
+    pair_name: str | None,
+    target: str | None,
+    draft: str | None,
+    registry: Registry,
+    *,
+    fetch: bool = True,
+    quiet: bool = False,
+) -> ResolvedPair:
+    """The pair to run: `pair_name` (default: the registry's default_pair) with `target`/`draft`
+    (registry names or paths) overriding its members. Both overrides and no pair name: an ad-hoc
+    pair with the default k and GPU offload."""
+    pair: PairEntry | None = None
+    if pair_name is not None or target is None or draft is None:
+        name = pair_name or registry.default_pair
+        if name is None:
+            raise SpeccliError("no pair given and no default_pair in models.toml; name a pair, or give both a target and a draft")
+        if name not in registry.pairs:
+            detail = " (it is a model: give it as --target or --draft)" if name in registry.models else ""
+            raise SpeccliError(unknown_name("pair", name, registry.pairs, detail))
+        pair = registry.pairs[name]
+    target_name = target or pair.target
+    draft_name = draft or pair.draft
+    return ResolvedPair(
+        name=pair.name if pair else None,
+        target_name=target_name,
+        draft_name=draft_name,
+        target_path=resolve_model(target_name, registry, fetch=fetch, quiet=quiet),
+        draft_path=resolve_model(draft_name, registry, fetch=fetch, quiet=quiet),
+        k=pair.k if pair else DEFAULT_K,
+        target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
+        draft_n_gpu_layers=pair.draft_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
+    )
+
+
+def pull_models(registry: Registry, names: Iterable[str], *, quiet: bool = False) -> Iterator[tuple[str, Path]]:
+    """Download or build each named model (a pair name stands for its target and draft), checking the
+    Hugging Face Hub for a newer file at the entry's revision. Every name is checked before any work."""
+    wanted: list[str] = []
+    for name in names:
+        if name in registry.models:
+            members = [name]
+        elif name in registry.pairs:
+            members = [registry.pairs[name].target, registry.pairs[name].draft]
+        else:
+            raise SpeccliError(unknown_name("model or pair", name, [*registry.models, *registry.pairs]))
+        wanted.extend(member for member in members if member not in wanted)
+    files = RegistryFiles(registry)
+    for name in wanted:
+        yield name, files.obtain(name, update=True, quiet=quiet)[0]

@@ -1,0 +1,67 @@
+"""`speccli models`: what each registry entry is, whether it is on disk, and the pairs (disk only, no network)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Group
+from rich.table import Table
+
+from speccli.models.config import Registry
+from speccli.models.resolve import RegistryFiles
+from speccli.util.format import format_size
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    name: str
+    source: str
+    path: Path | None  # the file llama.cpp loads, when it is on disk
+    size_bytes: int | None  # all of the model's files, when on disk
+    pairs: tuple[str, ...]
+
+
+def model_statuses(registry: Registry) -> list[ModelStatus]:
+    files = RegistryFiles(registry)
+    statuses = []
+    for name, entry in registry.models.items():
+        cached = files.cached(name)
+        in_pairs = tuple(pair.name for pair in registry.pairs.values() if name in (pair.target, pair.draft))
+        statuses.append(
+            ModelStatus(
+                name=name,
+                source=entry.source.describe(),
+                path=cached[0] if cached else None,
+                size_bytes=sum(file.stat().st_size for file in cached) if cached else None,
+                pairs=in_pairs,
+            )
+        )
+    return statuses
+
+
+def registry_tables(registry: Registry) -> Group:
+    """The models (source, size on disk, cached or not, pairs) and the pairs."""
+    models = Table(title="Models", title_justify="left")
+    for column in ("name", "source", "size", "cached", "pairs"):
+        models.add_column(column, overflow="fold")
+    for status in model_statuses(registry):
+        models.add_row(
+            status.name,
+            status.source,
+            format_size(status.size_bytes),
+            "yes" if status.path else "no",
+            ", ".join(status.pairs),
+        )
+    pairs = Table(title="Pairs", title_justify="left")
+    for column in ("name", "target", "draft", "k", "gpu layers (target/draft)"):
+        pairs.add_column(column, overflow="fold")
+    for pair in registry.pairs.values():
+        default = " (default)" if pair.name == registry.default_pair else ""
+        pairs.add_row(
+            pair.name + default,
+            pair.target,
+            pair.draft,
+            str(pair.k),
+            f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
+        )
+    return Group(models, pairs)

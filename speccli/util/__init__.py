@@ -1,0 +1,1 @@
+"""Small helpers several packages share: atomic files, hashing, cache locations, size formatting."""

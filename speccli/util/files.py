@@ -1,0 +1,99 @@
+"""Files that only ever appear complete: written under a temporary name beside the destination,
+flushed to disk, then renamed over it; clearing the temporary files of builds that were killed; and
+a lock so that concurrent runs build a file once."""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; concurrent builds then only cost time
+    fcntl = None
+
+from speccli.errors import SpeccliError
+from speccli.util.cache import speccli_cache_dir
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def partial_path(dest: Path) -> Path:
+    """This process's temporary name for `dest`; the pid tells a live build's file from an abandoned one."""
+    return dest.with_name(f"{dest.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+
+
+def build_atomically(dest: Path, write: Callable[[Path], object], *, check: Callable[[Path], None] | None = None) -> Path:
+    """Call write(partial) on a temporary path beside `dest`, optionally check(partial), then fsync it
+    and rename it to `dest` (and fsync the folder, so the rename survives a power cut). A build that
+    fails, is refused by `check`, or is killed never leaves a file at `dest`: the next run builds again."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_partials(dest)
+    partial = partial_path(dest)
+    try:
+        write(partial)
+        if not partial.is_file():
+            raise SpeccliError(f"building {dest} produced no file")
+        if check is not None:
+            check(partial)
+        fsync_file(partial)
+        os.replace(partial, dest)
+        fsync_directory(dest.parent)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def fsync_file(path: Path) -> None:
+    with path.open("rb") as stream:
+        os.fsync(stream.fileno())
+
+
+def fsync_directory(directory: Path) -> None:
+    if os.name == "nt":
+        return  # directories cannot be opened for fsync on Windows; NTFS journals the rename
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def remove_abandoned_partials(dest: Path) -> None:
+    """Temporary files of builds of `dest` whose process is gone (killed mid-write); a live build's is kept."""
+    for partial in dest.parent.glob(f"{dest.name}.*{PARTIAL_SUFFIX}"):
+        pid_text = partial.name[len(dest.name) + 1 : -len(PARTIAL_SUFFIX)]
+        if pid_text.isdigit() and (int(pid_text) == os.getpid() or not process_alive(int(pid_text))):
+            partial.unlink(missing_ok=True)
+
+
+def process_alive(pid: int) -> bool:
+    if os.name == "nt":
+        return True  # os.kill(pid, 0) would terminate it on Windows; keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+@contextmanager
+def build_lock(dest: Path) -> Iterator[None]:
+    """Held while `dest` is built, so that two runs started together build it once: the second
+    waits, then finds the file. (An advisory lock; released by the OS if the holder dies.)"""
+    # Kept apart from the builds, so a model's folder holds only its files; named by the destination.
+    lock_file = speccli_cache_dir() / "locks" / f"{hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:24]}.lock"
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        if fcntl is not None:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(handle, fcntl.LOCK_UN)
