@@ -15,6 +15,8 @@ import secrets
 from speccli.errors import SpeccliError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
+AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
+SPECS = ("model", "ngram", "ngram+model")  # draft sources: a draft model, n-gram lookup, lookup then model
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
 
@@ -26,27 +28,35 @@ def check_k(k: int, name: str = "--k") -> int:
     return k
 
 
-def parse_k(text: str, name: str = "--k") -> int:
-    """K as typed (`/k 4`); the single place where spellings other than a number will be added."""
+def parse_k(text: str | int, name: str = "--k") -> int | None:
+    """K as typed (`--k 4`, `/k auto`, `k = 4` in models.toml): a whole number from 1 to MAX_K, or
+    'auto' (None: chosen per step)."""
+    if isinstance(text, str) and text.strip() == AUTO_K:
+        return None
     try:
         k = int(text)
     except ValueError:
-        raise SpeccliError(f"{name} needs a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
+        raise SpeccliError(f"{name} needs 'auto' or a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
     return check_k(k, name)
 
 
-def parse_k_sweep(text: str, name: str = "--k") -> list[int]:
-    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; items may mix: '1-3,8'. Sorted, unique."""
-    usage = "give a number (4), a list (1,2,4,8) or a range (1-8)"
+def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
+    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; 'auto,1,4' -> [None, 1, 4] (None: auto,
+    first); items may mix: '1-3,8'. Sorted, unique."""
+    usage = "give auto, a number (4), a list (auto,1,2,4) or a range (1-8)"
     if not text.strip():
         raise SpeccliError(f"{name} is empty; {usage}")
     values: set[int] = set()
+    auto = False
     for item in text.split(","):
         item = item.strip()
+        if item == AUTO_K:
+            auto = True
+            continue
         # Numbers may be negative ('-1' is K = -1, refused by check_k below, not a broken range).
         match = re.fullmatch(r"(-?\d+)(?:\s*-\s*(-?\d+))?", item)
         if not match:
-            raise SpeccliError(f"{name} {text!r}: {item!r} is not a number or a range; {usage}")
+            raise SpeccliError(f"{name} {text!r}: {item!r} is not auto, a number or a range; {usage}")
         low = int(match[1])
         high = low if match[2] is None else int(match[2])
         if low > high:
@@ -54,7 +64,24 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[int]:
         for value in (low, high):
             check_k(value, f"{name} {text!r}: K")
         values.update(range(low, high + 1))
-    return sorted(values)
+    return [None] * auto + sorted(values)
+
+
+def check_spec(text: str, name: str = "--spec") -> str:
+    """A draft source: model, ngram or ngram+model."""
+    if text not in SPECS:
+        raise SpeccliError(f"{name} must be one of {', '.join(SPECS)}, got {text!r}")
+    return text
+
+
+def needs_draft_model(spec: str) -> bool:
+    return "model" in spec.split("+")
+
+
+def parse_spec_list(text: str, name: str = "--spec") -> list[str]:
+    """'ngram' -> ['ngram']; 'model,ngram' -> both, in the order given, each once."""
+    specs = [check_spec(item.strip(), name) for item in text.split(",")]
+    return list(dict.fromkeys(specs))
 
 
 def _finite(value: float, name: str) -> float:

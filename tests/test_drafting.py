@@ -11,8 +11,9 @@ from speccli.drafting.base import Draft, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK, VerifyCosts
-from speccli.drafting.specs import check_spec, make_drafter, needs_draft_model, parse_k
+from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
+from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -206,10 +207,15 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     assert not needs_draft_model("ngram")
     with pytest.raises(SpeccliError, match=r"--spec must be one of model, ngram, ngram\+model, got 'tree'"):
         check_spec("tree")
+    assert parse_spec_list("ngram, model,ngram") == ["ngram", "model"]
     assert parse_k("auto") is None and parse_k("8") == 8 and parse_k(3) == 3
-    for bad, shown in [("0", "0"), ("65", "65"), ("-1", "-1"), ("abc", "'abc'"), ("2.5", "'2.5'")]:
-        with pytest.raises(SpeccliError, match=rf"--k must be 'auto' or an integer from 1 to 64, got {shown}$"):
+    for bad in ["0", "65", "-1"]:
+        with pytest.raises(SpeccliError, match=rf"--k \(draft tokens per step\) must be between 1 and 64, got {bad}$"):
             parse_k(bad)
+    for bad in ["abc", "2.5", ""]:
+        with pytest.raises(SpeccliError, match=r"--k needs 'auto' or a whole number from 1 to 64, got '"):
+            parse_k(bad)
+    assert parse_k_sweep("4,auto,1-2") == [None, 1, 2, 4]
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
         make_drafter("model", None)
     assert make_drafter("ngram", None).name == "ngram"

@@ -106,7 +106,7 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
-    assert (gemma.k, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == (4, -1, -1)
+    assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == (None, "ngram+model", -1, -1)
     assert registry.models[gemma.draft].source == reg.PackageSource(GEMMA_PACKAGE)
     assert registry.models[gemma.target].source == reg.DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
@@ -180,9 +180,11 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ("[models.foo]\npath = \"\"\n", "models.foo.path: expected a non-empty string, got an empty string"),
         ("models = 1\n", "models: expected a table, got an integer"),
         ('[models."a/b"]\npath = "x"\n', 'models."a/b": names may hold only letters'),
-        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = \"4\"\n", "pairs.p.k: expected an integer, got a string"),
-        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 0\n", "pairs.p.k: must be at least 1, got 0"),
-        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected an integer, got a boolean"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = \"4\"\n", "pairs.p.k: expected 'auto' or an integer, got a string"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 0\n", r"pairs.p.k (draft tokens per step) must be between 1 and 64, got 0"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected 'auto' or an integer, got a boolean"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 65\n", "pairs.p.k (draft tokens per step) must be between 1 and 64, got 65"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nspec = \"tree\"\n", "pairs.p.spec must be one of model, ngram, ngram+model, got 'tree'"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\n", "pairs.p.draft: missing"),
         ("colour = \"blue\"\n", "colour: unknown key; expected 'default_pair', 'models', 'pairs'"),
     ],

@@ -38,12 +38,13 @@ from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEven
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
+from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
     "/reset": "forget the conversation (the system prompt stays)",
-    "/k N": f"draft tokens per target decode, 1 to {MAX_K}",
+    "/k N|auto": f"draft tokens per step: 1 to {MAX_K}, or auto (chosen per step from measured costs)",
     "/temp X": "sampling temperature; 0 is greedy",
     "/system TEXT": "set the system prompt (shows it without TEXT)",
     "/provenance": "toggle coloring tokens by origin",
@@ -164,22 +165,24 @@ class ChatSession:
     def __init__(
         self,
         target: Model,
-        draft: Model,
+        draft: Model | None,
         display: Display,
         *,
         sampling: SamplingParams,
-        k: int,
+        spec: str,
+        k: int | None,
         seed: int | None = None,
         max_tokens: int = 512,
         system: str | None = None,
     ) -> None:
         check_max_tokens(max_tokens, "max tokens")
-        self.generator = Generator(target, draft, sampling, k, seed)
+        self.spec = spec
+        self.generator = Generator(target, make_drafter(spec, draft), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
-        self.n_ctx = min(target.n_ctx, draft.n_ctx)
+        self.n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
         self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0
@@ -260,7 +263,8 @@ class ChatSession:
             self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
         record = {
             "prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens,
-            "k": self.generator.k,
+            "spec": self.spec,
+            "k": self.generator.policy.name,
         }
         self.display.reply_done(record, run, self.target_token_seconds)
         return reply_text
@@ -301,8 +305,8 @@ class ChatSession:
             self.generator.reset()
             self.display.notice("(conversation cleared)")
         elif name == "/k":
-            self.generator.k = parse_k(argument, "/k")
-            self.display.notice(f"(k = {self.generator.k})")
+            self.generator.policy = make_policy(parse_k(argument, "/k"))
+            self.display.notice(f"(k = {self.generator.policy.name})")
         elif name == "/temp":
             sampling = replace(self.generator.sampling, temperature=check_temperature(_parse_float("/temp", argument), "/temp"))
             self.generator.sampling = sampling
@@ -394,7 +398,7 @@ def run_chat(
     request: PairRequest,
     *,
     sampling: SamplingParams,
-    k: int | None,
+    k: str | None,
     seed: int | None,
     max_tokens: int,
     system: str | None,
@@ -415,10 +419,14 @@ def run_chat(
     with open_pair(request) as pair:
         session = ChatSession(
             pair.target, pair.draft, display,
-            sampling=sampling, k=pair.resolved.k if k is None else k, seed=seed, max_tokens=max_tokens, system=system,
+            sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else parse_k(k),
+            seed=seed, max_tokens=max_tokens, system=system,
         )
         resolved = pair.resolved
-        session.announce(f"target {resolved.target_name} · draft {resolved.draft_name} · k={session.generator.k}")
+        drafting = f"draft {resolved.draft_name}" if resolved.draft_name else "no draft model"
+        session.announce(
+            f"target {resolved.target_name} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
+        )
         if message is not None:
             session.send(message)
         else:

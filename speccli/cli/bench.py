@@ -9,15 +9,9 @@ import typer
 
 from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, PairArgument, TargetGpuLayersOption, TargetOption,
-    TemperatureOption, ThreadsOption, checked,
+    TemperatureOption, ThreadsOption, checked, kept_as_typed,
 )
 from speccli.settings import check_seed, parse_k_sweep
-
-
-def _checked_sweep(text: str, name: str) -> str:
-    """Every K judged by the one rule in settings while the line is parsed; passed on as typed."""
-    parse_k_sweep(text, name)
-    return text
 
 
 def bench(
@@ -27,7 +21,7 @@ def bench(
         typer.Option(
             "--k",
             help="Draft tokens per step: 4, or a sweep: a list 1,2,4,8 or a range 1-8 (default: the pair's k).",
-            callback=checked(_checked_sweep),
+            callback=checked(kept_as_typed(parse_k_sweep)),
         ),
     ] = None,
     target: TargetOption = None,

@@ -7,7 +7,8 @@ import typer
 
 from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MaxTokensOption, MinPOption, PairArgument,
-    TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
+    SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
+    kept_as_typed,
 )
 from speccli.settings import check_seed, parse_k
 
@@ -16,11 +17,13 @@ def chat(
     pair: PairArgument = None,
     target: TargetOption = None,
     draft: DraftOption = None,
+    spec: SpecOption = None,
     k: Annotated[
         Optional[str],
         typer.Option(
-            "--k", metavar="K", help="Draft tokens per target decode, 1 to 64 (default: the pair's).",
-            callback=checked(parse_k),
+            "--k", metavar="K",
+            help="Draft tokens per step: auto (chosen per step from measured costs) or 1 to 64 (default: the pair's, else auto).",
+            callback=checked(kept_as_typed(parse_k)),
         ),
     ] = None,
     temperature: TemperatureOption = 0.8,
@@ -63,7 +66,7 @@ def chat(
     from speccli.models.pair import PairRequest
 
     run_chat(
-        PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft),
+        PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft, spec),
         sampling=SamplingParams(temperature, top_k, top_p, min_p),
         k=k,
         seed=seed,

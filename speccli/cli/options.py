@@ -36,6 +36,27 @@ TargetOption = Annotated[
 DraftOption = Annotated[
     Optional[str], typer.Option("--draft", "-md", help="Draft model: registry name or GGUF path (overrides the pair's).")
 ]
+SpecOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--spec", metavar="SOURCE",
+        help="Draft source: model, ngram (no draft model loaded) or ngram+model (default: the pair's, else ngram+model).",
+        callback=checked(settings.check_spec),
+    ),
+]
+
+
+def kept_as_typed(check: Callable[[str, str], Any]) -> Callable[[str, str], str]:
+    """For options whose absence means "the pair's setting": checked while the line is parsed, but
+    passed on as typed, so that 'not given' stays apart from any value (K's None means auto)."""
+
+    def check_and_keep(text: str, name: str) -> str:
+        check(text, name)
+        return text
+
+    return check_and_keep
+
+
 TemperatureOption = Annotated[
     float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.", callback=checked(settings.check_temperature))
 ]

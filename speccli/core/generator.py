@@ -19,10 +19,11 @@ from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, To
 from speccli.core.text import TextAssembler
 from speccli.llama.model import Model
 from speccli.errors import SpeccliError
+from speccli.settings import check_max_tokens
 from speccli.core.sampling import RowBuffer, SamplingParams, probabilities, sample
 from speccli.core.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
 from speccli.drafting.base import Draft, DraftRequest, Drafter
-from speccli.drafting.policy import MAX_K, PROFILED_SIZES, AutoK, KPolicy
+from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
 
 
 
@@ -32,8 +33,7 @@ class GenerationLimits:
     stop: tuple[str, ...] = ()
 
     def validate(self) -> None:
-        if self.max_tokens < 1:
-            raise SpeccliError(f"max tokens must be >= 1, got {self.max_tokens}")
+        check_max_tokens(self.max_tokens, "max tokens")
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -43,11 +43,6 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
             break
         length += 1
     return length
-
-
-def validate_k(k: int) -> None:
-    if not 1 <= k <= MAX_K:
-        raise SpeccliError(f"k (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
 
 
 class Generator:

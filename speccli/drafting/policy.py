@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from speccli.core.stats import StepEvent
+from speccli.settings import MAX_K
 
-MAX_K = 64
 PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts

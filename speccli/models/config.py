@@ -22,7 +22,8 @@ from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
 from speccli.util.cache import user_config_path
 
-DEFAULT_K = 4
+DEFAULT_K = None  # auto: K chosen per step from measured costs
+DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere
 # llama.cpp's n_gpu_layers: -1 offloads every layer where the backend can; CPU-only builds ignore it.
 DEFAULT_N_GPU_LAYERS = -1
 
@@ -30,7 +31,7 @@ DEFAULT_N_GPU_LAYERS = -1
 SOURCE_KINDS: dict[str, type[ModelSource]] = {
     kind.key: kind for kind in (LocalSource, HubSource, PackageSource, ChunkedPackagesSource, DerivedSource)
 }
-_PAIR_KEYS = ("target", "draft", "k", "target_n_gpu_layers", "draft_n_gpu_layers")
+_PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _TOML_ERROR_POSITION = re.compile(r"\(at line (?P<line>\d+), column (?P<column>\d+)\)$")
 
@@ -47,7 +48,8 @@ class PairEntry:
     name: str
     target: str
     draft: str
-    k: int
+    k: int | None  # None: auto
+    spec: str
     target_n_gpu_layers: int
     draft_n_gpu_layers: int
     defined_in: Path
@@ -169,7 +171,8 @@ def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
         name=name,
         target=entry.string("target"),
         draft=entry.string("draft"),
-        k=entry.integer("k", default=DEFAULT_K, minimum=1),
+        k=entry.k("k"),
+        spec=entry.spec("spec", default=DEFAULT_SPEC),
         target_n_gpu_layers=entry.integer("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS, minimum=-1),
         draft_n_gpu_layers=entry.integer("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS, minimum=-1),
         defined_in=file,

@@ -1,8 +1,8 @@
-"""From what the user named (a pair, or --target/--draft) to two loaded models, checked first.
+"""From what the user named (a pair, or --target/--draft, and --spec) to loaded models, checked first.
 
 Chat and bench both start here: resolve names through the registry, refuse a pair whose
 vocabularies make exact speculative decoding impossible (metadata only, before any weights are
-read), then load both models.
+read), then load the target and, when the draft source needs one, the draft model.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.errors import SpeccliError
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
+from speccli.settings import check_ctx, check_gpu_layers, check_spec, check_threads
 from speccli.vocab.check import ensure_compatible
 
 
@@ -26,24 +26,27 @@ class PairRequest:
     n_threads: int | None = None
     target_n_gpu_layers: int | None = None  # None: the pair's setting from models.toml
     draft_n_gpu_layers: int | None = None
+    spec: str | None = None  # the draft source; None: the pair's
 
     def validate(self) -> None:
-        """Cheap checks, before any file is read. (llama.cpp would take --ctx 0 to mean the model's
-        whole training context, which can be gigabytes of KV cache.)"""
-        if self.n_ctx < 16:
-            raise SpeccliError(f"--ctx must be at least 16 tokens, got {self.n_ctx}")
-        if self.n_threads is not None and self.n_threads < 1:
-            raise SpeccliError(f"--threads must be >= 1, got {self.n_threads}")
+        """Cheap checks, before any file is read (the same ones the command line runs as it parses)."""
+        check_ctx(self.n_ctx)
+        check_threads(self.n_threads)
+        check_gpu_layers(self.target_n_gpu_layers, "--ngl")
+        check_gpu_layers(self.draft_n_gpu_layers, "--ngl-draft")
+        if self.spec is not None:
+            check_spec(self.spec)
 
 
 @dataclass
 class LoadedPair:
     resolved: ResolvedPair
     target: Model
-    draft: Model
+    draft: Model | None  # None when the draft source needs no model
 
     def close(self) -> None:
-        self.draft.close()
+        if self.draft is not None:
+            self.draft.close()
         self.target.close()
 
     def __enter__(self) -> LoadedPair:
@@ -55,8 +58,9 @@ class LoadedPair:
 
 def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
     registry = load_registry(request.config)
-    resolved = resolve_pair(request.pair, request.target, request.draft, registry, quiet=quiet)
-    ensure_compatible(resolved.draft_path, resolved.target_path)
+    resolved = resolve_pair(request.pair, request.target, request.draft, registry, spec=request.spec, quiet=quiet)
+    if resolved.draft_path is not None:
+        ensure_compatible(resolved.draft_path, resolved.target_path)
     return resolved
 
 
@@ -68,6 +72,8 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
         return LoadOptions(n_ctx=request.n_ctx, n_threads=request.n_threads, n_gpu_layers=layers)
 
     target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers))
+    if resolved.draft_path is None:
+        return LoadedPair(resolved, target, None)
     try:
         draft = Model(resolved.draft_path, options(request.draft_n_gpu_layers, resolved.draft_n_gpu_layers))
     except BaseException:

@@ -8,18 +8,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, PairEntry, Registry, unknown_name
+from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
+from speccli.settings import needs_draft_model
 
 
 @dataclass(frozen=True)
 class ResolvedPair:
     name: str | None  # None when --target and --draft were both given without a pair
     target_name: str  # a registry name, or the path as given
-    draft_name: str
+    draft_name: str | None
     target_path: Path
-    draft_path: Path
-    k: int
+    draft_path: Path | None  # None when the draft source needs no model (--spec ngram)
+    k: int | None  # None: auto
+    spec: str
     target_n_gpu_layers: int
     draft_n_gpu_layers: int
 
@@ -70,14 +72,17 @@ def resolve_pair(
     draft: str | None,
     registry: Registry,
     *,
+    spec: str | None = None,
     fetch: bool = True,
     quiet: bool = False,
 ) -> ResolvedPair:
     """The pair to run: `pair_name` (default: the registry's default_pair) with `target`/`draft`
-    (registry names or paths) overriding its members. Both overrides and no pair name: an ad-hoc
-    pair with the default k and GPU offload."""
+    (registry names or paths) overriding its members, and `spec` (default: the pair's) choosing the
+    draft source. Both overrides and no pair name: an ad-hoc pair with the defaults (auto K, ngram+model,
+    full GPU offload). A draft source without a model (ngram) resolves no draft; one given is refused."""
     pair: PairEntry | None = None
-    if pair_name is not None or target is None or draft is None:
+    ad_hoc = pair_name is None and target is not None and (draft is not None or spec == "ngram")
+    if not ad_hoc:
         name = pair_name or registry.default_pair
         if name is None:
             raise SpeccliError("no pair given and no default_pair in models.toml; name a pair, or give both a target and a draft")
@@ -85,15 +90,22 @@ def resolve_pair(
             detail = " (it is a model: give it as --target or --draft)" if name in registry.models else ""
             raise SpeccliError(unknown_name("pair", name, registry.pairs, detail))
         pair = registry.pairs[name]
+    spec = spec or (pair.spec if pair else DEFAULT_SPEC)
     target_name = target or pair.target
-    draft_name = draft or pair.draft
+    if needs_draft_model(spec):
+        draft_name = draft or pair.draft
+    elif draft is not None:
+        raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec ngram+model")
+    else:
+        draft_name = None
     return ResolvedPair(
         name=pair.name if pair else None,
         target_name=target_name,
         draft_name=draft_name,
         target_path=resolve_model(target_name, registry, fetch=fetch, quiet=quiet),
-        draft_path=resolve_model(draft_name, registry, fetch=fetch, quiet=quiet),
+        draft_path=resolve_model(draft_name, registry, fetch=fetch, quiet=quiet) if draft_name else None,
         k=pair.k if pair else DEFAULT_K,
+        spec=spec,
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
         draft_n_gpu_layers=pair.draft_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
     )

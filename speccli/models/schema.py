@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from speccli.errors import SpeccliError
+from speccli.settings import AUTO_K, check_k, check_spec
 
 _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -67,6 +68,19 @@ class TomlTable:
         if value < minimum:
             raise self.error(f"must be at least {minimum}, got {value}", key)
         return value
+
+    def k(self, key: str) -> int | None:
+        """Draft tokens per step: 'auto' (the default; None) or a whole number, by the one rule in settings."""
+        value = self.values.get(key, AUTO_K)
+        if value == AUTO_K:
+            return None
+        if type(value) is not int:  # bool is an int subclass: reject it too
+            raise self.error(f"expected 'auto' or an integer, got {type_name(value)}", key)
+        return check_k(value, f"{self.file}: {key_path(*self.key_path, key)}")
+
+    def spec(self, key: str, *, default: str) -> str:
+        value = self.string(key, required=False) or default
+        return check_spec(value, f"{self.file}: {key_path(*self.key_path, key)}")
 
     def sha256(self, key: str, *, required: bool) -> str | None:
         value = self.string(key, required=required)

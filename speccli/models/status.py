@@ -53,7 +53,7 @@ def registry_tables(registry: Registry) -> Group:
             ", ".join(status.pairs),
         )
     pairs = Table(title="Pairs", title_justify="left")
-    for column in ("name", "target", "draft", "k", "gpu layers (target/draft)"):
+    for column in ("name", "target", "draft", "k", "spec", "gpu layers (target/draft)"):
         pairs.add_column(column, overflow="fold")
     for pair in registry.pairs.values():
         default = " (default)" if pair.name == registry.default_pair else ""
@@ -61,7 +61,8 @@ def registry_tables(registry: Registry) -> Group:
             pair.name + default,
             pair.target,
             pair.draft,
-            str(pair.k),
+            "auto" if pair.k is None else str(pair.k),
+            pair.spec,
             f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
         )
     return Group(models, pairs)
