@@ -143,7 +143,7 @@ def test_second_turn_decodes_only_new_tokens(chat_pair):
     options = LoadOptions(n_ctx=512, n_threads=1)
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
         display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
-        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), k=3, max_tokens=40)
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=40)
         session.send("tell me something long " * 6)
         first_turn_tokens = len(session.conversation._fed_tokens)
         decoded_before = target.decoded_tokens, draft.decoded_tokens
@@ -153,8 +153,8 @@ def test_second_turn_decodes_only_new_tokens(chat_pair):
         target_decoded = target.decoded_tokens - decoded_before[0]
         draft_decoded = draft.decoded_tokens - decoded_before[1]
         # Prefill of the new text, then one step of at most k+1 tokens; never the first turn again.
-        assert target_decoded <= new_tokens + session.generator.k + 1
-        assert draft_decoded <= new_tokens + session.generator.k + 1
+        assert target_decoded <= new_tokens + 3 + 1
+        assert draft_decoded <= new_tokens + 3 + 1
         assert target_decoded < first_turn_tokens
 
 
@@ -169,9 +169,9 @@ def test_every_slash_command(tiny_pair):
     out = records(result.stdout)
     replies = [r for r in out if "prompt" in r]
     assert [r["prompt"] for r in replies] == ["hello", "again"]
-    assert all(r["k"] == 2 for r in replies)
+    assert all(r["k"] == "2" for r in replies)
     assert sum("session" in r for r in out) == 2  # /stats, then the summary on /quit
-    for expected in ["/k N", "/quit", "(k = 2)", "greedy", "system prompt: be brief", "provenance colors off",
+    for expected in ["/k N|auto", "/quit", "(k = 2)", "greedy", "system prompt: be brief", "provenance colors off",
                      "conversation cleared"]:
         assert expected in result.stderr
     # After /reset nothing is reused: the whole prompt is prefilled.
@@ -188,7 +188,7 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
     assert errors[1:4] == [
         "error: /k (draft tokens per step) must be between 1 and 64, got 0",
         "error: /k (draft tokens per step) must be between 1 and 64, got 65",
-        "error: /k needs a whole number from 1 to 64, got 'x'",
+        "error: /k needs 'auto' or a whole number from 1 to 64, got 'x'",
     ]
     assert errors[4:] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'"]
     assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["hello"]
@@ -357,7 +357,7 @@ def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
     [
         (["--k", "0"], "error: --k (draft tokens per step) must be between 1 and 64, got 0"),
         (["--k", "65"], "error: --k (draft tokens per step) must be between 1 and 64, got 65"),
-        (["--k", "two"], "error: --k needs a whole number from 1 to 64, got 'two'"),
+        (["--k", "two"], "error: --k needs 'auto' or a whole number from 1 to 64, got 'two'"),
         (["--temp", "-0.5"], "error: --temp must be >= 0 (0 is greedy), got -0.5"),
         (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0"),
         (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5"),
@@ -382,3 +382,48 @@ def test_context_and_threads_are_checked_before_loading(tiny_pair, args, message
     result = chat(tiny_pair, "-p", "hello", *args)
     assert result.exit_code == 1
     assert result.stderr == message + "\n"
+
+
+# --- draft sources and K ------------------------------------------------------------------------------
+
+
+def test_ngram_spec_loads_no_draft_model_and_reports_its_source(tiny_pair):
+    target, _ = tiny_pair
+    text = "one two three four five six seven eight nine ten " * 4
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(
+        app, ["chat", "-m", str(target), "--spec", "ngram", "--k", "8", "-t", "1", "-c", "512", "--temp", "0",
+              "-n", "30", "--json", "-p", text],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    [record] = records(result.stdout)
+    assert (record["spec"], record["k"]) == ("ngram", "8")
+    assert set(record["stats"]["by_source"]) <= {"ngram"}  # no model was there to draft
+
+
+def test_a_draft_model_with_a_draft_free_source_is_refused_before_loading(tiny_pair):
+    result = chat(tiny_pair, "--spec", "ngram", "-p", "hello")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: --spec ngram drafts without a model, but a draft model was given (")
+    assert result.stderr.count("\n") == 1
+    bad = chat(tiny_pair, "--spec", "tree", "-p", "hello")
+    assert (bad.exit_code, bad.stderr) == (1, "error: --spec must be one of model, ngram, ngram+model, got 'tree'\n")
+
+
+def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
+    result = chat(tiny_pair, "--spec", "ngram+model", "--k", "auto", "-n", "16", "--temp", "0", "--json",
+                  input="/k 3\nhello there\n/k auto\nhello there\n")
+    assert result.exit_code == 0, result.stderr
+    replies = [r for r in records(result.stdout) if "prompt" in r]
+    assert [r["k"] for r in replies] == ["3", "auto"]
+    assert max(map(int, replies[0]["stats"]["draft_lengths"])) == 3
+    stats = RunStats(generated=12)
+    stats.add(StepEvent(4, 4, 0.01, 0.02, 0.0, "ngram"))
+    stats.add(StepEvent(0, 0, 0.0, 0.02, 0.0, None))
+    stats.add(StepEvent(2, 1, 0.02, 0.02, 0.0, "model"))
+    console_file = io.StringIO()
+    from rich.console import Console
+
+    Console(file=console_file, width=100).print(stats_panel(stats, target_token_seconds=0.02, title="t"))
+    text = console_file.getvalue()
+    assert "model 50% of 2 · ngram 100% of 4" in text and "mean 2.0 · 0×1 2×1 4×1" in text

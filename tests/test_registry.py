@@ -142,7 +142,7 @@ def test_user_file_then_config_override_per_entry(tmp_path):
     assert registry.models["extra"].source == reg.LocalSource(Path("/models/cli.gguf"))
     assert registry.models["extra"].defined_in == config
     # A later entry replaces the earlier one whole: k falls back to its default.
-    assert registry.pairs["mine"] == reg.PairEntry("mine", "extra", "extra", 4, -1, 0, config)
+    assert registry.pairs["mine"] == reg.PairEntry("mine", "extra", "extra", None, "ngram+model", -1, 0, config)
     assert registry.default_pair == "mine"
     assert registry.models["gemma3-270m-f32"].source == reg.DerivedSource("gemma3-270m-q4km", "F32")
 
@@ -302,13 +302,21 @@ def test_missing_paths_are_named(tmp_path, local_models):
 def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models):
     weights = tmp_path / "weights"
     named = reg.resolve_pair("local", None, None, local_models)
-    assert named == reg.ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, 0, -1)
+    assert named == reg.ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
 
     overridden = reg.resolve_pair("local", None, str(weights / "big.gguf"), local_models)
     assert (overridden.name, overridden.draft_path, overridden.k) == ("local", weights / "big.gguf", 7)
 
     ad_hoc = reg.resolve_pair(None, "small", "big", local_models)
-    assert ad_hoc == reg.ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", 4, -1, -1)
+    assert ad_hoc == reg.ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", None, "ngram+model", -1, -1)
+
+    # A draft source without a model: no draft is resolved, and one given is refused.
+    lookup = reg.resolve_pair(None, "small", None, local_models, spec="ngram")
+    assert (lookup.name, lookup.draft_name, lookup.draft_path, lookup.spec) == (None, None, None, "ngram")
+    from_pair = reg.resolve_pair("local", None, None, local_models, spec="ngram")
+    assert (from_pair.target_path, from_pair.draft_path, from_pair.k) == (weights / "big.gguf", None, 7)
+    with pytest.raises(SpeccliError, match=r"^--spec ngram drafts without a model, but a draft model was given \(big\)"):
+        reg.resolve_pair(None, "small", "big", local_models, spec="ngram")
 
 
 def test_resolve_pair_without_names_uses_the_default_pair(local_models):
@@ -693,8 +701,8 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), reg.format_size(size), "yes", "local"]
     assert table_row(result.stdout, "gone") == ["gone", str(tmp_path / "weights" / "gone.gguf"), "unknown", "no", ""]
     assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "F32 from gemma3-270m-q4km", "unknown", "no", "gemma3-270m"]
-    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "0/-1"]
-    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "4", "-1/-1"]
+    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "ngram+model", "0/-1"]
+    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "ngram+model", "-1/-1"]
 
 
 def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_path):

@@ -39,7 +39,7 @@ from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.drafting.specs import make_drafter, make_policy
-from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
+from speccli.settings import AUTO_K, MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -186,6 +186,7 @@ class ChatSession:
         self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0
+        self._said_no_pay = False
 
     def announce(self, description: str) -> None:
         if self.fallback_reason:
@@ -261,6 +262,12 @@ class ChatSession:
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut; the next turn drops the oldest turns)")
         elif reason == "max_tokens":
             self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
+        if run.steps and not run.speculative and self.generator.policy.name == AUTO_K and not self._said_no_pay:
+            self._said_no_pay = True
+            self.display.notice(
+                "(k auto drafted nothing: by the costs measured on this machine and the acceptance seen so far, "
+                "no draft would pay here, so the reply came from the target alone, at its own speed)"
+            )
         record = {
             "prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens,
             "spec": self.spec,

@@ -72,6 +72,19 @@ def acceptance_bar(fraction: float, width: int = 10) -> str:
     return ("█" * full + (" ▏▎▍▌▋▊▉"[rest] if rest else "")).ljust(width)
 
 
+def draft_lengths_text(stats: RunStats) -> str:
+    """The K chosen, step by step: "mean 5.2 · 0×12 4×3 31×6" (steps by tokens drafted)."""
+    histogram = " ".join(f"{length}×{count}" for length, count in sorted(stats.draft_lengths.items()))
+    return f"mean {stats.mean_draft_length:.1f} · {histogram}"
+
+
+def by_source_text(stats: RunStats) -> str:
+    """Acceptance of each draft source: "ngram 91% of 120 · model 75% of 16"."""
+    return " · ".join(
+        f"{source} {counts.acceptance_rate:.0%} of {counts.drafted}" for source, counts in sorted(stats.by_source.items())
+    )
+
+
 def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
     """Label/value lines. Plain Text, not a rich Table: it renders several times faster, and the live
     view redraws it a few times a second while the models run."""
@@ -80,7 +93,9 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
     ]
     if stats.speculative:
         rows += [
-            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted (mean k {stats.mean_draft_length:.1f})"),
+            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted"),
+            ("by source", by_source_text(stats)),
+            ("k chosen", draft_lengths_text(stats)),
             ("per decode", f"{stats.tokens_per_target_decode:.2f} tokens per target decode"),
             (
                 "time",
@@ -120,6 +135,10 @@ def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:
     return {
         "mean_draft_length": round(stats.mean_draft_length, 4),
         "draft_lengths": {str(length): count for length, count in sorted(stats.draft_lengths.items())},
+        "by_source": {
+            source: {"drafted": counts.drafted, "accepted": counts.accepted, "acceptance_rate": round(counts.acceptance_rate, 4)}
+            for source, counts in sorted(stats.by_source.items())
+        },
         "prompt_tokens": stats.prompt_tokens,
         "prefill_seconds": round(stats.prefill_seconds, 6),
         "generated_tokens": stats.generated,
