@@ -20,7 +20,7 @@ from speccli.core.text import TextAssembler
 from speccli.llama.model import Model
 from speccli.errors import SpeccliError
 from speccli.settings import check_max_tokens
-from speccli.core.sampling import RowBuffer, SamplingParams, probabilities, sample
+from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
 from speccli.core.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
 from speccli.drafting.base import Draft, DraftRequest, Drafter
 from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
@@ -68,7 +68,7 @@ class Generator:
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self._calibrated = False
-        self._target_rows = RowBuffer()
+        self._target_row = RowBuffer()
 
     def reset(self) -> None:
         self.target.reset()
@@ -190,15 +190,16 @@ class Generator:
         drafted = np.array(draft.tokens, dtype=np.int64)
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
-        p = probabilities(target_logits, self.sampling, out=self._target_rows.take(*target_logits.shape))
+        p = RowProbabilities(target_logits, self.sampling, self._target_row)
         if not len(drafted):
             return Verdict(0, sample(p[0], self.rng))
         if draft.q is None:
             return verify_deterministic(drafted, p, self.rng)
         q = draft.q
-        if q.shape[1] != p.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
-            width = max(q.shape[1], p.shape[1])
-            q, p = (np.pad(rows, ((0, 0), (0, width - rows.shape[1]))) for rows in (q, p))
+        if q.shape[1] != target_logits.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
+            width = max(q.shape[1], target_logits.shape[1])
+            q = np.pad(q, ((0, 0), (0, width - q.shape[1])))
+            p = [np.pad(p[i], (0, width - target_logits.shape[1])) for i in range(len(p))]
         return verify_sampled(drafted, q, p, self.rng)
 
 

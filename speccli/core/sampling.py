@@ -124,6 +124,29 @@ class RowBuffer:
         return self._array[:rows]
 
 
+class RowProbabilities:
+    """Rows of logits -> probability rows on demand, one row's memory at a time.
+
+    Verification reads rows in order and stops at the first rejection: a long n-gram draft rejected
+    early costs a few rows of work, not all of them, and no (K+1, vocab) array is ever held (1 MB a
+    row at Gemma's 262k tokens). `rows[i]` stays valid until another row is asked for.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams, buffer: RowBuffer) -> None:
+        self._logits, self._params = logits, params
+        self._row = buffer.take(1, logits.shape[1])
+        self._index: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index != self._index:
+            probabilities(self._logits[index : index + 1], self._params, out=self._row)
+            self._index = index
+        return self._row[0]
+
+
 _BLOCK = 1024
 
 

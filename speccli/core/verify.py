@@ -26,6 +26,7 @@ which positions the rule runs, never what it emits there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -55,26 +56,25 @@ def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return residual / mass if mass > 0 else p / p.sum()
 
 
-def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> Verdict:
-    """drafted (K,) ids, q (K, V) draft probabilities, p (K+1, V) target probabilities."""
+def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: Sequence[np.ndarray], rng: np.random.Generator) -> Verdict:
+    """drafted (K,) ids, q (K, V) draft probabilities, p: K+1 target probability rows (p[i] is row i;
+    rows after the first rejection are never read, so they need not be computed)."""
     k = len(drafted)
-    positions = np.arange(k)
-    accept = rng.random(k) < acceptance_probabilities(p[positions, drafted], q[positions, drafted])
-    n_accepted = k if accept.all() else int(np.argmin(accept))
-    if n_accepted == k:
-        return Verdict(k, sample(p[k], rng))
-    return Verdict(n_accepted, sample(residual_distribution(p[n_accepted], q[n_accepted]), rng))
+    uniforms = rng.random(k)
+    for i, token in enumerate(drafted):
+        if not uniforms[i] < acceptance_probabilities(p[i][token], q[i][token]):
+            return Verdict(i, sample(residual_distribution(p[i], q[i]), rng))
+    return Verdict(k, sample(p[k], rng))
 
 
-def verify_deterministic(drafted: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> Verdict:
-    """drafted (K,) ids proposed with certainty (no q), p (K+1, V) target probabilities."""
+def verify_deterministic(drafted: np.ndarray, p: Sequence[np.ndarray], rng: np.random.Generator) -> Verdict:
+    """drafted (K,) ids proposed with certainty (no q), p: K+1 target probability rows, as above."""
     k = len(drafted)
-    positions = np.arange(k)
-    accept = rng.random(k) < p[positions, drafted]
-    n_accepted = k if accept.all() else int(np.argmin(accept))
-    if n_accepted == k:
-        return Verdict(k, sample(p[k], rng))
-    return Verdict(n_accepted, sample(without_token(p[n_accepted], drafted[n_accepted]), rng))
+    uniforms = rng.random(k)
+    for i, token in enumerate(drafted):
+        if not uniforms[i] < p[i][token]:
+            return Verdict(i, sample(without_token(p[i], token), rng))
+    return Verdict(k, sample(p[k], rng))
 
 
 def without_token(p: np.ndarray, token: int) -> np.ndarray:

@@ -26,9 +26,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from speccli.core.stats import StepEvent
-from speccli.settings import MAX_K
 
 PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
+# Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
+# (1 MB at Gemma's 262k-token vocabulary, kept at its largest size), and past ~24 the extra tokens a
+# step could yield rarely pay for a wider verify on a CPU; 24 keeps `--spec ngram` within 50 MB of the
+# target alone at a 16k-token context (tests/benchmarks/ngram_lookup.py and the README).
+AUTO_MAX_K = 24
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
@@ -147,7 +151,7 @@ class AutoK:
     name = "auto"
     needs_costs = True
 
-    def __init__(self, max_k: int = MAX_K) -> None:
+    def __init__(self, max_k: int = AUTO_MAX_K) -> None:
         self.max_k = max_k
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
