@@ -1,0 +1,39 @@
+"""The one line a bench report gives where its own measurements say speculation cannot pay on this
+machine: every configuration slower than the target alone, or `auto` drafting nothing. It names the
+costs that decide it (c, v(n)), so a figure below 1x is never left to speak for itself."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from speccli.bench.report import ConfigResult, Costs
+
+
+def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
+    """The line, or None where some configuration gains and auto (if asked for) drafted."""
+    measured = [r for r in results if r.overall.speedup]
+    all_slower = bool(measured) and len(measured) == len(results) and all(r.overall.speedup.median < 1 for r in measured)
+    idle_auto = [r for r in results if r.k is None and r.overall.drafted == 0]
+    if not all_slower and not idle_auto:
+        return None
+    findings = []
+    if all_slower:
+        best = max(measured, key=lambda r: r.overall.speedup.median)
+        every = "every configuration is" if len(results) > 1 else f"{best.label} is"
+        findings.append(
+            f"{every} slower than the target alone"
+            + (f" (best: {best.label} at {best.overall.speedup.median:.2f}×)" if len(results) > 1 else f" ({best.overall.speedup.median:.2f}×)")
+        )
+    if idle_auto:
+        labels = " and ".join(r.label for r in idle_auto)
+        findings.append(f"{labels} drafted nothing: it decoded with the target alone")
+    return f"on this machine {_costs_phrase(costs)}: speculation cannot pay here; " + "; ".join(findings)
+
+
+def _costs_phrase(costs: Costs) -> str:
+    verify = ", ".join(f"{v.relative_to_1_token:.2f} (n={v.tokens})" for v in costs.verify)
+    draft = (
+        f"the draft model costs c = {costs.c:.2f} of a target step"
+        if costs.draft_decode_1_seconds is not None
+        else "n-gram lookup costs no model step (c = 0)"
+    )
+    return f"{draft} and verifying n tokens costs v(n) ≈ {verify} target steps"
