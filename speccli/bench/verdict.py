@@ -18,15 +18,19 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
     findings = []
     if all_slower:
         best = max(measured, key=lambda r: r.overall.speedup.median)
-        every = "every configuration is" if len(results) > 1 else f"{best.label} is"
-        findings.append(
-            f"{every} slower than the target alone"
-            + (f" (best: {best.label} at {best.overall.speedup.median:.2f}×)" if len(results) > 1 else f" ({best.overall.speedup.median:.2f}×)")
-        )
+        figures = f"{best.overall.speedup.median:.2f}×, acceptance {_rate(best.overall.acceptance_rate)}"
+        if len(results) > 1:
+            findings.append(f"every configuration is slower than the target alone (best: {best.label} at {figures})")
+        else:
+            findings.append(f"{best.label} is slower than the target alone ({figures})")
     if idle_auto:
         labels = " and ".join(r.label for r in idle_auto)
         findings.append(f"{labels} drafted nothing: it decoded with the target alone")
     return f"on this machine {_costs_phrase(costs)}: speculation cannot pay here; " + "; ".join(findings)
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def _costs_phrase(costs: Costs) -> str:
