@@ -182,10 +182,12 @@ def test_chat_loads_a_model_whose_path_is_not_utf8(non_utf8_pair):
     assert "prompt" in json.loads(result.stdout.splitlines()[0])
 
 
-def test_bench_loads_a_model_whose_path_is_not_utf8(non_utf8_pair):
+def test_bench_loads_a_model_whose_path_is_not_utf8(non_utf8_pair, tmp_path):
     target, draft = non_utf8_pair
+    prompts = tmp_path / "prompts.txt"  # the built-in ones do not fit the tiny models' 512 tokens
+    prompts.write_text("Once upon a time\n")
     result = speccli("bench", "-m", target, "-md", draft, "--k", "2", "-n", "4", "--runs", "1", "--warmup", "0",
-                     "--ctx", "512", "--threads", "1")
+                     "--ctx", "512", "--threads", "1", "--prompts", str(prompts))
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
 
