@@ -114,7 +114,7 @@ def _figures_row(label: str, s: Summary, bold: bool = False) -> list[str]:
 
 def _figures_table(title: str, first: str, rows: Sequence[list[str]], section_before_last: bool = False) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column(first, justify="left")
+    table.add_column(first, justify="left", no_wrap=True)
     for name, justify in _COLUMNS:
         table.add_column(name, justify=justify)
     for index, row in enumerate(rows):
