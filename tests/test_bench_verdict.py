@@ -59,15 +59,25 @@ def test_every_configuration_below_one_says_it_cannot_pay(mixed_report) -> None:
     assert line in rendered(slower).splitlines()  # one line, never wrapped
 
 
-def test_auto_drafting_nothing_says_so(mixed_report) -> None:
+def test_auto_drafting_nothing_says_it_cannot_pay(mixed_report) -> None:
+    idle = with_speedups(mixed_report, 1.01)
+    idle.results = [r for r in idle.results if r.k is None]
+    for result in idle.results:
+        result.overall.drafted = 0
+    line = cannot_pay(idle.results, idle.costs)
+    assert line is not None and line.startswith("on this machine the draft model costs c = ")
+    assert line.endswith("speculation cannot pay here; model auto and ngram auto drafted nothing: it decoded with the target alone")
+
+
+def test_auto_drafting_nothing_while_a_fixed_k_gains_claims_neither(mixed_report) -> None:
     idle = with_speedups(mixed_report, 1.2)
     for result in idle.results:
         if result.k is None:
             result.overall.drafted = 0
     line = cannot_pay(idle.results, idle.costs)
-    assert line is not None
-    assert "model auto and ngram auto drafted nothing: it decoded with the target alone" in line
-    assert "slower than the target alone" not in line  # the fixed K gained here
+    assert line is not None and "cannot pay here" not in line
+    assert "model auto and ngram auto judged that drafting does not pay and decoded with the target alone, though " in line
+    assert line.endswith("K=2 measured 1.20×")
 
 
 def test_no_line_where_a_configuration_gains(mixed_report) -> None:

@@ -15,6 +15,16 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
     idle_auto = [r for r in results if r.k is None and r.overall.drafted == 0]
     if not all_slower and not idle_auto:
         return None
+    costs_phrase = f"on this machine {_costs_phrase(costs)}"
+    idle = " and ".join(r.label for r in idle_auto)
+    gaining = [r for r in measured if r not in idle_auto and r.overall.speedup.median >= 1]
+    if idle_auto and gaining:
+        # auto judged drafting not worth it, yet a fixed configuration gained: say both, claim neither
+        best = max(gaining, key=lambda r: r.overall.speedup.median)
+        return (
+            f"{costs_phrase}: {idle} judged that drafting does not pay and decoded with the target alone, "
+            f"though {best.label} measured {best.overall.speedup.median:.2f}×"
+        )
     findings = []
     if all_slower:
         best = max(measured, key=lambda r: r.overall.speedup.median)
@@ -24,9 +34,8 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
         else:
             findings.append(f"{best.label} is slower than the target alone ({figures})")
     if idle_auto:
-        labels = " and ".join(r.label for r in idle_auto)
-        findings.append(f"{labels} drafted nothing: it decoded with the target alone")
-    return f"on this machine {_costs_phrase(costs)}: speculation cannot pay here; " + "; ".join(findings)
+        findings.append(f"{idle} drafted nothing: it decoded with the target alone")
+    return f"{costs_phrase}: speculation cannot pay here; " + "; ".join(findings)
 
 
 def _rate(value: float | None) -> str:
