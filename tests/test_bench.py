@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import speccli.bench.measure as measure
+import speccli.models.pair as pair_module
 from speccli.bench.prompts import load_prompt_set
 from speccli.bench.report import report_schema
 from speccli.bench.settings import BenchRequest, BenchSettings
@@ -191,8 +193,6 @@ def test_spec_list_and_auto_in_one_run(pair_args, tmp_path, schema) -> None:
 
 def test_ngram_runs_without_any_draft_model(bench_pair, tmp_path, schema, monkeypatch) -> None:
     """`-m TARGET --spec ngram`: no draft model named, none loaded; the profiler has no draft cost."""
-    import speccli.models.pair as pair_module
-
     loaded: list[Path] = []
 
     class RecordingModel(pair_module.Model):
@@ -218,8 +218,6 @@ def test_ngram_runs_without_any_draft_model(bench_pair, tmp_path, schema, monkey
 
 
 def test_sampling_filters_apply_to_both_sides(pair_args, tmp_path, schema, monkeypatch) -> None:
-    import speccli.bench.measure as measure
-
     seen = []
 
     class RecordingGenerator(measure.Generator):
@@ -336,8 +334,6 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message, monkeypatch) -> None:
-    import speccli.models.pair as pair_module
-
     def no_loading(*_args, **_kwargs):
         raise AssertionError("a model was loaded for bad input")
 
