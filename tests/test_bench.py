@@ -1,6 +1,7 @@
 """`speccli bench` on tiny real GGUF models, driven through the real CLI: every figure is produced, the
-JSON report validates against the schema generated from the report's types, the greedy check catches a
-diverging engine, and bad input fails with one line before anything is loaded or written."""
+JSON report validates against the schema generated from the report's types, draft sources and auto K
+are compared side by side, `--spec ngram` needs no draft model, the greedy check catches a diverging
+engine, and bad input fails with one line before anything is loaded or written."""
 from __future__ import annotations
 
 import json
@@ -11,16 +12,21 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import speccli.bench.measure as measure
+import speccli.models.pair as pair_module
 from speccli.bench.prompts import load_prompt_set
 from speccli.bench.report import report_schema
-from speccli.bench.settings import parse_k_spec
+from speccli.bench.settings import BenchRequest, BenchSettings
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.stats import RunStats, StepEvent
-from speccli.errors import SpeccliError
 from speccli.core.verify import Verdict, verify_greedy
+from speccli.models.pair import PairRequest
+from tests.tiny_gguf import TinyConfig, write_related_pair
 
-FAST = ["--n-predict", "12", "--runs", "1", "--warmup", "0", "--ctx", "512", "--threads", "1"]
+# The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
+FAST = ["--n-predict", "12", "--runs", "1", "--warmup", "0", "--ctx", "2048", "--threads", "1"]
+BUILTIN_TASKS = ["code", "json", "summarize", "story", "qa", "rewrite", "quote", "table"]
 
 
 @pytest.fixture(autouse=True)
@@ -36,9 +42,18 @@ def schema() -> dict:
     return document
 
 
+@pytest.fixture(scope="module")
+def bench_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The conftest's related tiny pair (8-layer target, its first 2 layers as draft, eps 0.05), trained
+    context 2048 so the built-in prompts fit."""
+    return write_related_pair(
+        tmp_path_factory.mktemp("pair"), target_layers=8, draft_layers=2, eps=0.05, config=TinyConfig(context_length=2048)
+    )
+
+
 @pytest.fixture
-def pair_args(tiny_pair) -> list[str]:
-    return ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft)]
+def pair_args(bench_pair) -> list[str]:
+    return ["--target", str(bench_pair[0]), "--draft", str(bench_pair[1])]
 
 
 def invoke(*args: str):
@@ -80,25 +95,26 @@ def assert_complete(summary: dict, k: int) -> None:
 
 def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schema) -> None:
     out = tmp_path / "report.json"
-    result = invoke(*pair_args, "--k", "3", *FAST, "--json", str(out))
+    result = invoke(*pair_args, "--spec", "model", "--k", "3", *FAST, "--json", str(out))
     assert result.exit_code == 0, result.output
-    for text in ("K = 3", "overall", "speedup", "per-position acceptance", "decode time, speculative",
+    for text in ("model, K = 3", "overall", "K chosen", "acceptance by source", "speedup", "per-position acceptance", "decode time, speculative",
                  "c = ", "greedy check", "predicted", "efficiency"):
         assert text in result.stdout, text
     report = json.loads(out.read_text())
     validate(report, schema)
-    assert [r["k"] for r in report["results"]] == [3]
-    assert report["command"].startswith("speccli bench --target ") and "--k 3 --n-predict 12 --temp 0" in report["command"]
-    assert report["best_k"] is None
+    assert [(r["spec"], r["k"], r["label"]) for r in report["results"]] == [("model", 3, "model K=3")]
+    assert report["command"].startswith("speccli bench --target ")
+    assert "--spec model --k 3 --n-predict 12 --temp 0 --top-k 0 --top-p 1 --min-p 0" in report["command"]
+    assert report["best"] is None and report["schema_version"] == 3
     result_k = report["results"][0]
     assert_complete(result_k["overall"], 3)
-    assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == ["code", "json", "summarize", "story", "qa"]
-    assert report["prompts"]["source"] == "built-in" and report["prompts"]["count"] == 5
+    assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == BUILTIN_TASKS
+    assert report["prompts"]["source"] == "built-in" and report["prompts"]["count"] == 8
     assert report["costs"]["c"] > 0 and report["costs"]["verify"][0]["tokens"] == 4
-    assert report["greedy_check"]["checked"] == 5 and report["greedy_check"]["status"] in ("passed", "near_tie")
+    assert report["greedy_check"]["checked"] == 8 and report["greedy_check"]["status"] in ("passed", "near_tie")
     # one target-only and one speculative generation per prompt and run, each with its own token count
     modes = [m["mode"] for m in report["measurements"]]
-    assert modes.count("target") == modes.count("speculative") == 5
+    assert modes.count("target") == modes.count("speculative") == 8
     env = report["environment"]
     assert env["threads"] == 1 and env["backend"] and env["llama_cpp_python"]
     for role in ("target", "draft"):
@@ -110,34 +126,125 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     assert result_k["overall"]["drafted"] == sum(m["stats"]["positions"]["drafted"] for m in report["measurements"])
 
 
-def test_sweep_reports_each_k_best_k_and_chart(pair_args, tmp_path, schema) -> None:
+def test_sweep_reports_each_k_best_and_chart(pair_args, tmp_path, schema) -> None:
     out = tmp_path / "sweep.json"
-    result = invoke(*pair_args, "--k", "1-2,4", *FAST, "--json", str(out))
+    result = invoke(*pair_args, "--spec", "model", "--k", "1-2,4", *FAST, "--json", str(out))
     assert result.exit_code == 0, result.output
-    assert "speedup against K" in result.stdout and "acceptance rate against K" in result.stdout
-    assert "best K = " in result.stdout
+    assert "speedup by configuration" in result.stdout and "acceptance rate by configuration" in result.stdout
+    assert "best: model K=" in result.stdout
     report = json.loads(out.read_text())
     validate(report, schema)
     assert [r["k"] for r in report["results"]] == [1, 2, 4]
     for result_k in report["results"]:
         assert_complete(result_k["overall"], result_k["k"])
     assert [v["k"] for v in report["costs"]["verify"]] == [1, 2, 4]
-    assert report["best_k"]["k"] in (1, 2, 4) and report["best_k"]["reason"]
+    assert report["best"]["label"] in ("model K=1", "model K=2", "model K=4") and report["best"]["reason"]
     # one baseline per round, shared by every K of the round
     modes = [m["mode"] for m in report["measurements"]]
-    assert modes.count("target") == 5 and modes.count("speculative") == 15
-    assert report["greedy_check"]["checked"] == 15
+    assert modes.count("target") == 8 and modes.count("speculative") == 24
+    assert report["greedy_check"]["checked"] == 24
 
     compared = CliRunner().invoke(app, ["bench", "--compare", str(out), str(out)])
     assert compared.exit_code == 0, compared.output
     assert "speedup A → B" in compared.stdout and "nothing in models" in compared.stdout
+    assert "model K=4" in compared.stdout
+
+
+def test_spec_list_and_auto_in_one_run(pair_args, tmp_path, schema) -> None:
+    """Every (spec, K) against one target-only baseline per round: K chosen, acceptance by source and
+    the per-task winner reported for each; the prediction only where it applies (fixed K, model)."""
+    out = tmp_path / "mixed.json"
+    result = invoke(*pair_args, "--spec", "model,ngram+model", "--k", "2,auto", *FAST, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    assert report["settings"]["spec"] == ["model", "ngram+model"] and report["settings"]["k"] == [None, 2]
+    labels = ["model auto", "model K=2", "ngram+model auto", "ngram+model K=2"]
+    assert [r["label"] for r in report["results"]] == labels
+    for text in (*labels, "speedup by task and configuration", "fastest", "K chosen", "pred. n/a"):
+        assert text in result.stdout, text
+    for config in report["results"]:
+        overall = config["overall"]
+        # the K-chosen histogram counts every target decode, and its mean is drafted / decodes
+        assert sum(overall["draft_lengths"].values()) == overall["target_decodes"] > 0
+        assert overall["mean_draft_length"] == pytest.approx(overall["drafted"] / overall["target_decodes"])
+        assert sum(int(length) * steps for length, steps in overall["draft_lengths"].items()) == overall["drafted"]
+        # acceptance by source adds up to the whole
+        sources = {s["source"]: s for s in overall["by_source"]}
+        assert set(sources) <= set(config["spec"].split("+"))
+        assert sum(s["drafted"] for s in sources.values()) == overall["drafted"]
+        assert sum(s["accepted"] for s in sources.values()) == overall["accepted"]
+        if config["label"] == "model K=2":
+            assert overall["predicted"] is not None and overall["prediction_not_applicable"] is None
+            assert max(map(int, overall["draft_lengths"])) == 2
+        else:
+            assert overall["predicted"] is None and overall["efficiency"] is None
+            assert overall["prediction_not_applicable"]
+        assert [t["task"] for t in config["tasks"]] == BUILTIN_TASKS
+    assert report["best"]["label"] in labels
+    # one baseline per round, four speculative generations beside it, each labelled with its source and K
+    speculative = [(m["spec"], m["k"]) for m in report["measurements"] if m["mode"] == "speculative"]
+    assert sorted(set(speculative), key=str) == sorted({("model", None), ("model", 2), ("ngram+model", None), ("ngram+model", 2)}, key=str)
+    assert len(speculative) == 32 and [m["mode"] for m in report["measurements"]].count("target") == 8
+    assert report["greedy_check"]["checked"] == 32 and report["greedy_check"]["status"] in ("passed", "near_tie")
+    # v(n) for auto at n = 2, 4, 8, 16, beside the fixed K's own width
+    assert [v["tokens"] for v in report["costs"]["verify"]] == [2, 3, 4, 8, 16]
+
+
+def test_ngram_runs_without_any_draft_model(bench_pair, tmp_path, schema, monkeypatch) -> None:
+    """`-m TARGET --spec ngram`: no draft model named, none loaded; the profiler has no draft cost."""
+    loaded: list[Path] = []
+
+    class RecordingModel(pair_module.Model):
+        def __init__(self, path, options):
+            loaded.append(Path(path))
+            super().__init__(path, options)
+
+    monkeypatch.setattr(pair_module, "Model", RecordingModel)
+    out = tmp_path / "ngram.json"
+    result = invoke("-m", str(bench_pair[0]), "--spec", "ngram", "--k", "auto,3", *FAST, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert loaded == [bench_pair[0]]
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    assert report["models"]["draft"] is None and report["environment"]["draft_n_gpu_layers"] is None
+    assert report["costs"]["draft_decode_1_seconds"] is None and report["costs"]["c"] == 0
+    assert [r["label"] for r in report["results"]] == ["ngram auto", "ngram K=3"]
+    for config in report["results"]:
+        assert {s["source"] for s in config["overall"]["by_source"]} <= {"ngram"}
+        assert config["overall"]["prediction_not_applicable"]
+    assert "draft  none" in result.stdout and "no draft model → c = 0" in result.stdout
+    assert "--spec ngram --k auto,3" in report["command"] and "--draft" not in report["command"]
+
+
+def test_sampling_filters_apply_to_both_sides(pair_args, tmp_path, schema, monkeypatch) -> None:
+    seen = []
+
+    class RecordingGenerator(measure.Generator):
+        def __init__(self, target, drafter, sampling, *args, **kwargs):
+            seen.append((drafter is not None, sampling))
+            super().__init__(target, drafter, sampling, *args, **kwargs)
+
+    monkeypatch.setattr(measure, "Generator", RecordingGenerator)
+    out = tmp_path / "filtered.json"
+    filters = ["--temp", "0.7", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.05"]
+    result = invoke(*pair_args, "--spec", "model", "--k", "2", *FAST, *filters, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    settings = report["settings"]
+    assert (settings["temperature"], settings["top_k"], settings["top_p"], settings["min_p"]) == (0.7, 20, 0.9, 0.05)
+    assert "--temp 0.7 --top-k 20 --top-p 0.9 --min-p 0.05" in report["command"]
+    assert "temperature 0.7, seed 42, top-k 20, top-p 0.9, min-p 0.05" in result.stdout
+    assert {speculative for speculative, _ in seen} == {True, False}
+    assert {(s.temperature, s.top_k, s.top_p, s.min_p) for _, s in seen} == {(0.7, 20, 0.9, 0.05)}
 
 
 def test_sampling_run_and_plain_text_prompts(pair_args, tmp_path, schema) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The cat sat on\n\nOnce upon a time\\nthere was\n")
     out = tmp_path / "sampled.json"
-    result = invoke(*pair_args, "--k", "2", *FAST, "--temp", "0.8", "--seed", "7", "--prompts", str(prompts), "--json", str(out))
+    result = invoke(*pair_args, "--spec", "model", "--k", "2", *FAST, "--temp", "0.8", "--seed", "7", "--prompts", str(prompts), "--json", str(out))
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     validate(report, schema)
@@ -158,7 +265,7 @@ def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, mo
 
     monkeypatch.setattr("speccli.core.generator.verify_greedy", wrong_after_drafts)
     out = tmp_path / "broken.json"
-    result = invoke(*pair_args, "--k", "2", *FAST, "--json", str(out))
+    result = invoke(*pair_args, "--spec", "model", "--k", "2", *FAST, "--json", str(out))
     assert result.exit_code == 3, result.output
     assert "PARTING (not a near-tie)" in result.stdout and "greedy check FAILED" in result.stdout
     assert result.stderr.strip().startswith("error: greedy check failed")
@@ -168,6 +275,10 @@ def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, mo
     assert check["status"] == "failed"
     assert check["partings"] and all(p["near_tie"] is False for p in check["partings"])
     assert all(p["top_two_gap"] > p["tolerance"] for p in check["partings"])
+    # each tolerance was measured at the widest verify batch its run used
+    widest = {(m["prompt_index"], m["run"]): max(map(int, m["stats"]["draft_lengths"])) + 1
+              for m in report["measurements"] if m["mode"] == "speculative"}
+    assert all(p["verify_rows"] == widest[p["prompt_index"], p["run"]] for p in check["partings"])
 
 
 # --- bad input: one line, non-zero exit, nothing written ---------------------------------------------
@@ -195,15 +306,23 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
     ("args", "message"),
     [
         (["--k", "0"], "between 1 and"),
-        (["--k", "1,x"], "not a number or a range"),
+        (["--k", "1,x"], "not auto, a number or a range"),
+        (["--k", "auto,x"], "'x' is not auto, a number or a range"),
+        (["--k", "aut"], "'aut' is not auto, a number or a range"),
+        (["--spec", "ngrm"], "--spec must be one of model, ngram, ngram+model, got 'ngrm'"),
+        (["--spec", "model,"], "--spec must be one of model, ngram, ngram+model, got ''"),
+        (["--spec", "ngram"], "--spec ngram drafts without a model, but a draft model was given"),
+        (["--top-k", "-1"], "--top-k must be >= 0"),
+        (["--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--min-p", "1"], "--min-p must be in [0, 1)"),
         (["--k", "5-2"], "runs backwards"),
         (["--k", ""], "empty"),
         (["--k", "1-100"], "between 1 and"),
         (["--runs", "0"], "--runs must be >= 1"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--n-predict", "0"], "--n-predict must be >= 1"),
-        (["--temp", "-1"], "--temp must be a finite number >= 0"),
-        (["--temp", "inf"], "--temp must be a finite number >= 0"),
+        (["--temp", "-1"], "--temp must be >= 0 (0 is greedy), got -1"),
+        (["--temp", "inf"], "--temp must be a finite number, got inf"),
         (["--k", "-1"], "between 1 and 64, got -1"),
         (["--prompts", "MISSING"], "no such file"),
         (["--prompts", "empty"], "no prompts in it"),
@@ -214,7 +333,11 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--prompts", "no-prompt"], '"prompt" must be a non-empty string'),
     ],
 )
-def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message) -> None:
+def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message, monkeypatch) -> None:
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("a model was loaded for bad input")
+
+    monkeypatch.setattr(pair_module, "Model", no_loading)
     files = _bad_prompt_files(tmp_path)
     if args[0] == "--prompts":
         args = ["--prompts", str(files.get(args[1], tmp_path / "missing.jsonl"))]
@@ -245,14 +368,20 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
 # --- pieces ---------------------------------------------------------------------------------------
 
 
-def test_parse_k_spec() -> None:
-    assert parse_k_spec("4") == [4]
-    assert parse_k_spec("1,2,4,8") == [1, 2, 4, 8]
-    assert parse_k_spec("1-8") == list(range(1, 9))
-    assert parse_k_spec(" 8, 1-3 ,2") == [1, 2, 3, 8]
-    for bad in ("0", "1,x", "5-2", "", "-1", "1-", "1,,2", "65"):
-        with pytest.raises(SpeccliError):
-            parse_k_spec(bad)
+def test_configurations_and_what_is_loaded_for_them() -> None:
+    def request(spec: str | None, k: str | None = "auto,1-2") -> BenchRequest:
+        return BenchRequest(PairRequest(target="t"), spec, k, BenchSettings(), None, None)
+
+    assert request(None).resolve_specs() is None and request(None, None).resolve_ks() is None
+    assert request("ngram,model,ngram").resolve_specs() == ["ngram", "model"]
+    assert request(None).resolve_ks() == [None, 1, 2]
+    # the draft model is loaded when any source needs it, and only then
+    assert request("ngram").loading_request().spec == "ngram"
+    assert request("ngram,ngram+model").loading_request().spec == "ngram+model"
+    assert request("ngram,model").loading_request().spec == "model"
+    assert request(None).loading_request().spec is None  # the pair's
+    settings = BenchSettings(specs=("model", "ngram"), ks=(None, 4))
+    assert [c.label for c in settings.configurations] == ["model auto", "model K=4", "ngram auto", "ngram K=4"]
 
 
 def test_theory() -> None:
@@ -293,7 +422,7 @@ def test_alpha_is_one_when_every_draft_is_kept_even_a_shorter_last_one() -> None
 
 def test_builtin_prompts_cover_the_task_kinds() -> None:
     prompts = load_prompt_set(None)
-    assert prompts.tasks == ["code", "json", "summarize", "story", "qa"]
+    assert prompts.tasks == BUILTIN_TASKS
     assert len(prompts.sha256) == 64
 
 

@@ -19,8 +19,10 @@ from speccli.bench.files import json_destination, write_report
 from speccli.bench.report import SCHEMA_VERSION, BenchReport, report_schema
 from speccli.cli.app import app
 from speccli.errors import SpeccliError
+from tests.tiny_gguf import TinyConfig, write_related_pair
 
-FAST = ["--n-predict", "6", "--runs", "1", "--warmup", "0", "--ctx", "512", "--threads", "1"]
+# The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
+FAST = ["--n-predict", "6", "--runs", "1", "--warmup", "0", "--ctx", "2048", "--threads", "1"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,19 +32,27 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
+@pytest.fixture(scope="module")
+def bench_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """The conftest's related tiny pair, trained context 2048 so the built-in prompts fit."""
+    return write_related_pair(
+        tmp_path_factory.mktemp("pair"), target_layers=8, draft_layers=2, eps=0.05, config=TinyConfig(context_length=2048)
+    )
+
+
 @pytest.fixture
-def pair_args(tiny_pair) -> list[str]:
-    return ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), *FAST]
+def pair_args(bench_pair) -> list[str]:
+    return ["--target", str(bench_pair[0]), "--draft", str(bench_pair[1]), *FAST]
 
 
 @pytest.fixture(scope="module")
-def tiny_report_file(tiny_pair, tmp_path_factory) -> Path:
-    """A real `speccli bench --k 4 --json X` report of the tiny pair."""
+def tiny_report_file(bench_pair, tmp_path_factory) -> Path:
+    """A real `speccli bench --k 4 --json X` report of the tiny pair (the default spec: ngram+model)."""
     out = tmp_path_factory.mktemp("report") / "k4.json"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         result = CliRunner().invoke(
-            app, ["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--k", "4", *FAST, "--json", str(out)]
+            app, ["bench", "--target", str(bench_pair[0]), "--draft", str(bench_pair[1]), "--k", "4", *FAST, "--json", str(out)]
         )
     assert result.exit_code == 0, result.output
     return out
@@ -70,7 +80,8 @@ def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_re
     document = json.loads(tiny_report_file.read_text())
     jsonschema.Draft202012Validator.check_schema(report_schema())
     validate(document)
-    assert document["schema_version"] == SCHEMA_VERSION and document["settings"]["k"] == [4]
+    assert document["schema_version"] == SCHEMA_VERSION == 3 and document["settings"]["k"] == [4]
+    assert document["settings"]["spec"] == ["ngram+model"] and document["results"][0]["label"] == "ngram+model K=4"
     # the schema requires every field the types write, nested ones included
     for name in ("results", "measurements", "greedy_check"):
         broken = {key: value for key, value in document.items() if key != name}
@@ -124,7 +135,7 @@ def test_json_to_stdout_moves_the_human_report_to_stderr(pair_args, tmp_path, na
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr.decode()
     validate(json.loads(stdout))  # stdout is the JSON and nothing else
-    assert "speccli bench · ad-hoc pair · K=1" in stderr.decode() and "greedy check" in stderr.decode()
+    assert "speccli bench · ad-hoc pair · spec ngram+model · K=1" in stderr.decode() and "greedy check" in stderr.decode()
     assert list(tmp_path.iterdir()) == [], "no file named '-' (or anything else) written"
     assert Path("/dev/stdout").is_symlink(), "/dev/stdout left as it was"
 
@@ -213,10 +224,13 @@ def _compare(a: Path, b: Path):
         (lambda d: d["results"][0].update(k="four"), "not a valid bench report: results.0.k: Input should be a valid integer"),
         (lambda d: d["settings"].update(temperature="hot"), "not a valid bench report: settings.temperature: Input should be a valid number"),
         (lambda d: d.update(results={}), "not a valid bench report: results: Input should be a valid array"),
-        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 2; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 3; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=2), "bench report schema version 2, this speccli reads only version 3; it was written by an older speccli"),
+        (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
     ],
-    ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "kind"],
+    ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-2",
+         "missing-spec", "kind"],
 )
 def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:
     document = json.loads(tiny_report_file.read_text())
@@ -235,4 +249,4 @@ def test_compare_reads_two_reports(tiny_report_file) -> None:
     result = _compare(tiny_report_file, tiny_report_file)
     assert result.exit_code == 0, result.output
     assert "speedup A → B" in result.stdout and "nothing in models, prompts, settings or environment" in result.stdout
-    assert "│ 4 │" in result.stdout
+    assert "│ ngram+model K=4 │" in result.stdout

@@ -1,6 +1,11 @@
 """`speccli bench`: check the input, load the pair, measure with a progress bar, write the JSON report
 first, then show it. See `measure` for how a measurement is made, `summary` and `theory` for the
-figures and formulas, `greedy` for the honesty check, `report` for the JSON's types and schema.
+figures and formulas, `verdict` for the cannot-pay line, `greedy` for the honesty check, `report` for
+the JSON's types and schema.
+
+A configuration is a draft source (`--spec`: model, ngram, ngram+model) and a K (`--k`: a number, or
+auto, chosen per step); bench measures every combination of the lists given against one target-only
+baseline per round.
 
 Figures and formulas
 --------------------
@@ -14,7 +19,9 @@ Figures and formulas
                             target 1-token decode, profiled with Model.decode at the first prompt's
                             position (medians over the whole run); the same ratios from the runs' own
                             per-step timers are reported beside them as "in-run costs"
-* E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha), S_pred(K) = E / (K*c + v(K+1))  (Leviathan et al. 2023)
+* E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha), S_pred(K) = E / (K*c + v(K+1))  (Leviathan et al. 2023),
+                            for a fixed K with a model draft only (n/a for auto and n-gram sources)
+* K chosen                = RunStats.draft_lengths: target decodes by tokens drafted before them, 0 included
 * tokens/s and speedup    = wall-clock over the decode phase (prefill timed apart); the time split
                             is the engine's per-step timers, plus what lies between steps
 """
@@ -55,8 +62,10 @@ def build_report(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         command=command,
         settings=Settings(
-            k=list(settings.ks), n_predict=settings.n_predict, temperature=settings.temperature, greedy=settings.greedy,
-            seed=settings.seed, runs=settings.runs, warmup=settings.warmup, n_ctx=n_ctx,
+            spec=list(settings.specs), k=list(settings.ks), n_predict=settings.n_predict,
+            temperature=settings.temperature, top_k=settings.sampling.top_k, top_p=settings.sampling.top_p,
+            min_p=settings.sampling.min_p, greedy=settings.greedy, seed=settings.seed, runs=settings.runs,
+            warmup=settings.warmup, n_ctx=n_ctx,
         ),
         environment=env,
         models=models,
@@ -66,7 +75,8 @@ def build_report(
         notes=NOTES,
         costs=measured.costs,
         results=measured.results,
-        best_k=measured.best_k,
+        best=measured.best,
+        cannot_pay=measured.cannot_pay,
         greedy_check=measured.greedy_check,
         measurements=measured.measurements,
     )
@@ -74,27 +84,31 @@ def build_report(
 
 def run_command(request: BenchRequest) -> None:
     """Validate everything cheap first (nothing is loaded or written on bad input), then measure."""
-    ks = request.resolve_ks()
+    specs, ks = request.resolve_specs(), request.resolve_ks()
     request.settings.validate()
-    request.pair.validate()
+    pair_request = request.loading_request()
+    pair_request.validate()
     prompt_set = load_prompt_set(request.prompts_file)
     destination = json_destination(request.json_path)
     # With the JSON on stdout, the human-readable report moves to stderr.
     out = console(stderr=destination is not None and destination.is_stdout)
 
-    with open_pair(request.pair) as loaded:
+    with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
-        settings = replace(request.settings, ks=tuple(ks or [resolved.k]))
+        settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
         measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(
             command=request.reproducing_command(settings),
             settings=settings,
             n_ctx=request.pair.n_ctx,
-            env=environment(request.pair.n_threads, loaded.target.options.n_gpu_layers, loaded.draft.options.n_gpu_layers),
+            env=environment(
+                request.pair.n_threads, loaded.target.options.n_gpu_layers,
+                loaded.draft.options.n_gpu_layers if loaded.draft is not None else None,
+            ),
             models=Models(
                 pair=resolved.name,
                 target=model_file(resolved.target_name, resolved.target_path),
-                draft=model_file(resolved.draft_name, resolved.draft_path),
+                draft=model_file(resolved.draft_name, resolved.draft_path) if resolved.draft_path is not None else None,
             ),
             prompt_set=prompt_set,
             measured=measured,
@@ -109,7 +123,7 @@ def run_command(request: BenchRequest) -> None:
 
 
 def _measure_with_progress(target, draft, prompt_set: PromptSet, settings: BenchSettings) -> Measured:
-    per_round = 1 + len(settings.ks)
+    per_round = 1 + len(settings.configurations)
     total = (settings.warmup + settings.runs * len(prompt_set.prompts)) * per_round + 1
     err = console(stderr=True)
     columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())

@@ -1,5 +1,6 @@
-"""`speccli bench --compare A.json B.json`: two reports side by side, K by K, and what differs between
-the runs (models, prompts, settings, environment). Both files are validated first (`files.load_report`)."""
+"""`speccli bench --compare A.json B.json`: two reports side by side, configuration by configuration
+(draft source and K), and what differs between the runs (models, prompts, settings, environment). Both
+files are validated first (`files.load_report`), which refuses older schema versions in one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,9 +16,10 @@ from speccli.bench.report import BenchReport, Summary
 
 _IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
     ("target sha256", lambda r: r.models.target.sha256[:12]),
-    ("draft sha256", lambda r: r.models.draft.sha256[:12]),
+    ("draft sha256", lambda r: r.models.draft.sha256[:12] if r.models.draft else "none"),
     ("prompt set", lambda r: r.prompts.sha256[:12]),
     ("temperature", lambda r: r.settings.temperature),
+    ("top-k/top-p/min-p", lambda r: (r.settings.top_k, r.settings.top_p, r.settings.min_p)),
     ("n_predict", lambda r: r.settings.n_predict),
     ("backend", lambda r: r.environment.backend),
     ("threads", lambda r: r.environment.threads),
@@ -30,6 +32,7 @@ _FIGURES: tuple[tuple[str, Callable[[Summary], float | None], int], ...] = (
     ("target-only tok/s A → B", lambda s: s.baseline.wall_tokens_per_second and s.baseline.wall_tokens_per_second.median, 1),
     ("speedup A → B", lambda s: s.speedup and s.speedup.median, 2),
     ("acceptance A → B", lambda s: s.acceptance_rate, 2),
+    ("mean K chosen A → B", lambda s: s.mean_draft_length, 2),
     ("efficiency A → B", lambda s: s.efficiency, 2),
 )
 
@@ -43,19 +46,19 @@ def render_comparison(a: BenchReport, b: BenchReport, names: tuple[str, str], co
     console.print(f"[bold]A[/bold] = {escape(names[0])} ({a.created})   [bold]B[/bold] = {escape(names[1])} ({b.created})")
     differ = differences(a, b)
     console.print("  differs: " + (escape("; ".join(differ)) if differ else "nothing in models, prompts, settings or environment"))
-    by_k_a = {r.k: r.overall for r in a.results}
-    by_k_b = {r.k: r.overall for r in b.results}
+    by_label_a = {r.label: r.overall for r in a.results}
+    by_label_b = {r.label: r.overall for r in b.results}
     table = Table(header_style="bold")
-    table.add_column("K", justify="right")
+    table.add_column("configuration", justify="left")
     for name, _, _ in _FIGURES:
         table.add_column(name, justify="right")
-    for k in sorted(set(by_k_a) | set(by_k_b)):
-        left, right = by_k_a.get(k), by_k_b.get(k)
+    for label in dict.fromkeys([*by_label_a, *by_label_b]):
+        left, right = by_label_a.get(label), by_label_b.get(label)
         cells = [
             f"{number(get(left) if left else None, digits)} → {number(get(right) if right else None, digits)}"
             for _, get, digits in _FIGURES
         ]
-        table.add_row(str(k), *cells)
+        table.add_row(label, *cells)
     console.print(table)
 
 

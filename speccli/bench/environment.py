@@ -16,7 +16,7 @@ def model_file(name: str, path: Path) -> ModelFile:
     return ModelFile(name=name, path=str(path), size_bytes=path.stat().st_size, sha256=cached_sha256(path))
 
 
-def environment(threads: int | None, target_layers: int, draft_layers: int) -> Environment:
+def environment(threads: int | None, target_layers: int, draft_layers: int | None) -> Environment:
     info = backend_info()
     return Environment(
         speccli=__version__,

@@ -1,5 +1,7 @@
 """The greedy honesty check: at temperature 0 every speculative text must equal the target-only text of
-its round; a parting is allowed only at a near-tie of the target's top two logits."""
+its round; a parting is allowed only at a near-tie of the target's top two logits. The tolerance is
+measured at the widest verify batch the speculative run used (its largest K chosen, plus one row):
+with `auto` that varies, and a wider batch can differ more from single-token decodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,8 +42,12 @@ class GreedyChecker:
         if candidate_tokens == reference_tokens:
             self.identical += 1
             return
-        labels = {"task": candidate.task, "prompt_index": candidate.prompt_index, "run": candidate.run, "k": candidate.k}
-        parting = find_parting(target, prompt_tokens, reference_tokens, candidate_tokens, candidate.k)
+        widest = max(candidate.stats.draft_lengths, default=0)
+        labels = {
+            "task": candidate.task, "prompt_index": candidate.prompt_index, "run": candidate.run,
+            "spec": candidate.spec, "k": candidate.k, "verify_rows": widest + 1,
+        }
+        parting = find_parting(target, prompt_tokens, reference_tokens, candidate_tokens, widest)
         if parting is not None:
             self.partings.append(Parting(
                 **labels,

@@ -1,11 +1,15 @@
-"""Measuring: timed generations from empty caches, interleaved rounds (target alone and every K), the
-decode-cost profiler, and the run that ties them to the summaries, theory and greedy check.
+"""Measuring: timed generations from empty caches, interleaved rounds (target alone and every
+configuration), the decode-cost profiler, and the run that ties them to the summaries, theory, the
+cannot-pay verdict and the greedy check.
 
-For each prompt and run, one *round* generates with the target alone (A) and speculatively at every K
-asked for (B_K), through the same backend, sampler and settings, with the same prompt, max tokens and
-seed. Rounds alternate their order (A B1 B2 .. | .. B2 B1 A | A B1 ..) so machine drift hits both sides.
-Every generation starts from empty KV caches (`Generator.reset()`), so neither side gets a cached-prompt
-shortcut; `--warmup` unmeasured rounds absorb first-run effects (page-in, graph allocation).
+For each prompt and run, one *round* generates with the target alone (A) and speculatively with every
+configuration asked for (B_i: a draft source and K, auto included), through the same backend, sampler
+and settings, with the same prompt, max tokens and seed. Rounds alternate their order
+(A B1 B2 .. | .. B2 B1 A | A B1 ..) so machine drift hits every side alike. Every generation starts
+from empty KV caches and a fresh drafter and K policy (a new `Generator`), so no side gets a
+cached-prompt shortcut or what an earlier prompt taught `auto`; `auto` profiles its costs during
+prefill, which is timed apart. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
+allocation).
 """
 from __future__ import annotations
 
@@ -16,17 +20,17 @@ from typing import Callable, Iterable, Sequence
 
 from speccli.bench.greedy import GreedyChecker
 from speccli.bench.prompts import PromptSet
-from speccli.bench.report import BestK, Costs, GreedyCheck, KResult, Measurement, TaskSummary, VerifyCost
-from speccli.bench.settings import BenchSettings
+from speccli.bench.report import Best, ConfigResult, Costs, GreedyCheck, Measurement, TaskSummary, VerifyCost
+from speccli.bench.settings import BenchSettings, Configuration
 from speccli.bench.summary import Round, summarize
-from speccli.bench.theory import best_k
+from speccli.bench.theory import best_configuration
+from speccli.bench.verdict import cannot_pay
 from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, TokenEvent
-from speccli.drafting.model import ModelDrafter
-from speccli.drafting.policy import FixedK
+from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
+from speccli.settings import needs_draft_model
 
 
 @dataclass
@@ -35,11 +39,9 @@ class Generation:
     tokens: list[int]  # the generated tokens, with the end-of-generation token if that ended it
 
 
-def measure_generation(
-    generator: Generator, prompt_tokens: Sequence[int], n_predict: int, *, mode: str, k: int, **labels
-) -> Generation:
+def measure_generation(generator: Generator, prompt_tokens: Sequence[int], n_predict: int, **labels) -> Generation:
     """Generate from empty caches, timing the whole decode phase by the wall clock; labels: task,
-    prompt_index, run, seed."""
+    prompt_index, run, seed, mode, spec, k."""
     generator.reset()
     tokens: list[int] = []
     done: DoneEvent | None = None
@@ -55,8 +57,6 @@ def measure_generation(
         # check must compare too.
         tokens.append(generator.tokens[-1])
     measurement = Measurement(
-        mode=mode,
-        k=k,
         reason=done.reason,
         decode_wall_seconds=max(elapsed - done.stats.prefill_seconds, 1e-9),
         stats=done.stats,
@@ -65,21 +65,30 @@ def measure_generation(
     return Generation(measurement, tokens)
 
 
-class CostProfiler:
-    """Times the target's 1-token decode and (K+1)-token verify and the draft's 1-token decode, at the
-    same cache position (the first prompt's). `sample()` takes one of each, sizes interleaved; it is
-    called after every round, so the profile spans the whole run and drift hits it like the runs."""
+# Verify widths profiled for `auto` (K = n - 1 for n = 2, 4, 8, 16 tokens): the points of v(n) the
+# report shows; auto itself profiles its own curve as it starts.
+AUTO_PROFILED_KS = (1, 3, 7, 15)
 
-    def __init__(self, target: Model, draft: Model, prompt_tokens: Sequence[int], ks: Iterable[int]) -> None:
+
+class CostProfiler:
+    """Times the target's 1-token decode and (K+1)-token verify and the draft's 1-token decode (when a
+    draft model is loaded), at the same cache position (the first prompt's). `sample()` takes one of
+    each, sizes interleaved; it is called after every round, so the profile spans the whole run and
+    drift hits it like the runs."""
+
+    def __init__(self, target: Model, draft: Model | None, prompt_tokens: Sequence[int], ks: Iterable[int]) -> None:
         self.target, self.draft = target, draft
-        self.ks = list(ks)
+        self.ks = sorted(set(ks))
+        self.models = [target] + ([draft] if draft is not None else [])
         self.context = list(prompt_tokens[:-1]) or list(prompt_tokens)
         self.filler = list(prompt_tokens) * (max(self.ks) // max(len(prompt_tokens), 1) + 2)
-        self.sizes = {"draft": 1, "target": 1, **{f"verify{k}": k + 1 for k in self.ks}}
+        self.sizes = {"target": 1, **{f"verify{k}": k + 1 for k in self.ks}}
+        if draft is not None:
+            self.sizes["draft"] = 1
         self.timings: dict[str, list[float]] = {name: [] for name in self.sizes}
 
     def sample(self, reps: int = 1) -> None:
-        for model in (self.target, self.draft):
+        for model in self.models:
             model.reset()
             model.decode(self.context, n_logit_rows=0)
         for _ in range(reps):
@@ -89,21 +98,22 @@ class CostProfiler:
                 model.decode(self.filler[:size], n_logit_rows=size)
                 self.timings[name].append(time.perf_counter() - started)
                 model.truncate(len(self.context))
-        for model in (self.target, self.draft):
+        for model in self.models:
             model.reset()
 
     def costs(self) -> Costs:
         median = {name: statistics.median(values) for name, values in self.timings.items()}
         target_1 = median["target"]
+        draft_1 = median.get("draft")
         return Costs(
             position=len(self.context),
             reps=len(self.timings["target"]),
             target_decode_1_seconds=target_1,
-            draft_decode_1_seconds=median["draft"],
-            c=median["draft"] / target_1,
+            draft_decode_1_seconds=draft_1,
+            c=draft_1 / target_1 if draft_1 is not None else 0.0,
             verify=[
                 VerifyCost(k=k, tokens=k + 1, seconds=median[f"verify{k}"], relative_to_1_token=median[f"verify{k}"] / target_1)
-                for k in sorted(self.ks)
+                for k in self.ks
             ],
         )
 
@@ -113,8 +123,9 @@ class Measured:
     """What measuring produces; the report adds what was measured, where and how."""
 
     costs: Costs
-    results: list[KResult]
-    best_k: BestK | None
+    results: list[ConfigResult]
+    best: Best | None
+    cannot_pay: str | None
     greedy_check: GreedyCheck
     measurements: list[Measurement]
 
@@ -122,48 +133,58 @@ class Measured:
 Progress = Callable[[str], None]  # advance by one generation, describing the next
 
 
+def profiled_ks(settings: BenchSettings) -> list[int]:
+    """The verify widths to profile: every fixed K asked for, and v(n)'s usual points if auto is."""
+    fixed = {k for k in settings.ks if k is not None}
+    return sorted(fixed | (set(AUTO_PROFILED_KS) if None in settings.ks else set()))
+
+
 def run_bench(
-    target: Model, draft: Model, prompt_set: PromptSet, settings: BenchSettings, progress: Progress | None = None
+    target: Model, draft: Model | None, prompt_set: PromptSet, settings: BenchSettings, progress: Progress | None = None
 ) -> Measured:
-    """Measure every round, profile the costs, check greedy outputs, and summarize each K."""
-    sampling = SamplingParams(temperature=settings.temperature)
+    """Measure every round, profile the costs, check greedy outputs, and summarize each configuration."""
     advance = progress or (lambda _description: None)
+    configurations = settings.configurations
+    if draft is None and any(needs_draft_model(c.spec) for c in configurations):
+        raise SpeccliError(f"--spec {','.join(settings.specs)} needs a draft model, and none was loaded")
     tokenized = [target.tokenizer.tokenize(p.prompt) for p in prompt_set.prompts]
-    limit = min(target.n_ctx, draft.n_ctx)
+    limit = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
     longest = max(len(t) for t in tokenized)
-    if longest + settings.n_predict + max(settings.ks) + 1 > limit:
+    # A fixed K needs room for K drafts; auto drafts only into the room there is.
+    widest = max([k for k in settings.ks if k is not None], default=0)
+    if longest + settings.n_predict + widest + 1 > limit:
         raise SpeccliError(
-            f"the longest prompt ({longest} tokens) + --n-predict {settings.n_predict} + K {max(settings.ks)} "
+            f"the longest prompt ({longest} tokens) + --n-predict {settings.n_predict} + K {widest} "
             f"does not fit the context of {limit} tokens; raise --ctx or lower --n-predict"
         )
     check = GreedyChecker(applies=settings.greedy)
 
     def run_round(index: int, run: int, seed: int, reverse: bool) -> Round:
         task = prompt_set.prompts[index].task
-        labels = {"task": task, "prompt_index": index, "run": run}
-        order: list[int | None] = [None, *settings.ks]  # None: the target alone
+        labels = {"task": task, "prompt_index": index, "run": run, "seed": seed}
+        order: list[Configuration | None] = [None, *configurations]  # None: the target alone
         if reverse:
             order.reverse()
-        done: dict[int | None, Generation] = {}
-        for k in order:
-            advance(f"{task} · {'target only' if k is None else f'K={k}'}")
-            if k is None:
-                generator = Generator(target, None, sampling, seed=seed)
+        done: dict[Configuration | None, Generation] = {}
+        for configuration in order:
+            advance(f"{task} · {'target only' if configuration is None else configuration.label}")
+            if configuration is None:
+                generator = Generator(target, None, settings.sampling, seed=seed)
+                sides = {"mode": "target", "spec": None, "k": 0}
             else:
-                generator = Generator(target, ModelDrafter(draft), sampling, FixedK(k), seed)
-            mode = "target" if k is None else "speculative"
-            done[k] = measure_generation(
-                generator, tokenized[index], settings.n_predict, mode=mode, k=k or 0, seed=seed, **labels
-            )
+                drafter = make_drafter(configuration.spec, draft)
+                generator = Generator(target, drafter, settings.sampling, make_policy(configuration.k), seed)
+                sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
+            done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
         baseline = done.pop(None)
         if settings.greedy and run >= 0:
             for generation in done.values():
                 check.check(
                     target, tokenized[index], baseline.measurement, baseline.tokens, generation.measurement, generation.tokens
                 )
-        return Round(task, index, run, baseline.measurement, {k: g.measurement for k, g in done.items()})
+        return Round(task, index, run, baseline.measurement, {c: g.measurement for c, g in done.items()})
 
-    profiler = CostProfiler(target, draft, tokenized[0], settings.ks)
+    profiler = CostProfiler(target, draft, tokenized[0], profiled_ks(settings))
     for warm in range(settings.warmup):
         run_round(0, -1 - warm, settings.seed, reverse=bool(warm % 2))
     advance("profiling decode costs")
@@ -177,20 +198,23 @@ def run_bench(
     costs = profiler.costs()
 
     results = [
-        KResult(
-            k=k,
-            overall=summarize(rounds, k, costs),
+        ConfigResult(
+            spec=configuration.spec,
+            k=configuration.k,
+            label=configuration.label,
+            overall=summarize(rounds, configuration, costs),
             tasks=[
-                TaskSummary(task=task, **dict(summarize([r for r in rounds if r.task == task], k, costs)))
+                TaskSummary(task=task, **dict(summarize([r for r in rounds if r.task == task], configuration, costs)))
                 for task in prompt_set.tasks
             ],
         )
-        for k in settings.ks
+        for configuration in configurations
     ]
     return Measured(
         costs=costs,
         results=results,
-        best_k=best_k(results),
+        best=best_configuration(results),
+        cannot_pay=cannot_pay(results, costs),
         greedy_check=check.result(),
         measurements=[m for r in rounds for m in (r.baseline, *r.speculative.values())],
     )

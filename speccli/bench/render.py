@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speccli.bench.report import BenchReport, BestK, GreedyCheck, KResult, Spread, Summary, TimeSplit
+from speccli.bench.report import BenchReport, Best, ConfigResult, GreedyCheck, Settings, Spread, Summary, TimeSplit
 from speccli.util.format import format_size
 
 _COLUMNS = (
@@ -19,6 +19,7 @@ _COLUMNS = (
     ("accept\nrate", "right"),
     ("α\n(est.)", "right"),
     ("tok/\nverify", "right"),
+    ("mean K\nchosen", "right"),
     ("predicted\nspeedup", "right"),
     ("effi-\nciency", "right"),
 )
@@ -34,35 +35,62 @@ def spread_text(s: Spread | None, digits: int = 1, suffix: str = "") -> str:
     return f"{s.median:.{digits}f}{suffix} [dim]({s.min:.{digits}f}–{s.max:.{digits}f})[/dim]"
 
 
+def k_label(k: int | None) -> str:
+    return "auto" if k is None else str(k)
+
+
+def _mode(settings: Settings) -> str:
+    mode = "greedy" if settings.greedy else f"temperature {settings.temperature:g}, seed {settings.seed}"
+    filters = [
+        f"{name} {value:g}"
+        for name, value, off in (("top-k", settings.top_k, 0), ("top-p", settings.top_p, 1.0), ("min-p", settings.min_p, 0.0))
+        if value != off
+    ]
+    return ", ".join([mode, *filters])
+
+
 def render_report(report: BenchReport, console: Console) -> None:
     settings, env, models, costs = report.settings, report.environment, report.models, report.costs
-    mode = "greedy" if settings.greedy else f"temperature {settings.temperature:g}, seed {settings.seed}"
     pair = f"pair {escape(models.pair)}" if models.pair else "ad-hoc pair"
     console.print(
-        f"[bold]speccli bench[/bold] · {pair} · K={','.join(map(str, settings.k))} · {mode} · "
-        f"{settings.n_predict} new tokens max · {settings.runs} run(s) + {settings.warmup} warm-up · "
+        f"[bold]speccli bench[/bold] · {pair} · spec {','.join(settings.spec)} · K={','.join(map(k_label, settings.k))} · "
+        f"{_mode(settings)} · {settings.n_predict} new tokens max · {settings.runs} run(s) + {settings.warmup} warm-up · "
         f"{report.prompts.count} prompt(s) ({escape(report.prompts.source)})"
     )
     console.print(f"  [dim]{escape(report.command)}[/dim]", soft_wrap=True)
     for role, model in (("target", models.target), ("draft", models.draft)):
-        console.print(f"  {role:<6} {escape(model.name)} ({format_size(model.size_bytes)}, sha256 {model.sha256[:12]})")
-    offload = f"ngl {env.target_n_gpu_layers}/{env.draft_n_gpu_layers}" if env.gpu_offload_supported else "no GPU offload"
+        if model is None:
+            console.print(f"  {role:<6} none (n-gram lookup drafts from the context)")
+        else:
+            console.print(f"  {role:<6} {escape(model.name)} ({format_size(model.size_bytes)}, sha256 {model.sha256[:12]})")
+    if not env.gpu_offload_supported:
+        offload = "no GPU offload"
+    elif env.draft_n_gpu_layers is None:
+        offload = f"ngl {env.target_n_gpu_layers}"
+    else:
+        offload = f"ngl {env.target_n_gpu_layers}/{env.draft_n_gpu_layers}"
     console.print(f"  {env.backend} · {env.threads} threads · {offload} · llama-cpp-python {env.llama_cpp_python}")
     verify = ", ".join(f"K={v.k}: {v.relative_to_1_token:.2f}" for v in costs.verify)
+    draft = (
+        f"draft {costs.draft_decode_1_seconds * 1e3:.1f} ms → c = {costs.c:.3f}"
+        if costs.draft_decode_1_seconds is not None
+        else "no draft model → c = 0"
+    )
     console.print(
-        f"  profiled: target 1-token decode {costs.target_decode_1_seconds * 1e3:.1f} ms, draft "
-        f"{costs.draft_decode_1_seconds * 1e3:.1f} ms → c = {costs.c:.3f}; "
+        f"  profiled: target 1-token decode {costs.target_decode_1_seconds * 1e3:.1f} ms, {draft}; "
         f"(K+1)-token verify / 1-token decode: {verify}"
     )
     if len(report.results) == 1:
         render_single(report.results[0], console)
     else:
-        render_sweep(report.results, report.best_k, console)
+        render_sweep(report.results, report.best, console)
+    if report.cannot_pay:
+        console.print(f"[bold yellow]{escape(report.cannot_pay)}[/bold yellow]", soft_wrap=True)
     console.print(
         "[dim]tok/s: decode phase, wall-clock, median (min–max) over runs; speedup: median of per-round ratios. "
-        "tok/verify counts the target's correction/bonus token. "
-        "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement; "
-        "efficiency = measured ÷ predicted.[/dim]"
+        "tok/verify counts the target's correction/bonus token; mean K chosen counts steps that drafted nothing. "
+        "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
+        "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted.[/dim]"
     )
     render_check(report.greedy_check, console)
 
@@ -77,15 +105,16 @@ def _figures_row(label: str, s: Summary, bold: bool = False) -> list[str]:
         number(s.acceptance_rate),
         number(s.alpha),
         number(s.tokens_per_target_decode),
-        number(s.predicted.speedup if s.predicted else None, 2, "×"),
-        number(s.efficiency),
+        number(s.mean_draft_length),
+        "n/a" if s.prediction_not_applicable else number(s.predicted.speedup if s.predicted else None, 2, "×"),
+        "n/a" if s.prediction_not_applicable else number(s.efficiency),
     ]
     return [f"[bold]{cell}[/bold]" for cell in row] if bold else row
 
 
 def _figures_table(title: str, first: str, rows: Sequence[list[str]], section_before_last: bool = False) -> Table:
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column(first, justify="left")
+    table.add_column(first, justify="left", no_wrap=True)
     for name, justify in _COLUMNS:
         table.add_column(name, justify=justify)
     for index, row in enumerate(rows):
@@ -95,10 +124,14 @@ def _figures_table(title: str, first: str, rows: Sequence[list[str]], section_be
     return table
 
 
-def render_single(result: KResult, console: Console) -> None:
+def _title(result: ConfigResult) -> str:
+    return f"{result.spec}, K = {k_label(result.k)}"
+
+
+def render_single(result: ConfigResult, console: Console) -> None:
     rows = [_figures_row(task.task, task) for task in result.tasks]
     rows.append(_figures_row("overall", result.overall, bold=True))
-    console.print(_figures_table(f"K = {result.k}  (A = target only, B = speculative)", "task", rows, section_before_last=True))
+    console.print(_figures_table(f"{_title(result)}  (A = target only, B = speculative)", "task", rows, section_before_last=True))
     render_details(result, console)
 
 
@@ -108,10 +141,27 @@ def _split_text(split: TimeSplit, with_draft: bool) -> str:
     return " · ".join(f"{name} {share:.0%}" for name, share in parts)
 
 
-def render_details(result: KResult, console: Console) -> None:
+def draft_lengths_text(summary: Summary) -> str:
+    """The K chosen, compactly: 'mean 3.10 · 0×12 2×3 4×40' (steps by tokens drafted)."""
+    histogram = " ".join(f"{length}×{steps}" for length, steps in summary.draft_lengths.items())
+    return f"mean {number(summary.mean_draft_length)} · {histogram or 'no steps'}"
+
+
+def by_source_text(summary: Summary) -> str:
+    if not summary.by_source:
+        return "nothing drafted"
+    return " · ".join(
+        f"{s.source} {number(s.acceptance_rate)} ({s.accepted}/{s.drafted} kept in {s.steps} steps, α {number(s.alpha)})"
+        for s in summary.by_source
+    )
+
+
+def render_details(result: ConfigResult, console: Console) -> None:
     overall = result.overall
     positions = "  ".join(f"{i + 1}: {number(a)}" for i, a in enumerate(overall.per_position_acceptance))
-    console.print(f"  per-position acceptance (K={result.k}): {positions}")
+    console.print(f"  per-position acceptance ({result.label}): {positions or '–'}")
+    console.print(f"  acceptance by source: {by_source_text(overall)}")
+    console.print(f"  K chosen (tokens drafted per target decode × steps): {draft_lengths_text(overall)}")
     console.print(
         f"  accepted draft tokens per target decode: {number(overall.accepted_per_target_decode)} "
         f"(+1 correction/bonus = {number(overall.tokens_per_target_decode)} tokens per target decode)"
@@ -122,34 +172,57 @@ def render_details(result: KResult, console: Console) -> None:
     )
     observed = overall.observed_costs
     if observed:
+        predicted = (
+            f"prediction n/a ({overall.prediction_not_applicable})" if overall.prediction_not_applicable
+            else f"predicted {number(observed.predicted_speedup, 2, '×')}"
+        )
         console.print(
             f"  in-run costs (from the runs' own draft/target times): c = {observed.c:.3f}, verify / 1-token "
-            f"decode = {observed.verify_relative_to_1_token:.2f} → predicted {number(observed.predicted_speedup, 2, '×')}"
+            f"decode = {observed.verify_relative_to_1_token:.2f} → {predicted}"
         )
+    elif overall.prediction_not_applicable:
+        console.print(f"  prediction n/a: {overall.prediction_not_applicable}")
 
 
-def render_sweep(results: Sequence[KResult], best: BestK | None, console: Console) -> None:
-    rows = [_figures_row(str(r.k), r.overall, bold=best is not None and r.k == best.k) for r in results]
-    console.print(_figures_table("overall, by K  (A = target only, B = speculative)", "K", rows))
-    tasks = Table(title="speedup by task and K (median)", title_justify="left", header_style="bold")
-    tasks.add_column("task")
-    for result in results:
-        tasks.add_column(f"K={result.k}", justify="right")
-    for i, task in enumerate(results[0].tasks):
-        tasks.add_row(task.task, *(number(r.tasks[i].speedup.median if r.tasks[i].speedup else None, 2, "×") for r in results))
-    console.print(tasks)
+def render_sweep(results: Sequence[ConfigResult], best: Best | None, console: Console) -> None:
+    rows = [_figures_row(r.label, r.overall, bold=best is not None and r.label == best.label) for r in results]
+    console.print(_figures_table("overall, by configuration  (A = target only, B = speculative)", "configuration", rows))
+    console.print(render_task_table(results))
     console.print(render_chart(results))
     if best:
-        console.print(f"[bold green]best K = {best.k}[/bold green]: {best.reason}")
-        render_details(next(r for r in results if r.k == best.k), console)
+        console.print(f"[bold green]best: {escape(best.label)}[/bold green]: {escape(best.reason)}")
+        render_details(next(r for r in results if r.label == best.label), console)
+    for result in results:
+        if best is None or result.label != best.label:
+            console.print(
+                f"  {result.label}: K chosen {draft_lengths_text(result.overall)}; by source: {by_source_text(result.overall)}"
+            )
 
 
-def render_chart(results: Sequence[KResult], width: int = 40) -> str:
-    """Speedup (█ measured, ┆ at the predicted value) and acceptance (▒) against K, as text bars."""
+def render_task_table(results: Sequence[ConfigResult]) -> Table:
+    """Median speedup by task and configuration, and which configuration wins each task."""
+    tasks = Table(title="speedup by task and configuration (median)", title_justify="left", header_style="bold")
+    tasks.add_column("task")
+    for result in results:
+        tasks.add_column(result.label, justify="right")
+    tasks.add_column("fastest", justify="left")
+    for i, task in enumerate(results[0].tasks):
+        speedups = [r.tasks[i].speedup.median if r.tasks[i].speedup else None for r in results]
+        scored = [(s, r.label) for s, r in zip(speedups, results) if s is not None]
+        winner = max(scored)[1] if scored else "–"
+        if scored and max(scored)[0] < 1:
+            winner = "target alone"
+        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner)
+    return tasks
+
+
+def render_chart(results: Sequence[ConfigResult], width: int = 40) -> str:
+    """Speedup (█ measured, ┆ at the predicted value) and acceptance (▒) by configuration, as text bars."""
     speedups = [r.overall.speedup.median if r.overall.speedup else 0.0 for r in results]
     predicted = [r.overall.predicted.speedup if r.overall.predicted else 0.0 for r in results]
     top = max([*speedups, *predicted, 1.0])
-    lines = [f"speedup against K  (█ measured, ┆ predicted, │ = 1.0×; scale 0–{top:.2f}×)"]
+    name_width = max(len(r.label) for r in results) + 1
+    lines = [f"speedup by configuration  (█ measured, ┆ predicted, │ = 1.0×; scale 0–{top:.2f}×)"]
     one = round(width / top)
     for result, s, p in zip(results, speedups, predicted):
         bar = list("█" * round(s / top * width) + " " * width)[:width]
@@ -157,11 +230,12 @@ def render_chart(results: Sequence[KResult], width: int = 40) -> str:
             bar[min(round(p / top * width), width) - 1] = "┆"
         if 0 < one <= width and bar[one - 1] == " ":
             bar[one - 1] = "│"
-        lines.append(f"K={result.k:<3}{''.join(bar)} {s:.2f}×  (pred. {p:.2f}×)")
-    lines.append("acceptance rate against K  (▒, scale 0–1)")
+        prediction = f"(pred. {p:.2f}×)" if p else "(pred. n/a)"
+        lines.append(f"{result.label:<{name_width}}{''.join(bar)} {s:.2f}×  {prediction}")
+    lines.append("acceptance rate by configuration  (▒, scale 0–1)")
     for result in results:
         rate = result.overall.acceptance_rate or 0.0
-        lines.append(f"K={result.k:<3}{'▒' * round(rate * width):<{width}} {rate:.2f}")
+        lines.append(f"{result.label:<{name_width}}{'▒' * round(rate * width):<{width}} {rate:.2f}")
     return "\n".join(lines)
 
 
@@ -173,7 +247,10 @@ def render_check(check: GreedyCheck, console: Console) -> None:
         console.print(f"  greedy check: [green]{check.identical}/{check.checked} speculative outputs identical to the target's own[/green]")
         return
     for parting in check.partings:
-        where = f"{parting.task} (prompt {parting.prompt_index}, run {parting.run}, K={parting.k})"
+        where = (
+            f"{parting.task} (prompt {parting.prompt_index}, run {parting.run}, {parting.spec} K={k_label(parting.k)}, "
+            f"tolerance at {parting.verify_rows}-token verify)"
+        )
         label, style = ("near-tie parting", "yellow") if parting.near_tie else ("PARTING (not a near-tie)", "bold red")
         console.print(f"  [{style}]{label}[/{style}] {escape(where)}: {escape(parting.description)}")
     summary = f"{check.identical}/{check.checked} identical, {len(check.partings)} parted"

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from speccli.core.stats import RunStats
 
-SCHEMA_VERSION = 2  # 1: reports before the typed report (no `stats`, wall and timer times mixed)
+# 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
+# fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K).
+SCHEMA_VERSION = 3
 KIND = "speccli-bench"
 
 
@@ -29,13 +31,15 @@ class Part(BaseModel):
 
 
 class Measurement(Part):
-    """One generation: the target alone (mode "target", k 0) or speculative (mode "speculative")."""
+    """One generation: the target alone (mode "target", spec None, k 0) or speculative (mode
+    "speculative", its draft source and K; k None: auto, chosen per step)."""
 
     task: str
     prompt_index: int
     run: int  # negative for warm-up runs (never reported)
     mode: Literal["target", "speculative"]
-    k: int
+    spec: str | None
+    k: int | None
     seed: int
     reason: str  # why generation ended: "eog", "max_tokens", ...
     decode_wall_seconds: float  # wall-clock time of the decode phase (everything after prefill)
@@ -92,15 +96,28 @@ class Prediction(Part):
 
 
 class ObservedCosts(Part):
-    """c and v as the runs' own per-step timers saw them, and the prediction from those."""
+    """c and v as the runs' own per-step timers saw them, and the prediction from those (fixed K with
+    a model draft only)."""
 
-    c: float
-    verify_relative_to_1_token: float
+    c: float  # seconds per drafted token / target 1-token decode (near 0 for n-gram lookup)
+    verify_relative_to_1_token: float  # mean verify decode / target 1-token decode
     predicted_speedup: float | None
 
 
+class SourceAcceptance(Part):
+    """Acceptance of the drafts of one source ("model", "ngram") within a configuration."""
+
+    source: str
+    steps: int  # steps this source drafted
+    drafted: int
+    accepted: int
+    judged: int
+    acceptance_rate: float | None
+    alpha: float | None
+
+
 class Summary(Part):
-    """Every figure for one K over some rounds (one task's, or all)."""
+    """Every figure for one configuration over some rounds (one task's, or all)."""
 
     runs: int
     baseline: SideSummary
@@ -115,8 +132,12 @@ class Summary(Part):
     alpha: float | None
     tokens_per_target_decode: float | None  # counts the target's own correction/bonus token
     accepted_per_target_decode: float | None
+    draft_lengths: dict[int, int]  # target decodes by tokens drafted (the K chosen), 0 included
+    mean_draft_length: float | None  # drafted / target decodes
+    by_source: list[SourceAcceptance]
     observed_costs: ObservedCosts | None
     predicted: Prediction | None
+    prediction_not_applicable: str | None  # why there is no prediction, where the formula does not apply
     efficiency: float | None  # measured median speedup / predicted speedup
 
 
@@ -124,10 +145,12 @@ class TaskSummary(Summary):
     task: str
 
 
-class KResult(Part):
-    """The figures of one speculative configuration (today: one K), overall and by task."""
+class ConfigResult(Part):
+    """The figures of one speculative configuration (a draft source and K), overall and by task."""
 
-    k: int
+    spec: str  # the draft source: "model", "ngram" or "ngram+model"
+    k: int | None  # None: auto (K chosen per step)
+    label: str  # how the report names it: "model K=4", "ngram auto"
     overall: Summary
     tasks: list[TaskSummary]
 
@@ -145,16 +168,20 @@ class Costs(Part):
     position: int  # tokens in the cache when profiled
     reps: int
     target_decode_1_seconds: float
-    draft_decode_1_seconds: float
-    c: float  # draft 1-token decode / target 1-token decode
+    draft_decode_1_seconds: float | None  # None: no draft model loaded
+    c: float  # draft 1-token decode / target 1-token decode; 0 without a draft model (n-gram lookup)
     verify: list[VerifyCost]  # (K+1)-token target decodes with K+1 logit rows
 
     def verify_ratio(self, k: int) -> float:
         return next(v.relative_to_1_token for v in self.verify if v.k == k)
 
 
-class BestK(Part):
-    k: int
+class Best(Part):
+    """The configuration with the highest median measured speedup, and why."""
+
+    label: str
+    spec: str
+    k: int | None
     speedup: float
     reason: str
 
@@ -165,7 +192,9 @@ class Parting(Part):
     task: str
     prompt_index: int
     run: int
-    k: int
+    spec: str
+    k: int | None  # None: auto
+    verify_rows: int  # the batch width the tolerance was measured at: the widest verify the run used
     index: int
     target_token: int | None  # None where one side stopped and the other went on
     speculative_token: int | None
@@ -191,9 +220,13 @@ class GreedyCheck(Part):
 
 
 class Settings(Part):
-    k: list[int]
+    spec: list[str]
+    k: list[int | None]  # None: auto
     n_predict: int
     temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
     greedy: bool
     seed: int
     runs: int
@@ -212,7 +245,7 @@ class Environment(Part):
     cpu_count: int
     threads: int
     target_n_gpu_layers: int
-    draft_n_gpu_layers: int
+    draft_n_gpu_layers: int | None  # None: no draft model loaded
 
 
 class ModelFile(Part):
@@ -225,7 +258,7 @@ class ModelFile(Part):
 class Models(Part):
     pair: str | None
     target: ModelFile
-    draft: ModelFile
+    draft: ModelFile | None  # None: no configuration needed a draft model
 
 
 class PromptsInfo(Part):
@@ -239,7 +272,10 @@ NOTES = {
     "wall_tokens_per_second": "decode phase only (prefill timed apart), wall-clock, each run from its own token count",
     "stats": "the engine's RunStats: its times are per-step timer sums, not wall-clock",
     "tokens_per_target_decode": "counts the target's own correction or bonus token",
-    "predicted": "a prediction, not a measurement: (1 - alpha^(K+1)) / (1 - alpha) / (K*c + v(K+1))",
+    "predicted": "a prediction, not a measurement: (1 - alpha^(K+1)) / (1 - alpha) / (K*c + v(K+1)); "
+    "only for a fixed K with a model draft",
+    "draft_lengths": "target decodes by the number of tokens drafted before them (the K chosen), 0 included",
+    "by_source": "acceptance of each draft source's tokens within a configuration",
     "efficiency": "measured median speedup / predicted speedup",
 }
 
@@ -247,7 +283,7 @@ NOTES = {
 class BenchReport(Part):
     """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
 
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     kind: Literal["speccli-bench"]
     created: str  # ISO 8601, UTC
     command: str  # the command line that repeats the measurement
@@ -257,8 +293,9 @@ class BenchReport(Part):
     prompts: PromptsInfo
     notes: dict[str, str]
     costs: Costs
-    results: list[KResult]  # one per K, in the order asked for
-    best_k: BestK | None  # None for a single K
+    results: list[ConfigResult]  # one per (spec, K), specs in the order asked for, auto first
+    best: Best | None  # None for a single configuration
+    cannot_pay: str | None  # one line where the measurements say speculation cannot pay here
     greedy_check: GreedyCheck
     measurements: list[Measurement]  # every measured generation, warm-ups left out
 

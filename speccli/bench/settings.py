@@ -1,52 +1,43 @@
-"""What one `speccli bench` run is asked to do: the K values (parsed in this one place), the measuring
-settings, and the command line that repeats them."""
+"""What one `speccli bench` run is asked to do: the configurations (draft sources x K values, parsed by
+`speccli.settings`, the same rules as chat and models.toml), the measuring settings, and the command
+line that repeats them."""
 from __future__ import annotations
 
 import math
-import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from speccli.drafting.policy import MAX_K
+from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
+from speccli.settings import AUTO_K, needs_draft_model, parse_k_sweep, parse_spec_list
 
-_K_FORMS = "give a number (4), a list (1,2,4,8) or a range (1-8)"
+
+@dataclass(frozen=True)
+class Configuration:
+    """One speculative side of a round: a draft source and K (None: auto, chosen per step)."""
+
+    spec: str
+    k: int | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec} {'auto' if self.k is None else f'K={self.k}'}"
 
 
-def parse_k_spec(text: str, max_k: int = MAX_K) -> list[int]:
-    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; items may mix: '1-3,8'. Sorted, unique."""
-    spec = text.strip()
-    if not spec:
-        raise SpeccliError(f"--k is empty; {_K_FORMS}")
-    values: set[int] = set()
-    for item in spec.split(","):
-        item = item.strip()
-        if re.fullmatch(r"-\d+", item):  # a negative number, not a range with its start left out
-            raise SpeccliError(f"--k {text!r}: K (draft tokens per step) must be between 1 and {max_k}, got {item}")
-        low_text, dash, high_text = item.partition("-")
-        try:
-            low = int(low_text)
-            high = int(high_text) if dash else low
-        except ValueError:
-            raise SpeccliError(f"--k {text!r}: {item!r} is not a number or a range; {_K_FORMS}") from None
-        if dash and low > high:
-            raise SpeccliError(f"--k {text!r}: the range {item} runs backwards; write {high}-{low}")
-        for value in (low, high):
-            if not 1 <= value <= max_k:
-                raise SpeccliError(f"--k {text!r}: K (draft tokens per step) must be between 1 and {max_k}, got {value}")
-        values.update(range(low, high + 1))
-    return sorted(values)
+def k_text(k: int | None) -> str:
+    return AUTO_K if k is None else str(k)
 
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How to measure. `ks` is empty until the K values are known (from --k, or the pair's k)."""
+    """How to measure. `specs` and `ks` are empty until known (from --spec/--k, or the pair's)."""
 
-    ks: tuple[int, ...] = ()
+    specs: tuple[str, ...] = ()
+    ks: tuple[int | None, ...] = ()
     n_predict: int = 64
-    temperature: float = 0.0
+    sampling: SamplingParams = SamplingParams(temperature=0.0)
     seed: int = 42
     runs: int = 2
     warmup: int = 1
@@ -60,36 +51,65 @@ class BenchSettings:
             raise SpeccliError(f"--n-predict must be >= 1, got {self.n_predict}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise SpeccliError(f"--temp must be a finite number >= 0 (0 is greedy), got {self.temperature}")
+        self.sampling.validate()
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.sampling.greedy
+
+    @property
+    def configurations(self) -> list[Configuration]:
+        """Every (spec, K), specs in the order given, K as parsed (auto first)."""
+        return [Configuration(spec, k) for spec in self.specs for k in self.ks]
 
 
 @dataclass(frozen=True)
 class BenchRequest:
-    """Everything `speccli bench` was given: the pair to load, the K spec, the settings, the files."""
+    """Everything `speccli bench` was given: the pair to load, the spec and K lists, the settings, the files."""
 
     pair: PairRequest
+    spec_list: str | None  # None: the pair's spec
     k_spec: str | None  # None: the pair's k
     settings: BenchSettings
     prompts_file: Path | None
     json_path: Path | None
 
-    def resolve_ks(self) -> list[int] | None:
-        """The K values asked for, or None to use the pair's k (known once the pair is resolved)."""
-        return parse_k_spec(self.k_spec) if self.k_spec is not None else None
+    def resolve_specs(self) -> list[str] | None:
+        """The draft sources asked for, or None to use the pair's (known once the pair is resolved)."""
+        return parse_spec_list(self.spec_list) if self.spec_list is not None else None
+
+    def resolve_ks(self) -> list[int | None] | None:
+        """The K values asked for (None in the list: auto), or None to use the pair's k."""
+        return parse_k_sweep(self.k_spec) if self.k_spec is not None else None
+
+    def loading_request(self) -> PairRequest:
+        """The pair request whose spec loads what every asked-for source needs: a draft model if any
+        of them drafts with one; none (and a given --draft refused) if all are n-gram lookup."""
+        specs = self.resolve_specs()
+        if specs is None:
+            return self.pair
+        with_model = [spec for spec in specs if needs_draft_model(spec)]
+        return replace(self.pair, spec=with_model[0] if with_model else specs[0])
 
     def reproducing_command(self, settings: BenchSettings) -> str:
         """The command line that repeats this measurement, every default spelled out."""
         pair = self.pair
+        sampling = settings.sampling
         words = ["speccli", "bench"] + ([pair.pair] if pair.pair else [])
         for option, value in (
             ("--target", pair.target),
             ("--draft", pair.draft),
-            ("--k", ",".join(map(str, settings.ks))),
+            ("--spec", ",".join(settings.specs)),
+            ("--k", ",".join(map(k_text, settings.ks))),
             ("--n-predict", settings.n_predict),
-            ("--temp", f"{settings.temperature:g}"),
+            ("--temp", f"{sampling.temperature:g}"),
+            ("--top-k", sampling.top_k),
+            ("--top-p", f"{sampling.top_p:g}"),
+            ("--min-p", f"{sampling.min_p:g}"),
             ("--seed", settings.seed),
             ("--runs", settings.runs),
             ("--warmup", settings.warmup),

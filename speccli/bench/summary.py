@@ -1,5 +1,6 @@
-"""Every figure of one K over a set of rounds: speeds and speedups from wall-clock decode times, counts
-from the engine's RunStats added up, and the prediction theory makes from them."""
+"""Every figure of one configuration (draft source and K) over a set of rounds: speeds and speedups
+from wall-clock decode times, counts from the engine's RunStats added up (by source, and the K
+chosen), and the prediction theory makes from them where it applies."""
 from __future__ import annotations
 
 import statistics
@@ -14,23 +15,25 @@ from speccli.bench.report import (
     ObservedCosts,
     Prediction,
     SideSummary,
+    SourceAcceptance,
     Spread,
     Summary,
     TimeSplit,
 )
-from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
+from speccli.bench.settings import Configuration
+from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup, prediction_not_applicable
 from speccli.core.stats import RunStats
 
 
 @dataclass
 class Round:
-    """One prompt, one run: the target-only generation and one speculative generation per K."""
+    """One prompt, one run: the target-only generation and one speculative generation per configuration."""
 
     task: str
     prompt_index: int
     run: int
     baseline: Measurement
-    speculative: dict[int, Measurement]
+    speculative: dict[Configuration, Measurement]
 
 
 def spread(values: Sequence[float]) -> Spread | None:
@@ -43,10 +46,11 @@ def total_stats(measurements: Sequence[Measurement]) -> RunStats:
     return reduce(add, (m.stats for m in measurements), RunStats())
 
 
-def summarize(rounds: Sequence[Round], k: int, costs: Costs) -> Summary:
-    """Every figure for one K over some rounds (a task's, or all)."""
+def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Costs) -> Summary:
+    """Every figure for one configuration over some rounds (a task's, or all)."""
+    k = configuration.k
     base = [r.baseline for r in rounds]
-    spec = [r.speculative[k] for r in rounds]
+    spec = [r.speculative[configuration] for r in rounds]
     base_stats, spec_stats = total_stats(base), total_stats(spec)
     speedups = [
         s.wall_tokens_per_second / b.wall_tokens_per_second for b, s in zip(base, spec) if b.wall_tokens_per_second > 0
@@ -55,8 +59,9 @@ def summarize(rounds: Sequence[Round], k: int, costs: Costs) -> Summary:
     judged = spec_stats.positions.judged
     alpha = estimate_alpha(accepted, judged)
     measured = statistics.median(speedups) if speedups else None
+    not_applicable = prediction_not_applicable(configuration.spec, k)
     prediction = None
-    if alpha is not None:
+    if alpha is not None and not_applicable is None:
         e = expected_tokens_per_verify(alpha, k)
         step_cost = k * costs.c + costs.verify_ratio(k)
         prediction = Prediction(alpha=alpha, tokens_per_verify=e, step_cost=step_cost, speedup=e / step_cost)
@@ -68,11 +73,11 @@ def summarize(rounds: Sequence[Round], k: int, costs: Costs) -> Summary:
         observed = ObservedCosts(
             c=c,
             verify_relative_to_1_token=verify,
-            predicted_speedup=predicted_speedup(alpha, k, c, verify) if alpha is not None else None,
+            predicted_speedup=predicted_speedup(alpha, k, c, verify) if alpha is not None and not_applicable is None else None,
         )
     positions = spec_stats.positions
     by_position = [a / d if d else None for a, d in zip(positions.accepted_at, positions.drafted_at)]
-    by_position += [None] * (k - len(by_position))  # positions no step drafted
+    by_position += [None] * ((k or 0) - len(by_position))  # positions no step drafted
     return Summary(
         runs=len(rounds),
         baseline=_side(base, base_stats),
@@ -87,10 +92,30 @@ def summarize(rounds: Sequence[Round], k: int, costs: Costs) -> Summary:
         alpha=alpha,
         tokens_per_target_decode=spec_stats.generated / steps if steps else None,
         accepted_per_target_decode=accepted / steps if steps else None,
+        draft_lengths=dict(sorted(spec_stats.draft_lengths.items())),
+        mean_draft_length=spec_stats.mean_draft_length if steps else None,
+        by_source=_by_source(spec_stats),
         observed_costs=observed,
         predicted=prediction,
+        prediction_not_applicable=not_applicable,
         efficiency=measured / prediction.speedup if measured is not None and prediction else None,
     )
+
+
+def _by_source(stats: RunStats) -> list[SourceAcceptance]:
+    """Acceptance per draft source; a source's steps are those that drafted a first token from it."""
+    figures = []
+    for source, counts in sorted(stats.by_source.items()):
+        figures.append(SourceAcceptance(
+            source=source,
+            steps=counts.drafted_at[0] if counts.drafted_at else 0,
+            drafted=counts.drafted,
+            accepted=counts.accepted,
+            judged=counts.judged,
+            acceptance_rate=counts.accepted / counts.drafted if counts.drafted else None,
+            alpha=estimate_alpha(counts.accepted, counts.judged),
+        ))
+    return figures
 
 
 def _side(measurements: Sequence[Measurement], stats: RunStats) -> SideSummary:

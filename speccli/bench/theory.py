@@ -1,11 +1,11 @@
 """What theory expects of speculative decoding, from measured acceptance and costs: tokens per verify,
 predicted speedup (Leviathan et al. 2023, sec. 3.4, with the verify cost measured instead of assumed 1),
-the alpha estimate, and which K is best and why."""
+the alpha estimate, where the formula applies, and which configuration is best and why."""
 from __future__ import annotations
 
 from typing import Sequence
 
-from speccli.bench.report import BestK, KResult
+from speccli.bench.report import Best, ConfigResult
 
 
 def expected_tokens_per_verify(alpha: float, k: int) -> float:
@@ -26,41 +26,53 @@ def estimate_alpha(accepted: int, judged: int) -> float | None:
     return accepted / judged if judged else None
 
 
-def best_k(results: Sequence[KResult]) -> BestK | None:
-    """The K with the highest median measured speedup, and why, in words (None for a single K)."""
+def prediction_not_applicable(spec: str, k: int | None) -> str | None:
+    """Why the formula does not describe a configuration (None where it does: a fixed K, model drafts).
+    It assumes K drafted tokens every step at cost c each, accepted independently with one alpha."""
+    if k is None:
+        return "auto: K varies per step, the formula assumes one fixed K"
+    if spec != "model":
+        return f"{spec}: n-gram drafts cost no model step and their acceptance is not one alpha"
+    return None
+
+
+def best_configuration(results: Sequence[ConfigResult]) -> Best | None:
+    """The configuration with the highest median measured speedup, and why, in words (None for one)."""
     scored = [r for r in results if r.overall.speedup]
     if len(scored) < 2:
         return None
-    best = max(scored, key=lambda r: r.overall.speedup.median)
-    k, speedup = best.k, best.overall.speedup
-    reason = f"K={k} has the highest measured speedup: {_yield_phrase(best, named=False)}"
-    neighbours = [r for r in scored if r.k < k][-1:] + [r for r in scored if r.k > k][:1]
-    if neighbours:
-        reason += "; against " + " and ".join(_yield_phrase(r) for r in neighbours)
-        reason += (
-            ". Smaller K yields fewer tokens per verify; larger K pays K draft steps and a wider verify for "
-            "drafts that are more and more often rejected"
-        )
+    ranked = sorted(scored, key=lambda r: r.overall.speedup.median, reverse=True)
+    best, runner_up = ranked[0], ranked[1]
+    speedup = best.overall.speedup
+    reason = (
+        f"{best.label} has the highest measured speedup: {_yield_phrase(best, named=False)}; "
+        f"next is {_yield_phrase(runner_up)}"
+    )
     predicted = [r for r in scored if r.overall.predicted]
-    if predicted:
-        theory = max(predicted, key=lambda r: r.overall.predicted.speedup).k
-        if theory == k:
-            reason += f". The prediction from measured alpha, c and v also puts K={k} first"
+    if len(predicted) >= 2:
+        theory = max(predicted, key=lambda r: r.overall.predicted.speedup)
+        if theory is best:
+            reason += f". Of the fixed-K model configurations, the prediction from measured alpha, c and v also puts {best.label} first"
         else:
-            reason += f". The prediction from measured alpha, c and v puts K={theory} first instead"
-    close = [r.k for r in scored if r is not best and r.overall.speedup.max >= speedup.min]
+            reason += f". Of the fixed-K model configurations, the prediction from measured alpha, c and v puts {theory.label} first"
+    close = [r.label for r in scored if r is not best and r.overall.speedup.max >= speedup.min]
     if close:
-        reason += f"; K={','.join(map(str, close))} overlap(s) its min-max range, so more --runs may change the order"
-    return BestK(k=k, speedup=speedup.median, reason=reason + ".")
+        reason += f"; {', '.join(close)} overlap(s) its min-max range, so more --runs may change the order"
+    return Best(label=best.label, spec=best.spec, k=best.k, speedup=speedup.median, reason=reason + ".")
 
 
-def _yield_phrase(result: KResult, named: bool = True) -> str:
+def _yield_phrase(result: ConfigResult, named: bool = True) -> str:
     overall = result.overall
     pred = overall.predicted
-    text = (f"K={result.k}: " if named else "") + f"{overall.speedup.median:.2f}x measured"
+    text = (f"{result.label}: " if named else "") + f"{overall.speedup.median:.2f}x measured"
     if pred:
         text += (
             f" (alpha {pred.alpha:.2f}: {pred.tokens_per_verify:.2f} tokens per verify for "
             f"{pred.step_cost:.2f} target-decode costs, predicted {pred.speedup:.2f}x)"
+        )
+    elif overall.tokens_per_target_decode is not None:
+        text += (
+            f" ({overall.tokens_per_target_decode:.2f} tokens per target decode, "
+            f"mean K {overall.mean_draft_length or 0:.2f})"
         )
     return text

@@ -8,10 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, PairArgument, TargetGpuLayersOption, TargetOption,
-    TemperatureOption, ThreadsOption, checked, kept_as_typed,
+    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
+    TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked, kept_as_typed,
 )
-from speccli.settings import check_seed, parse_k_sweep
+from speccli.settings import check_seed, parse_k_sweep, parse_spec_list
 
 
 def bench(
@@ -20,14 +20,27 @@ def bench(
         Optional[str],
         typer.Option(
             "--k",
-            help="Draft tokens per step: 4, or a sweep: a list 1,2,4,8 or a range 1-8 (default: the pair's k).",
+            help="Draft tokens per step: auto (chosen per step), 4, or a sweep: a list auto,1,2,4 or a range 1-8 "
+            "(default: the pair's k, else auto).",
             callback=checked(kept_as_typed(parse_k_sweep)),
+        ),
+    ] = None,
+    spec: Annotated[
+        Optional[str],
+        typer.Option(
+            "--spec", metavar="SOURCES",
+            help="Draft source(s): model, ngram (no draft model loaded), ngram+model, or a list compared side "
+            "by side: model,ngram,ngram+model (default: the pair's, else ngram+model).",
+            callback=checked(kept_as_typed(parse_spec_list)),
         ),
     ] = None,
     target: TargetOption = None,
     draft: DraftOption = None,
     n_predict: Annotated[int, typer.Option("--n-predict", "-n", help="New tokens per generation (fewer if the model ends).")] = 64,
     temperature: TemperatureOption = 0.0,
+    top_k: TopKOption = 0,
+    top_p: TopPOption = 1.0,
+    min_p: MinPOption = 0.0,
     seed: Annotated[
         int,
         typer.Option(
@@ -55,13 +68,14 @@ def bench(
     ngl_draft: DraftGpuLayersOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, efficiency."""
+    """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, the K chosen."""
     import json
 
     from speccli.bench.command import console, run_command
     from speccli.bench.compare import compare_command
     from speccli.bench.report import report_schema
     from speccli.bench.settings import BenchRequest, BenchSettings
+    from speccli.core.sampling import SamplingParams
     from speccli.models.pair import PairRequest
 
     if schema:
@@ -74,5 +88,9 @@ def bench(
         pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, n_threads=threads,
         target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft,
     )
-    settings = BenchSettings(n_predict=n_predict, temperature=temperature, seed=seed, runs=runs, warmup=warmup)
-    run_command(BenchRequest(pair=pair_request, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path))
+    settings = BenchSettings(
+        n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup
+    )
+    run_command(BenchRequest(
+        pair=pair_request, spec_list=spec, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path
+    ))

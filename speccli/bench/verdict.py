@@ -1,0 +1,52 @@
+"""The one line a bench report gives where its own measurements say speculation cannot pay on this
+machine: every configuration slower than the target alone, or `auto` drafting nothing. It names the
+costs that decide it (c, v(n)), so a figure below 1x is never left to speak for itself."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from speccli.bench.report import ConfigResult, Costs
+
+
+def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
+    """The line, or None where some configuration gains and auto (if asked for) drafted."""
+    measured = [r for r in results if r.overall.speedup]
+    all_slower = bool(measured) and len(measured) == len(results) and all(r.overall.speedup.median < 1 for r in measured)
+    idle_auto = [r for r in results if r.k is None and r.overall.drafted == 0]
+    if not all_slower and not idle_auto:
+        return None
+    costs_phrase = f"on this machine {_costs_phrase(costs)}"
+    idle = " and ".join(r.label for r in idle_auto)
+    gaining = [r for r in measured if r not in idle_auto and r.overall.speedup.median >= 1]
+    if idle_auto and gaining:
+        # auto judged drafting not worth it, yet a fixed configuration gained: say both, claim neither
+        best = max(gaining, key=lambda r: r.overall.speedup.median)
+        return (
+            f"{costs_phrase}: {idle} judged that drafting does not pay and decoded with the target alone, "
+            f"though {best.label} measured {best.overall.speedup.median:.2f}×"
+        )
+    findings = []
+    if all_slower:
+        best = max(measured, key=lambda r: r.overall.speedup.median)
+        figures = f"{best.overall.speedup.median:.2f}×, acceptance {_rate(best.overall.acceptance_rate)}"
+        if len(results) > 1:
+            findings.append(f"every configuration is slower than the target alone (best: {best.label} at {figures})")
+        else:
+            findings.append(f"{best.label} is slower than the target alone ({figures})")
+    if idle_auto:
+        findings.append(f"{idle} drafted nothing: it decoded with the target alone")
+    return f"{costs_phrase}: speculation cannot pay here; " + "; ".join(findings)
+
+
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _costs_phrase(costs: Costs) -> str:
+    verify = ", ".join(f"{v.relative_to_1_token:.2f} (n={v.tokens})" for v in costs.verify)
+    draft = (
+        f"the draft model costs c = {costs.c:.2f} of a target step"
+        if costs.draft_decode_1_seconds is not None
+        else "n-gram lookup costs no model step (c = 0)"
+    )
+    return f"{draft} and verifying n tokens costs v(n) ≈ {verify} target steps"

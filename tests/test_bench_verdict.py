@@ -1,0 +1,106 @@
+"""The cannot-pay line of `speccli bench`: from a real tiny-pair report, changed where a test needs the
+measurements to say speculation cannot pay (every configuration below 1x, or auto drafting nothing),
+the report says so in one line naming c and v(n); where a configuration gains, it says nothing."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from speccli.bench.render import render_report
+from speccli.bench.report import BenchReport, Spread
+from speccli.bench.verdict import cannot_pay
+from speccli.cli.app import app
+from tests.tiny_gguf import TinyConfig, write_related_pair
+
+
+@pytest.fixture(scope="module")
+def mixed_report(tmp_path_factory) -> BenchReport:
+    """A real `--spec model,ngram --k auto,2` report of the tiny related pair, on two short prompts."""
+    folder = tmp_path_factory.mktemp("verdict")
+    target, draft = write_related_pair(folder, target_layers=8, draft_layers=2, eps=0.05, config=TinyConfig())
+    prompts = folder / "prompts.txt"
+    prompts.write_text("The cat sat on the mat. The cat sat on\nOnce upon a time\n")
+    out = folder / "report.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECCLI_CACHE_DIR", str(folder / "cache"))
+        result = CliRunner().invoke(app, [
+            "bench", "--target", str(target), "--draft", str(draft), "--spec", "model,ngram", "--k", "auto,2",
+            "--prompts", str(prompts), "--n-predict", "8", "--runs", "1", "--warmup", "0", "--ctx", "256", "--threads", "1",
+            "--json", str(out),
+        ])
+    assert result.exit_code == 0, result.output
+    return BenchReport.model_validate_json(out.read_text())
+
+
+def with_speedups(report: BenchReport, median: float) -> BenchReport:
+    changed = report.model_copy(deep=True)
+    for result in changed.results:
+        result.overall.speedup = Spread(median=median, min=median - 0.05, max=median + 0.05)
+    return changed
+
+
+def rendered(report: BenchReport) -> str:
+    stream = io.StringIO()
+    render_report(report, Console(file=stream, width=100, highlight=False, color_system=None))
+    return stream.getvalue()
+
+
+def test_every_configuration_below_one_says_it_cannot_pay(mixed_report) -> None:
+    slower = with_speedups(mixed_report, 0.8)
+    line = cannot_pay(slower.results, slower.costs)
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"on this machine the draft model costs c = {slower.costs.c:.2f} of a target step")
+    assert "verifying n tokens costs v(n) ≈ " in line and "(n=2)" in line and "(n=16)" in line
+    assert "speculation cannot pay here; every configuration is slower than the target alone (best: " in line
+    slower.cannot_pay = line
+    assert line in rendered(slower).splitlines()  # one line, never wrapped
+
+
+def test_auto_drafting_nothing_says_it_cannot_pay(mixed_report) -> None:
+    idle = with_speedups(mixed_report, 1.01)
+    idle.results = [r for r in idle.results if r.k is None]
+    for result in idle.results:
+        result.overall.drafted = 0
+    line = cannot_pay(idle.results, idle.costs)
+    assert line is not None and line.startswith("on this machine the draft model costs c = ")
+    assert line.endswith("speculation cannot pay here; model auto and ngram auto drafted nothing: it decoded with the target alone")
+
+
+def test_auto_drafting_nothing_while_a_fixed_k_gains_claims_neither(mixed_report) -> None:
+    idle = with_speedups(mixed_report, 1.2)
+    for result in idle.results:
+        if result.k is None:
+            result.overall.drafted = 0
+    line = cannot_pay(idle.results, idle.costs)
+    assert line is not None and "cannot pay here" not in line
+    assert "model auto and ngram auto judged that drafting does not pay and decoded with the target alone, though " in line
+    assert line.endswith("K=2 measured 1.20×")
+
+
+def test_no_line_where_a_configuration_gains(mixed_report) -> None:
+    faster = with_speedups(mixed_report, 1.2)
+    for result in faster.results:
+        result.overall.drafted = max(result.overall.drafted, 1)
+    assert cannot_pay(faster.results, faster.costs) is None
+    faster.cannot_pay = None
+    assert "cannot pay" not in rendered(faster)
+
+
+def test_without_a_draft_model_the_cost_is_named_as_none(mixed_report) -> None:
+    slower = with_speedups(mixed_report, 0.8)
+    slower.costs.draft_decode_1_seconds = None
+    slower.costs.c = 0.0
+    line = cannot_pay(slower.results, slower.costs)
+    assert line.startswith("on this machine n-gram lookup costs no model step (c = 0) and verifying n tokens costs")
+
+
+def test_the_report_shows_k_chosen_and_prediction_not_applicable(mixed_report) -> None:
+    text = rendered(mixed_report)
+    auto = next(r for r in mixed_report.results if r.label == "model auto")
+    assert auto.overall.prediction_not_applicable.startswith("auto: K varies per step")
+    ngram = next(r for r in mixed_report.results if r.label == "ngram K=2")
+    assert ngram.overall.prediction_not_applicable.startswith("ngram: n-gram drafts cost no model step")
+    assert "pred. n/a" in text and "fastest" in text
