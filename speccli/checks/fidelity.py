@@ -287,3 +287,16 @@ def measure(
         reference_path, list(sequences), sequence_index, offsets, reference_seconds, candidates, sequential,
         seconds=time.perf_counter() - started,
     )
+
+
+def memory_is_short(reference: Path, candidates: Sequence[Path]) -> bool:
+    """Whether the reference and the largest candidate, loaded together, would not fit in the memory
+    available now with 1 GiB to spare (then `measure` should run sequentially)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return False  # not Linux: no way to tell, so keep the exact mode
+    needed = reference.stat().st_size + max(path.stat().st_size for path in candidates) + (1 << 30)
+    return needed > available

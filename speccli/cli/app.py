@@ -264,5 +264,9 @@ def bench(
     run_command(request)
 
 
+from speccli.cli.quant_check import quant_check  # noqa: E402 (needs the shared options above)
+app.command("quant-check")(quant_check)
+
+
 def main() -> None:
     app(prog_name="speccli")
