@@ -123,7 +123,8 @@ class _Comparator:
         raw_p = reference.p if self.raw_is_sampled else np.exp(reference.log_p)
         terms = log_q
         np.subtract(reference.log_p, log_q, out=terms)
-        terms *= raw_p
+        with np.errstate(invalid="ignore"):
+            terms *= raw_p
         # A dropped tail (sequential mode) has p = 0 and log p = -inf: its terms are 0·(-inf), not counted.
         kl = np.nansum(terms, axis=1, dtype=np.float64)
         same_top = reference.top == logits.argmax(axis=1)

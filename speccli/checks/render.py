@@ -34,21 +34,20 @@ def render(report: QuantCheckReport) -> Group:
 def _ranking(report: QuantCheckReport) -> Table:
     table = Table(title="candidates, most faithful first", title_justify="left")
     for name, justify in [
-        ("#", "right"), ("candidate", "left"), ("verdict", "left"), ("acceptance Σmin(p,q)", "right"),
-        ("top-1", "right"), ("KL mean", "right"), ("KL p99", "right"), ("tok/verify K=1·4·8", "right"),
-        ("ms/token", "right"), ("as a draft", "right"),
+        ("#", "right"), ("candidate", "left"), ("verdict", "left"), ("accept Σmin", "right"), ("top-1", "right"),
+        ("KL mean", "right"), ("KL p99", "right"), ("tok/verify K=1/4/8", "right"), ("as a draft", "right"),
     ]:
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=justify, no_wrap=name in {"candidate", "verdict"})
     for rank, c in enumerate(report.candidates, start=1):
-        speedup = f"{c.draft_speedup.speedup:.2f}x at K={c.draft_speedup.k}" if c.draft_speedup else "not faster"
+        speedup = f"{c.draft_speedup.speedup:.2f}x K={c.draft_speedup.k}" if c.draft_speedup else "not faster"
         table.add_row(
             str(rank), Path(c.path).name, Text(c.verdict.value, style=VERDICT_STYLE[c.verdict]),
-            f"{c.acceptance:.3f} ± {c.acceptance_stderr:.3f}", f"{c.greedy_acceptance:.3f}",
-            f"{c.kl_mean:.4f}", f"{c.kl_p99:.3f}",
-            " · ".join(f"{c.tokens_per_verify[k]:.2f}" for k in (1, 4, 8)),
-            f"{c.seconds_per_token * 1000:.1f}", speedup,
+            f"{c.acceptance:.3f}±{c.acceptance_stderr:.3f}", f"{c.greedy_acceptance:.3f}",
+            f"{c.kl_mean:.4f}", f"{c.kl_p99:.3f}", "/".join(f"{c.tokens_per_verify[k]:.2f}" for k in (1, 4, 8)), speedup,
         )
-    table.caption = f"reference: {report.reference_seconds_per_token * 1000:.1f} ms/token"
+    table.caption = f"1-token decode: reference {report.reference_seconds_per_token * 1000:.1f} ms, " + ", ".join(
+        f"{Path(c.path).name} {c.seconds_per_token * 1000:.1f} ms" for c in report.candidates
+    )
     return table
 
 

@@ -78,5 +78,6 @@ def quant_check(
     if json_output:
         typer.echo(report.to_json())
     else:
-        Console().print(render(report))
+        out = Console()
+        Console(width=max(out.width, 120) if not out.is_terminal else None).print(render(report))
     raise typer.Exit(report.exit_code)
