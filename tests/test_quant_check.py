@@ -126,6 +126,8 @@ def test_expected_acceptance_equals_the_rate_speculative_sampling_measures(gemma
     accepted = np.array(accepted_flags[: len(offsets)])
     assert len(offsets) >= 60
     sigma = math.sqrt(float((alpha * (1 - alpha)).sum()))
+    print(f"steps {len(offsets)}: accepted {accepted.sum()}, expected {alpha.sum():.1f} ± {sigma:.1f}; "
+          f"engine rate {stats.acceptance_rate:.3f}, mean Σmin(p,q) {alpha.mean():.3f}")
     assert abs(accepted.sum() - alpha.sum()) < 4 * sigma, (accepted.sum(), alpha.sum(), sigma)
     # bench's figure (stats.acceptance_rate) against the mean expected acceptance over the same steps.
     assert abs(stats.acceptance_rate - alpha.mean()) < 4 * sigma / len(offsets) + 0.02

@@ -87,7 +87,7 @@ def prompts_file_source(path: Path) -> TextSource:
             name = str(record.get("id") or f"line {number}")
         else:
             text, name = line, f"line {number}"
-        texts[name] = text
+        texts[name if name not in texts else f"{name} (line {number})"] = text
     if not texts:
         raise SpeccliError(f"{path}: the prompts file has no prompts")
     return TextSource(texts, f"prompts file {path}")
