@@ -74,8 +74,10 @@ def test_q8_is_ok_and_the_broken_file_is_broken_with_evidence(ranked_report: dic
     assert sum(s["count"] for s in verdicts["broken"]["by_position"]) == ranked_report["positions"]
 
 
-def test_the_same_file_as_reference_and_candidate_scores_perfectly(gemma: dict[str, Path], short_text: Path) -> None:
-    result = _run(gemma["Q2_K"], gemma["Q2_K"], "--prompts", short_text, "--json")
+def test_the_same_file_as_reference_and_candidate_scores_perfectly(gemma: dict[str, Path], tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(BUILTIN_TEXTS["prose"][:400])
+    result = _run(gemma["Q2_K"], gemma["Q2_K"], "--text", text, "--json")
     assert result.exit_code == 0, result.output
     [same] = json.loads(result.stdout)["candidates"]
     assert same["verdict"] == "OK"
@@ -148,3 +150,9 @@ def test_a_truncated_candidate_is_one_line_exit_2(gemma: dict[str, Path], tmp_pa
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().startswith(f"error: {truncated}")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_text_and_prompts_together_are_refused_before_loading_anything(gemma: dict[str, Path], short_text: Path) -> None:
+    result = _run(gemma["reference"], gemma["Q8_0"], "--text", short_text, "--prompts", short_text)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: give --text or --prompts, not both"
