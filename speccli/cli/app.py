@@ -120,5 +120,9 @@ app.command()(models.pull)
 app.command()(env.env)
 
 
+from speccli.cli.quant_check import quant_check  # noqa: E402 (needs the shared options above)
+app.command("quant-check")(quant_check)
+
+
 def main() -> None:
     app(prog_name="speccli")

@@ -17,6 +17,7 @@ FILE_TYPES = {
     "BF16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
     "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
     "Q4_K_M": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "Q2_K": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
 }
 
 

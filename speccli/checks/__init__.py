@@ -1,0 +1,1 @@
+"""Checks of a model file against a reference: quantization fidelity measured as speculative acceptance."""

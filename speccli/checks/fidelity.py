@@ -1,0 +1,303 @@
+"""The measurement behind `quant-check`: teacher-force a reference and candidates over the same tokens
+and compare their next-token distributions position by position.
+
+Per position (one row of logits each), with p from the reference and q from a candidate:
+
+* acceptance  Σ_i min(p_i, q_i): the probability that speculative sampling accepts the candidate's
+              draft token there. p and q come from `speccli.core.sampling.probabilities` with the
+              sampling settings asked for, the very function the engine verifies with.
+* KL, top-1   llama.cpp's `llama-perplexity --kl-divergence` figures: KL(p‖q) = Σ p (log p − log q) in
+              nats on the raw distributions (softmax of the logits, temperature 1, no filters), and
+              whether both raw argmaxes agree. They do not depend on the sampling settings.
+
+Memory stays bounded: logits are decoded and compared CHUNK rows at a time, and only scalars per
+position are kept (plus the top tokens of the few worst positions). By default the reference and one
+candidate are loaded together and the reference is decoded again for each candidate (exact float32
+rows). In sequential mode only one model is loaded at a time: the reference runs first and its
+log-probabilities are stored on disk, memory-mapped, as llama.cpp stores its `--kl-divergence-base`
+file: uint16 codes over the top STORED_RANGE nats of each row (step 0.00037 nats), tokens below that
+range dropped (probability < e^-24 of the top one). That is the only approximation, and it is small.
+"""
+from __future__ import annotations
+
+import heapq
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from speccli.core.sampling import SamplingParams, probabilities
+from speccli.llama.model import LoadOptions, Model
+
+CHUNK = 32  # rows decoded and compared at once: 32 MB per float32 array for a 262k vocabulary
+TOP_SHOWN = 3  # top tokens shown for a worst position
+WORST_KEPT = 5  # worst positions kept as evidence, per candidate
+MAX_VERIFY = 9  # the reference's decode cost is measured for 1..MAX_VERIFY tokens (K = 1..8 drafts)
+TIMING_REPEATS = 5
+STORED_RANGE = 24.0  # nats below each row's top kept in sequential mode's reference store
+_CODE_STEPS = 65534  # uint16 codes 1..65535 span the stored range; 0 means below it
+
+Progress = Callable[[str, int], None]  # (what is running, positions just done)
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    name: str
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
+class TopTokens:
+    tokens: tuple[int, ...]
+    probabilities: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class WorstPosition:
+    sequence: int  # index into the measured sequences
+    offset: int  # the logits row after tokens[: offset + 1], predicting tokens[offset + 1]
+    acceptance: float
+    kl: float
+    reference_top: TopTokens
+    candidate_top: TopTokens
+
+
+@dataclass
+class CandidateMeasurement:
+    path: Path
+    acceptance: np.ndarray  # float64 per position: Σ min(p, q)
+    kl: np.ndarray  # float64 per position: KL(p‖q), raw distributions
+    same_top: np.ndarray  # bool per position: raw argmaxes agree
+    worst: list[WorstPosition]
+    seconds_per_token: float  # median time of a 1-token decode (one logits row)
+
+
+@dataclass
+class Measurement:
+    reference: Path
+    sequences: list[TokenSequence]
+    sequence_index: np.ndarray  # per position: which sequence
+    offsets: np.ndarray  # per position: where in its sequence
+    reference_seconds: dict[int, float]  # tokens decoded at once -> median seconds (1..MAX_VERIFY)
+    candidates: list[CandidateMeasurement]
+    sequential: bool
+    seconds: float = 0.0
+
+
+@dataclass
+class _ReferenceRows:
+    log_p: np.ndarray  # raw log-softmax (may hold -inf in sequential mode: dropped tail)
+    p: np.ndarray  # after the sampling settings
+    top: np.ndarray  # raw argmax per row
+
+
+class _Comparator:
+    """Rows of logits -> the per-position figures, reusing its buffers chunk after chunk."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        # At temperature 1 without filters the sampled distribution is the raw one: compute it once.
+        self.raw_is_sampled = params == SamplingParams(temperature=1.0)
+
+    def reference(self, logits: np.ndarray) -> _ReferenceRows:
+        log_p = _log_softmax(logits)
+        return self._rows_from_log_p(log_p, logits.argmax(axis=1))
+
+    def reference_from_log_p(self, log_p: np.ndarray) -> _ReferenceRows:
+        # Log-probabilities are logits too (softmax is shift-invariant), so the settings apply alike.
+        return self._rows_from_log_p(log_p, log_p.argmax(axis=1))
+
+    def _rows_from_log_p(self, log_p: np.ndarray, top: np.ndarray) -> _ReferenceRows:
+        p = np.exp(log_p) if self.raw_is_sampled else probabilities(log_p, self.params)
+        return _ReferenceRows(log_p, p, top)
+
+    def compare(self, reference: _ReferenceRows, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(acceptance, kl, same_top, q) for each row."""
+        log_q = _log_softmax(logits)
+        q = np.exp(log_q) if self.raw_is_sampled else probabilities(logits, self.params)
+        acceptance = np.minimum(reference.p, q).sum(axis=1, dtype=np.float64)
+        raw_p = reference.p if self.raw_is_sampled else np.exp(reference.log_p)
+        terms = log_q
+        np.subtract(reference.log_p, log_q, out=terms)
+        with np.errstate(invalid="ignore"):
+            terms *= raw_p
+        # A dropped tail (sequential mode) has p = 0 and log p = -inf: its terms are 0·(-inf), not counted.
+        kl = np.nansum(terms, axis=1, dtype=np.float64)
+        same_top = reference.top == logits.argmax(axis=1)
+        return acceptance, kl, same_top, q
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    out = logits - logits.max(axis=1, keepdims=True)
+    scratch = np.exp(out)
+    out -= np.log(scratch.sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
+    return out
+
+
+def _top(row: np.ndarray, count: int = TOP_SHOWN) -> TopTokens:
+    head = np.argpartition(row, len(row) - count)[-count:]
+    head = head[np.argsort(-row[head], kind="stable")]
+    return TopTokens(tuple(int(t) for t in head), tuple(float(row[t]) for t in head))
+
+
+class _Accumulator:
+    """Scalars per position for one candidate, and a bounded heap of its worst positions."""
+
+    def __init__(self, n_positions: int) -> None:
+        self.acceptance = np.empty(n_positions)
+        self.kl = np.empty(n_positions)
+        self.same_top = np.empty(n_positions, dtype=bool)
+        self.filled = 0
+        self._worst: list[tuple[float, int, WorstPosition]] = []  # max-heap on acceptance via negation
+
+    def add(self, sequence: int, first_offset: int, reference: _ReferenceRows, figures) -> None:
+        acceptance, kl, same_top, q = figures
+        n = len(acceptance)
+        span = slice(self.filled, self.filled + n)
+        self.acceptance[span], self.kl[span], self.same_top[span] = acceptance, kl, same_top
+        for row in np.argsort(acceptance)[:WORST_KEPT]:
+            key = -float(acceptance[row])
+            if len(self._worst) == WORST_KEPT and key <= self._worst[0][0]:
+                continue  # not worse than the best of the worst kept
+            entry = WorstPosition(
+                sequence, first_offset + int(row), float(acceptance[row]), float(kl[row]),
+                _top(reference.p[row]), _top(q[row]),
+            )
+            item = (key, self.filled + int(row), entry)
+            if len(self._worst) < WORST_KEPT:
+                heapq.heappush(self._worst, item)
+            else:
+                heapq.heapreplace(self._worst, item)
+        self.filled += n
+
+    def worst(self) -> list[WorstPosition]:
+        return [entry for _, _, entry in sorted(self._worst, key=lambda item: (-item[0], item[1]))]  # worst first
+
+
+class _ReferenceStore:
+    """The reference's log-probabilities for every position, uint16-coded in a memory-mapped temp file."""
+
+    def __init__(self, directory: Path, n_positions: int, n_vocab: int) -> None:
+        self.codes = np.memmap(directory / "reference-log-p.u16", dtype=np.uint16, mode="w+", shape=(n_positions, n_vocab))
+        self.floor = np.empty(n_positions, dtype=np.float32)  # each row's top minus STORED_RANGE
+
+    def write(self, start: int, log_p: np.ndarray) -> None:
+        floor = log_p.max(axis=1) - np.float32(STORED_RANGE)
+        scaled = (log_p - floor[:, None]) * np.float32(_CODE_STEPS / STORED_RANGE)
+        codes = np.where(scaled >= 0, np.rint(np.maximum(scaled, 0)) + 1, 0)
+        self.codes[start : start + len(log_p)] = codes.astype(np.uint16)
+        self.floor[start : start + len(log_p)] = floor
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        codes = np.asarray(self.codes[start : start + count], dtype=np.float32)
+        log_p = (codes - 1) * np.float32(STORED_RANGE / _CODE_STEPS) + self.floor[start : start + count, None]
+        log_p[codes == 0] = -np.inf
+        return log_p
+
+
+def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -> dict[int, float]:
+    """Median wall time to decode `size` tokens (with their logits rows) after `context`."""
+    model.reset()
+    model.decode(list(context), n_logit_rows=0)
+    base = model.n_past
+    filler = list(context) * (1 + max(sizes) // max(len(context), 1))
+    result = {}
+    for size in sizes:
+        times = []
+        for _ in range(TIMING_REPEATS):
+            started = time.perf_counter()
+            model.decode(filler[:size], n_logit_rows=size)
+            times.append(time.perf_counter() - started)
+            model.truncate(base)
+        result[size] = statistics.median(times)
+    model.reset()
+    return result
+
+
+def measure(
+    reference_path: Path,
+    candidate_paths: Sequence[Path],
+    sequences: Sequence[TokenSequence],
+    params: SamplingParams,
+    options: LoadOptions,
+    *,
+    sequential: bool,
+    progress: Progress | None = None,
+) -> Measurement:
+    """Teacher-force every sequence through the reference and each candidate; see the module docstring."""
+    started = time.perf_counter()
+    advance = progress or (lambda _what, _done: None)
+    comparator = _Comparator(params)
+    sequence_index = np.concatenate([np.full(len(s.tokens), i) for i, s in enumerate(sequences)])
+    offsets = np.concatenate([np.arange(len(s.tokens)) for s in sequences])
+    n_positions = len(offsets)
+    timing_context = sequences[0].tokens[:32]
+    candidates: list[CandidateMeasurement] = []
+
+    def chunks():
+        position = 0
+        for index, sequence in enumerate(sequences):
+            for start in range(0, len(sequence.tokens), CHUNK):
+                chunk = sequence.tokens[start : start + CHUNK]
+                yield index, start, position, chunk
+                position += len(chunk)
+
+    def run_candidate(path: Path, reference_rows) -> None:
+        with Model(path, options) as candidate:
+            seconds = decode_seconds(candidate, timing_context, [1])[1]
+            accumulator = _Accumulator(n_positions)
+            for index, start, position, chunk in chunks():
+                if start == 0:
+                    candidate.reset()
+                rows = reference_rows(index, start, position, chunk)
+                logits = candidate.decode(chunk, n_logit_rows=len(chunk))
+                accumulator.add(index, start, rows, comparator.compare(rows, logits))
+                advance(path.name, len(chunk))
+        candidates.append(CandidateMeasurement(
+            path, accumulator.acceptance, accumulator.kl, accumulator.same_top, accumulator.worst(), seconds
+        ))
+
+    if sequential:
+        with tempfile.TemporaryDirectory(prefix="speccli-quant-check-") as directory:
+            with Model(reference_path, options) as reference:
+                reference_seconds = decode_seconds(reference, timing_context, range(1, MAX_VERIFY + 1))
+                store = _ReferenceStore(Path(directory), n_positions, reference.n_vocab)
+                for index, start, position, chunk in chunks():
+                    if start == 0:
+                        reference.reset()
+                    store.write(position, _log_softmax(reference.decode(chunk, n_logit_rows=len(chunk))))
+                    advance(reference_path.name, len(chunk))
+            for path in candidate_paths:
+                run_candidate(path, lambda _i, _s, position, chunk: comparator.reference_from_log_p(store.read(position, len(chunk))))
+    else:
+        with Model(reference_path, options) as reference:
+            reference_seconds = decode_seconds(reference, timing_context, range(1, MAX_VERIFY + 1))
+
+            def decoded_reference(_index, start, _position, chunk):
+                if start == 0:
+                    reference.reset()
+                return comparator.reference(reference.decode(chunk, n_logit_rows=len(chunk)))
+
+            for path in candidate_paths:
+                run_candidate(path, decoded_reference)
+    return Measurement(
+        reference_path, list(sequences), sequence_index, offsets, reference_seconds, candidates, sequential,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def memory_is_short(reference: Path, candidates: Sequence[Path]) -> bool:
+    """Whether the reference and the largest candidate, loaded together, would not fit in the memory
+    available now with 1 GiB to spare (then `measure` should run sequentially)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return False  # not Linux: no way to tell, so keep the exact mode
+    needed = reference.stat().st_size + max(path.stat().st_size for path in candidates) + (1 << 30)
+    return needed > available

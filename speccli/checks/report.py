@@ -1,0 +1,194 @@
+"""The typed quant-check report: figures per candidate derived from a `Measurement`, ranked, and its JSON.
+
+Derived figures:
+* tokens per verify at K drafts: 1 + α + … + α^K, with α the mean expected acceptance (as if each
+  draft token were accepted independently at that rate);
+* predicted speedup as a draft, only for a candidate whose 1-token decode is faster than the
+  reference's: tokens per verify × t_ref(1) / (K·t_cand(1) + t_ref(K+1)), with each t a measured
+  median decode time (t_ref(K+1): the reference verifying K drafts in one batch); the best K is shown.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import numpy as np
+
+from speccli.checks.fidelity import MAX_VERIFY, CandidateMeasurement, Measurement, TopTokens
+from speccli.checks.verdict import RULE, Fidelity, judge
+from speccli.core.sampling import SamplingParams
+
+STRETCH_EDGES = (0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1 << 30)
+CONTEXT_TOKENS = 12  # tokens of context shown before a worst position
+
+
+class _Tokenizer(Protocol):
+    def token_bytes(self, token: int) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class TokenProbability:
+    token: int
+    text: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    sequence: str
+    offset: int
+    context: str  # the text just before the predicted token
+    actual_next: str | None  # the token the text has there (None after its last token)
+    acceptance: float
+    kl: float
+    reference_top: list[TokenProbability]
+    candidate_top: list[TokenProbability]
+
+
+@dataclass(frozen=True)
+class Stretch:
+    positions: str  # offsets in the sequence, e.g. "64-127"
+    count: int
+    acceptance: float
+
+
+@dataclass(frozen=True)
+class DraftSpeedup:
+    k: int
+    tokens_per_verify: float
+    speedup: float
+
+
+@dataclass(frozen=True)
+class CandidateReport:
+    path: str
+    verdict: Fidelity
+    reason: str
+    acceptance: float  # mean Σ min(p, q) at the sampling settings
+    acceptance_stderr: float
+    greedy_acceptance: float  # raw top-1 agreement (llama.cpp's "same top")
+    kl_mean: float  # llama.cpp's "mean KLD", nats
+    kl_p99: float  # llama.cpp's "99.0% KLD"
+    tokens_per_verify: dict[int, float]  # K -> expected tokens per target decode
+    seconds_per_token: float
+    draft_speedup: DraftSpeedup | None  # None when the candidate is not faster than the reference
+    by_position: list[Stretch]
+    worst: list[Evidence]
+
+
+@dataclass(frozen=True)
+class QuantCheckReport:
+    reference: str
+    text: str
+    sequences: int
+    positions: int
+    sampling: dict[str, float]
+    sequential: bool
+    reference_storage: str
+    reference_seconds_per_token: float
+    seconds: float
+    rule: str
+    candidates: list[CandidateReport]  # ranked: highest expected acceptance first
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(c.verdict is Fidelity.BROKEN for c in self.candidates) else 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def tokens_per_verify(acceptance: float, k: int) -> float:
+    return float(sum(acceptance**i for i in range(k + 1)))
+
+
+def build_report(measurement: Measurement, tokenizer: _Tokenizer, params: SamplingParams, text: str) -> QuantCheckReport:
+    candidates = [_candidate(measurement, c, tokenizer) for c in measurement.candidates]
+    candidates.sort(key=lambda c: (-c.acceptance, c.kl_mean))
+    storage = (
+        "reference log-probabilities stored on disk as uint16 over the top 24 nats of each row (llama.cpp's "
+        "--kl-divergence-base scheme), memory-mapped" if measurement.sequential
+        else "reference and candidate loaded together; exact float32 rows"
+    )
+    return QuantCheckReport(
+        reference=str(measurement.reference),
+        text=text,
+        sequences=len(measurement.sequences),
+        positions=len(measurement.offsets),
+        sampling={"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p},
+        sequential=measurement.sequential,
+        reference_storage=storage,
+        reference_seconds_per_token=measurement.reference_seconds[1],
+        seconds=measurement.seconds,
+        rule=RULE,
+        candidates=candidates,
+    )
+
+
+def _candidate(measurement: Measurement, candidate: CandidateMeasurement, tokenizer: _Tokenizer) -> CandidateReport:
+    acceptance = float(candidate.acceptance.mean())
+    stretches = _stretches(measurement.offsets, candidate.acceptance)
+    verdict, reason = judge(acceptance, [(s.positions, s.count, s.acceptance) for s in stretches])
+    n = len(candidate.acceptance)
+    return CandidateReport(
+        path=str(candidate.path),
+        verdict=verdict,
+        reason=reason,
+        acceptance=acceptance,
+        acceptance_stderr=float(candidate.acceptance.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
+        greedy_acceptance=float(candidate.same_top.mean()),
+        kl_mean=float(candidate.kl.mean()),
+        kl_p99=float(np.percentile(candidate.kl, 99)),
+        tokens_per_verify={k: tokens_per_verify(acceptance, k) for k in range(1, MAX_VERIFY)},
+        seconds_per_token=candidate.seconds_per_token,
+        draft_speedup=_draft_speedup(acceptance, candidate.seconds_per_token, measurement.reference_seconds),
+        by_position=stretches,
+        worst=[_evidence(measurement, w, tokenizer) for w in candidate.worst],
+    )
+
+
+def _draft_speedup(acceptance: float, draft_seconds: float, reference_seconds: dict[int, float]) -> DraftSpeedup | None:
+    if draft_seconds >= reference_seconds[1]:
+        return None
+    options = []
+    for k in range(1, MAX_VERIFY):
+        expected = tokens_per_verify(acceptance, k)
+        options.append(DraftSpeedup(k, expected, expected * reference_seconds[1] / (k * draft_seconds + reference_seconds[k + 1])))
+    return max(options, key=lambda option: option.speedup)
+
+
+def _stretches(offsets: np.ndarray, acceptance: np.ndarray) -> list[Stretch]:
+    result = []
+    for low, high in zip(STRETCH_EDGES, STRETCH_EDGES[1:]):
+        inside = (offsets >= low) & (offsets < high)
+        count = int(inside.sum())
+        if count:
+            result.append(Stretch(f"{low}-{high - 1}" if high < STRETCH_EDGES[-1] else f"{low}+", count, float(acceptance[inside].mean())))
+    return result
+
+
+def _text(tokenizer: _Tokenizer, tokens) -> str:
+    return b"".join(tokenizer.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def _top(tokenizer: _Tokenizer, top: TopTokens) -> list[TokenProbability]:
+    return [TokenProbability(t, _text(tokenizer, [t]), p) for t, p in zip(top.tokens, top.probabilities)]
+
+
+def _evidence(measurement: Measurement, worst, tokenizer: _Tokenizer) -> Evidence:
+    sequence = measurement.sequences[worst.sequence]
+    tokens = sequence.tokens
+    start = max(0, worst.offset + 1 - CONTEXT_TOKENS)
+    following = tokens[worst.offset + 1] if worst.offset + 1 < len(tokens) else None
+    return Evidence(
+        sequence=sequence.name,
+        offset=worst.offset,
+        context=_text(tokenizer, tokens[start : worst.offset + 1]),
+        actual_next=None if following is None else _text(tokenizer, [following]),
+        acceptance=worst.acceptance,
+        kl=worst.kl,
+        reference_top=_top(tokenizer, worst.reference_top),
+        candidate_top=_top(tokenizer, worst.candidate_top),
+    )

@@ -1,0 +1,158 @@
+"""quant-check on real files: Gemma 3 270M F32 as the reference; its Q8_0, Q4_K_M and Q2_K quants and a
+broken file as candidates (tests/quant_check_files.py builds and caches them). Short texts keep it quick."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from speccli.checks.corpus import BUILTIN_TEXTS
+from speccli.checks.fidelity import TokenSequence, measure
+from speccli.cli.app import app
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.sampling import SamplingParams
+from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
+from speccli.drafting.model import ModelDrafter
+from speccli.drafting.policy import FixedK
+from speccli.llama.model import LoadOptions, Model
+from tests.quant_check_files import build_test_files, reference_file
+
+T1 = SamplingParams(temperature=1.0)
+OPTIONS = LoadOptions(n_ctx=512)
+RANKED = ("Q8_0", "Q4_K_M", "Q2_K", "broken")
+
+
+@pytest.fixture(scope="module")
+def gemma() -> dict[str, Path]:
+    reference = reference_file()
+    return {"reference": reference, **build_test_files(reference)}
+
+
+@pytest.fixture(scope="module")
+def short_text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in mix cut to about 70 tokens per kind (~200 positions)."""
+    path = tmp_path_factory.mktemp("quant_check") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": name, "prompt": text[:300]}) + "\n" for name, text in BUILTIN_TEXTS.items()))
+    return path
+
+
+def _run(*args: str) -> object:
+    return CliRunner().invoke(app, ["quant-check", *map(str, args)])
+
+
+@pytest.fixture(scope="module")
+def ranked_report(gemma: dict[str, Path], short_text: Path) -> dict:
+    result = _run(gemma["reference"], *(gemma[name] for name in reversed(RANKED)), "--prompts", short_text, "--json")
+    assert result.exit_code == 1, result.output  # the broken file is BROKEN
+    return json.loads(result.stdout)
+
+
+def test_ranking_is_q8_q4km_q2k_broken_on_every_figure(gemma: dict[str, Path], ranked_report: dict) -> None:
+    candidates = ranked_report["candidates"]
+    assert [Path(c["path"]).stem for c in candidates] == list(RANKED)
+    for better, worse in zip(candidates, candidates[1:]):
+        assert better["acceptance"] > worse["acceptance"]
+        assert better["greedy_acceptance"] > worse["greedy_acceptance"]
+        assert better["kl_mean"] < worse["kl_mean"]
+        assert better["kl_p99"] < worse["kl_p99"]
+        assert better["tokens_per_verify"]["4"] > worse["tokens_per_verify"]["4"]
+
+
+def test_q8_is_ok_and_the_broken_file_is_broken_with_evidence(ranked_report: dict) -> None:
+    verdicts = {Path(c["path"]).stem: c for c in ranked_report["candidates"]}
+    assert verdicts["Q8_0"]["verdict"] == "OK"
+    assert verdicts["broken"]["verdict"] == "BROKEN"
+    assert "OK:" in ranked_report["rule"] and "BROKEN:" in ranked_report["rule"]
+    worst = verdicts["broken"]["worst"][0]
+    assert worst["acceptance"] < 0.05 and worst["context"] and len(worst["reference_top"]) == 3
+    # The reference's top token is likely where the broken candidate's is not.
+    assert worst["reference_top"][0]["token"] != worst["candidate_top"][0]["token"]
+    assert sum(s["count"] for s in verdicts["broken"]["by_position"]) == ranked_report["positions"]
+
+
+def test_the_same_file_as_reference_and_candidate_scores_perfectly(gemma: dict[str, Path], tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text(BUILTIN_TEXTS["prose"][:400])
+    result = _run(gemma["Q2_K"], gemma["Q2_K"], "--text", text, "--json")
+    assert result.exit_code == 0, result.output
+    [same] = json.loads(result.stdout)["candidates"]
+    assert same["verdict"] == "OK"
+    assert same["acceptance"] == pytest.approx(1.0, abs=1e-5)
+    assert same["greedy_acceptance"] == 1.0
+    assert abs(same["kl_mean"]) < 1e-5 and abs(same["kl_p99"]) < 1e-5
+
+
+def test_sequential_mode_matches_both_models_loaded(gemma: dict[str, Path]) -> None:
+    sequences = [TokenSequence("code", _tokens(gemma["reference"], BUILTIN_TEXTS["code"][:250]))]
+    together = measure(gemma["reference"], [gemma["Q2_K"]], sequences, T1, OPTIONS, sequential=False)
+    apart = measure(gemma["reference"], [gemma["Q2_K"]], sequences, T1, OPTIONS, sequential=True)
+    a, b = together.candidates[0], apart.candidates[0]
+    np.testing.assert_allclose(b.acceptance, a.acceptance, atol=2e-3)
+    np.testing.assert_allclose(b.kl, a.kl, atol=5e-3, rtol=1e-3)
+    assert (a.same_top == b.same_top).mean() > 0.98
+
+
+def _tokens(path: Path, text: str) -> list[int]:
+    from speccli.llama.tokenizer import load_vocab_only
+
+    with load_vocab_only(path) as tokenizer:
+        return tokenizer.tokenize(text)
+
+
+def test_expected_acceptance_equals_the_rate_speculative_sampling_measures(gemma: dict[str, Path]) -> None:
+    """Generate at temperature 1 with K=1 (the engine bench drives), then teacher-force the same tokens:
+    the accepted count must match Σ over the steps' positions of Σmin(p,q) within sampling error."""
+    prompt_text = "Write a short story about a lighthouse keeper and a storm."
+    with Model(gemma["reference"], OPTIONS) as target, Model(gemma["Q2_K"], OPTIONS) as draft:
+        prompt = target.tokenizer.tokenize(prompt_text)
+        generator = Generator(target, ModelDrafter(draft), T1, FixedK(1), seed=7)
+        produced: list[int] = []
+        step_offsets: list[int] = []  # logits row (offset) each step's draft was judged at
+        accepted_flags: list[int] = []
+        for event in generator.generate(prompt, GenerationLimits(max_tokens=160)):
+            if isinstance(event, StepEvent) and event.drafted:
+                step_offsets.append(len(prompt) + len(produced) - 1)
+                accepted_flags.append(event.accepted)
+            elif isinstance(event, TokenEvent):
+                produced.append(event.token)
+            elif isinstance(event, DoneEvent):
+                stats = event.stats
+    sequence = prompt + produced
+    measured = measure(gemma["reference"], [gemma["Q2_K"]], [TokenSequence("generated", sequence)], T1, OPTIONS, sequential=False)
+    offsets = [o for o in step_offsets if o < len(sequence) - 1]
+    alpha = measured.candidates[0].acceptance[offsets]
+    accepted = np.array(accepted_flags[: len(offsets)])
+    assert len(offsets) >= 60
+    sigma = math.sqrt(float((alpha * (1 - alpha)).sum()))
+    print(f"steps {len(offsets)}: accepted {accepted.sum()}, expected {alpha.sum():.1f} ± {sigma:.1f}; "
+          f"engine rate {stats.acceptance_rate:.3f}, mean Σmin(p,q) {alpha.mean():.3f}")
+    assert abs(accepted.sum() - alpha.sum()) < 4 * sigma, (accepted.sum(), alpha.sum(), sigma)
+    # bench's figure (stats.acceptance_rate) against the mean expected acceptance over the same steps.
+    assert abs(stats.acceptance_rate - alpha.mean()) < 4 * sigma / len(offsets) + 0.02
+
+
+def test_a_candidate_with_another_vocabulary_is_one_line_exit_2(gemma: dict[str, Path], tiny_model: Path) -> None:
+    result = _run(gemma["reference"], tiny_model)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(f"error: {tiny_model.name} does not share")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_a_truncated_candidate_is_one_line_exit_2(gemma: dict[str, Path], tmp_path: Path, short_text: Path) -> None:
+    truncated = tmp_path / "truncated.gguf"
+    with gemma["Q2_K"].open("rb") as source, truncated.open("wb") as dest:
+        dest.write(source.read(gemma["Q2_K"].stat().st_size // 2))
+    result = _run(gemma["reference"], truncated, "--prompts", short_text)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().startswith(f"error: {truncated}")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_text_and_prompts_together_are_refused_before_loading_anything(gemma: dict[str, Path], short_text: Path) -> None:
+    result = _run(gemma["reference"], gemma["Q8_0"], "--text", short_text, "--prompts", short_text)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: give --text or --prompts, not both"

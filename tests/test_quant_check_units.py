@@ -1,0 +1,65 @@
+"""quant-check's pure parts: the sequential-mode reference store, the verdict rule, derived figures."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speccli.checks.fidelity import STORED_RANGE, _Comparator, _log_softmax, _ReferenceStore
+from speccli.checks.report import tokens_per_verify
+from speccli.checks.verdict import Fidelity, judge
+from speccli.core.sampling import SamplingParams
+
+
+def test_reference_store_keeps_log_probabilities_to_a_fraction_of_a_millinat(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((5, 4096)) * 6).astype(np.float32)
+    log_p = _log_softmax(logits)
+    store = _ReferenceStore(tmp_path, 5, 4096)
+    store.write(0, log_p)
+    back = store.read(0, 5)
+    kept = log_p >= log_p.max(axis=1, keepdims=True) - STORED_RANGE
+    assert np.abs(back[kept] - log_p[kept]).max() < 2e-4
+    assert np.isneginf(back[~kept]).all() and (~kept).any()
+
+
+def test_stored_reference_gives_the_same_figures_as_exact_rows(tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    p_logits = (rng.standard_normal((4, 2048)) * 3).astype(np.float32)
+    q_logits = p_logits + rng.standard_normal((4, 2048)).astype(np.float32) * 0.3
+    comparator = _Comparator(SamplingParams(temperature=1.0))
+    exact = comparator.compare(comparator.reference(p_logits), q_logits)
+    store = _ReferenceStore(tmp_path, 4, 2048)
+    store.write(0, _log_softmax(p_logits))
+    stored = comparator.compare(comparator.reference_from_log_p(store.read(0, 4)), q_logits)
+    np.testing.assert_allclose(stored[0], exact[0], atol=1e-3)  # acceptance
+    np.testing.assert_allclose(stored[1], exact[1], atol=1e-3)  # KL
+    assert (stored[2] == exact[2]).all()
+
+
+def test_identical_rows_score_acceptance_one_and_kl_zero() -> None:
+    logits = np.random.default_rng(2).standard_normal((3, 1000)).astype(np.float32)
+    comparator = _Comparator(SamplingParams(temperature=1.0))
+    acceptance, kl, same_top, _ = comparator.compare(comparator.reference(logits), logits.copy())
+    np.testing.assert_allclose(acceptance, 1.0, atol=1e-5)
+    np.testing.assert_allclose(kl, 0.0, atol=1e-6)
+    assert same_top.all()
+
+
+@pytest.mark.parametrize(
+    ("acceptance", "stretches", "expected"),
+    [
+        (0.976, [("0-31", 96, 0.97)], Fidelity.OK),
+        (0.661, [("0-31", 96, 0.67)], Fidelity.DEGRADED),
+        (0.020, [("0-31", 96, 0.01)], Fidelity.BROKEN),
+        (0.850, [("0-255", 256, 0.95), ("256-511", 200, 0.10)], Fidelity.BROKEN),  # breaks past some length
+        (0.950, [("0-255", 256, 0.96), ("256-511", 8, 0.10)], Fidelity.OK),  # too few positions to judge a stretch
+    ],
+)
+def test_verdict_rule(acceptance, stretches, expected) -> None:
+    assert judge(acceptance, stretches)[0] is expected
+
+
+def test_tokens_per_verify_runs_from_one_token_to_k_plus_one() -> None:
+    assert tokens_per_verify(0.0, 4) == 1.0
+    assert tokens_per_verify(1.0, 4) == 5.0
+    assert tokens_per_verify(0.5, 2) == pytest.approx(1.75)
