@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from speccli import __version__
-from speccli.cli import bench, chat, env, models, vocab
+from speccli.cli import bench, chat, env, models, quant_check, vocab
 from speccli.errors import SpeccliError
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
@@ -118,10 +118,7 @@ app.command("check-vocab")(vocab.check_vocab)
 app.command()(models.models)
 app.command()(models.pull)
 app.command()(env.env)
-
-
-from speccli.cli.quant_check import quant_check  # noqa: E402 (needs the shared options above)
-app.command("quant-check")(quant_check)
+app.command("quant-check")(quant_check.quant_check)
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from speccli.cli.app import ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption
+from speccli.cli.options import ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked
+from speccli.settings import check_temperature
 
 
 def quant_check(
@@ -16,7 +17,9 @@ def quant_check(
     prompts_file: Annotated[
         Optional[Path], typer.Option("--prompts", help="Compare over these prompts (JSON lines with \"prompt\", or one per line).")
     ] = None,
-    temperature: Annotated[float, typer.Option("--temp", help="Sampling temperature for acceptance; 0 is greedy.")] = 1.0,
+    temperature: Annotated[
+        float, typer.Option("--temp", help="Sampling temperature for acceptance; 0 is greedy.", callback=checked(check_temperature))
+    ] = 1.0,
     top_k: TopKOption = 0,
     top_p: TopPOption = 1.0,
     min_p: MinPOption = 0.0,
@@ -44,7 +47,8 @@ def quant_check(
     from speccli.errors import SpeccliError, UnreadableFileError
     from speccli.llama.model import LoadOptions
     from speccli.llama.tokenizer import load_vocab_only
-    from speccli.models.registry import load_registry, resolve_model
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
     from speccli.vocab.check import Verdict, check_pair
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
