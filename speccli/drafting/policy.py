@@ -35,6 +35,7 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 AUTO_MAX_K = 24
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
+UNSEEN_DEPTH_DISCOUNT = 0.9  # each draft position not yet judged is trusted this much less than the one before
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
 
@@ -134,13 +135,16 @@ class KeyHistory:
             self.kept_at[position] += position < accepted
 
     def acceptance(self, positions: int) -> list[float]:
-        """a_1 .. a_positions: each position's rate, shrunk towards the one before it."""
+        """a_1 .. a_positions: each position's rate, shrunk towards the one before it. A position never
+        judged yet gets the one before it, discounted: drafts grow into depths they have earned, rather
+        than paying for long drafts on faith (a rejected draft token costs a draft decode, and a verify row)."""
         pooled = (sum(self.kept_at) + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (sum(self.judged_at) + PRIOR_WEIGHT)
         rates, previous = [], pooled
         for position in range(positions):
             judged = self.judged_at[position] if position < len(self.judged_at) else 0
             kept = self.kept_at[position] if position < len(self.kept_at) else 0
-            previous = (kept + PRIOR_WEIGHT * previous) / (judged + PRIOR_WEIGHT)
+            prior = previous if judged or position == 0 else previous * UNSEEN_DEPTH_DISCOUNT
+            previous = (kept + PRIOR_WEIGHT * prior) / (judged + PRIOR_WEIGHT)
             rates.append(previous)
         return rates
 
