@@ -264,5 +264,10 @@ def bench(
     run_command(request)
 
 
+from speccli.cli.serve import serve  # noqa: E402  (registered here; the command lives in cli/serve.py)
+
+app.command()(serve)
+
+
 def main() -> None:
     app(prog_name="speccli")
