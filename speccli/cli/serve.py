@@ -14,7 +14,7 @@ def serve(
     spec: Annotated[
         str, typer.Option("--spec", help="Drafting: model, ngram or ngram+model (ngram alone loads no draft model).")
     ] = "model",
-    k: Annotated[str, typer.Option("--k", help="Draft tokens per target decode: 1-16, or auto.")] = "auto",
+    k: Annotated[str, typer.Option("--k", help="Draft tokens per target decode: 1 to 64, or auto.")] = "auto",
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get 503.")] = 16,
