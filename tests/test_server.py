@@ -403,11 +403,14 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
         line = process.stderr.readline()
         match = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
         assert match, line
-        url = match.group(1)
-        reply = ask(client(url), "hello there", max_tokens=4)
+        c = client(match.group(1))
+        [served] = [model.id for model in c.models.list()]
+        assert served == chat_pair[0].stem  # a model given as a path is served by its file name
+        reply = c.chat.completions.create(model=served, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert reply.model_extra["speculative"]["k"] == 2
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0
+        assert "Traceback" not in process.stderr.read()
     finally:
         if process.poll() is None:
             process.kill()

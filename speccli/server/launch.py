@@ -89,11 +89,14 @@ def url_of(sock: socket.socket) -> str:
 
 
 def run_server(service: Service, sock: socket.socket, on_ready: Callable[[str], None] = lambda url: None) -> None:
-    """Serve until Ctrl-C (uvicorn's signal handling), then stop the worker; the caller closes the models."""
+    """Serve until Ctrl-C or SIGTERM, then stop the worker; the caller closes the models. uvicorn
+    re-raises the signal once it has shut down; here that is the normal end, not an error."""
     config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     try:
         on_ready(url_of(sock))
         server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         sock.close()
