@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,14 +24,14 @@ from typing import Iterator
 
 import openai
 import pytest
-import uvicorn
 from gguf import TokenType
 from typer.testing import CliRunner
 
+from speccli.chat.session import Conversation, chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.llama.model import LoadOptions, Model
-from speccli.server.app import APIError, create_app
-from speccli.server.launch import ServeSettings, bind, build_service, url_of
+from speccli.server.app import APIError
+from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
 from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
@@ -77,21 +76,7 @@ def serving(pair: tuple[Path, Path], *, n_ctx: int = 256, **settings) -> Iterato
         target = stack.enter_context(Model(pair[0], options))
         draft = stack.enter_context(Model(pair[1], options))
         service = build_service(MODEL, target, draft, ServeSettings(port=0, **settings))
-        sock = bind("127.0.0.1", 0)
-        stack.callback(sock.close)
-        server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        try:
-            yield url_of(sock)
-        finally:
-            server.should_exit = True
-            thread.join(timeout=10)
-            assert not thread.is_alive(), "the server did not stop"
+        yield stack.enter_context(serving_in_thread(service))
 
 
 def client(url: str, **options) -> openai.OpenAI:
@@ -180,6 +165,16 @@ def test_greedy_reply_is_the_one_speccli_chat_gives(chat_pair):
     with serving(chat_pair) as url:
         reply = ask(client(url), "hello there")
     assert reply.choices[0].message.content == record["reply"]
+
+
+def test_chat_messages_become_the_tokens_chat_would_feed(chat_pair):
+    with Model(chat_pair[0], LoadOptions(n_ctx=256, n_threads=1)) as target:
+        service = build_service(MODEL, target, None, ServeSettings(spec="ngram"))
+        chat_format = chat_format_for(target.tokenizer)[0]
+        for system in (None, "be brief"):
+            conversation = Conversation(target.tokenizer, chat_format, system)
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "hi"}]
+            assert service.chat_prompt(messages) == conversation.prompt_for("hi").tokens
 
 
 def test_speculation_switched_per_request_keeps_greedy_output(chat_pair):

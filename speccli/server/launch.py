@@ -6,6 +6,8 @@ one clear error (uvicorn itself would log it and exit). Only the host given is b
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,4 +101,25 @@ def run_server(service: Service, sock: socket.socket, on_ready: Callable[[str], 
     except KeyboardInterrupt:
         pass
     finally:
+        sock.close()
+
+
+@contextmanager
+def serving_in_thread(service: Service, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """The server in a background thread (for tests and benchmarks): yields its base URL once it
+    accepts requests, and stops it on leaving."""
+    sock = bind(host, port)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="speccli-server", daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise SpeccliError("the server thread did not start")
+            time.sleep(0.005)
+        yield url_of(sock)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
         sock.close()
