@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -337,6 +338,31 @@ def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
         reply = ask(c, "sing", max_tokens=6)
     assert reply.choices[0].message.content == "la la la la la la "
     assert reply.choices[0].finish_reason == "length"
+
+
+def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pair):
+    with serving(endless_pair, n_ctx=8192, max_waiting=2) as url:
+        c = client(url)
+        busy = ask(c, "sing", stream=True, max_tokens=8000)  # holds the one generation slot
+        next(iter(busy))
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8000})
+        with socket.create_connection((host, int(port))) as waiting:
+            waiting.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            time.sleep(0.3)  # it is queued behind the busy stream by now
+        busy.close()
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 2:
+            assert time.monotonic() < deadline, "the queued request was not cancelled"
+            time.sleep(0.02)
+        text = get(url, "/metrics")[1]
+        assert metric(text, 'requests_total{outcome="completed"}') == 0
+        assert metric(text, "tokens_generated_total") < 8000
+        after = ask(c, "sing", max_tokens=3)
+    assert after.choices[0].message.content == "la la la "
+    # Only the busy stream's prompt was ever read: the queued one never reached the models.
+    assert metric(text, "prompt_tokens_total") == after.usage.prompt_tokens
 
 
 def test_load_eight_clients_four_requests_each_none_lost_or_mixed(chat_pair):

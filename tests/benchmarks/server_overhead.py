@@ -6,7 +6,7 @@ a load test's throughput and latency percentiles.
 
 Overhead: the same greedy generation (same prompt, same drafter, fixed K) driven directly through a
 Generator, as chat drives it, and requested from the server with the openai client, alternated run by
-run so drift on a shared machine hits both; tokens/s is generated tokens over the wall-clock time of
+run (and which goes first) so drift on a shared machine hits both; tokens/s is generated tokens over the wall-clock time of
 the whole call on each side. The server gets its own copy of the models, so neither side disturbs
 the other's KV cache; both repeat one prompt, so both reuse the cached prompt alike.
 Time to first token: a streamed request, from sending it to the first content chunk, against the
@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128, help="max tokens per generation")
     parser.add_argument("--runs", type=int, default=5, help="measured runs per side")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-load", action="store_true", help="skip the load test")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch, ExitStack() as stack:
         target_path, draft_path, k = pair_paths(args.tiny, Path(scratch))
@@ -98,9 +99,13 @@ def main() -> None:
 
         direct(), served(), served_first_token()  # warm-up: first decodes, the cached prompt
         ratios, direct_speeds, served_speeds, direct_firsts, served_firsts = [], [], [], [], []
-        for _ in range(args.runs):
-            n_direct, seconds_direct, first_direct = direct()
-            n_served, seconds_served = served()
+        for run in range(args.runs):
+            if run % 2:  # which side goes first alternates too
+                n_served, seconds_served = served()
+                n_direct, seconds_direct, first_direct = direct()
+            else:
+                n_direct, seconds_direct, first_direct = direct()
+                n_served, seconds_served = served()
             assert n_direct == n_served, (n_direct, n_served)
             direct_speeds.append(n_direct / seconds_direct)
             served_speeds.append(n_served / seconds_served)
@@ -114,6 +119,9 @@ def main() -> None:
         print(f"HTTP overhead (1 - median served/direct): {(1 - statistics.median(ratios)) * 100:+.2f}%")
         print(f"time to first token: direct {statistics.median(direct_firsts) * 1000:.1f} ms, "
               f"served (stream) {statistics.median(served_firsts) * 1000:.1f} ms")
+
+        if args.no_load:
+            return
 
         def one_client(client_id: int) -> list[tuple[float, int]]:
             own = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
