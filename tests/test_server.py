@@ -45,6 +45,9 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 GREEDY = {"temperature": 0, "max_tokens": 16}
+# A reply long enough to still be generating when a test acts on it (the endless model makes about
+# 10k tokens/s here, and generation does not wait for the client to read).
+LONG_CTX, LONG_REPLY = 65536, 60000
 
 
 @pytest.fixture(scope="module")
@@ -323,9 +326,9 @@ def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
 
 
 def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
-    with serving(endless_pair, n_ctx=8192) as url:
+    with serving(endless_pair, n_ctx=LONG_CTX) as url:
         c = client(url)
-        stream = ask(c, "sing", stream=True, max_tokens=8000)
+        stream = ask(c, "sing", stream=True, max_tokens=LONG_REPLY)
         received = [chunk for _, chunk in zip(range(4), stream)]
         stream.close()
         assert len(received) == 4
@@ -334,23 +337,24 @@ def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
             assert time.monotonic() < deadline, "the generation was not cancelled"
             time.sleep(0.02)
         text = get(url, "/metrics")[1]
-        assert metric(text, "tokens_generated_total") < 8000  # it stopped early, not at max_tokens
+        assert metric(text, "tokens_generated_total") < LONG_REPLY  # it stopped early, not at max_tokens
         reply = ask(c, "sing", max_tokens=6)
     assert reply.choices[0].message.content == "la la la la la la "
     assert reply.choices[0].finish_reason == "length"
 
 
 def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pair):
-    with serving(endless_pair, n_ctx=8192, max_waiting=2) as url:
+    with serving(endless_pair, n_ctx=LONG_CTX, max_waiting=2) as url:
         c = client(url)
-        busy = ask(c, "sing", stream=True, max_tokens=8000)  # holds the one generation slot
+        busy = ask(c, "sing", stream=True, max_tokens=LONG_REPLY)  # holds the one generation slot
         next(iter(busy))
         host, port = url.removeprefix("http://").split(":")
-        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8000})
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": LONG_REPLY})
         with socket.create_connection((host, int(port))) as waiting:
             waiting.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
             time.sleep(0.3)  # it is queued behind the busy stream by now
+        time.sleep(0.2)  # and the server has seen it leave
         busy.close()
         deadline = time.monotonic() + 10
         while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 2:
@@ -358,7 +362,7 @@ def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pai
             time.sleep(0.02)
         text = get(url, "/metrics")[1]
         assert metric(text, 'requests_total{outcome="completed"}') == 0
-        assert metric(text, "tokens_generated_total") < 8000
+        assert metric(text, "tokens_generated_total") < LONG_REPLY
         after = ask(c, "sing", max_tokens=3)
     assert after.choices[0].message.content == "la la la "
     # Only the busy stream's prompt was ever read: the queued one never reached the models.

@@ -36,7 +36,6 @@ from speccli.server.worker import GenerationError, Job, QueueFullError, Speculat
 
 # OpenAI's finish reasons for the Generator's.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
-DISCONNECT_POLL_SECONDS = 0.1
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -154,15 +153,18 @@ def create_app(service: Service) -> Starlette:
             raise APIError(503, "the server is busy: every place in its queue is taken; retry shortly",
                            kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
         reply = Reply(service, job, body, speculation, chat)
+        gone = asyncio.ensure_future(_client_gone(request))
         try:
-            started = await _next_items(job, request)
+            started = await _next_items(job, gone)
             if not body.stream:
-                return JSONResponse(await reply.collect(request, started))
+                return JSONResponse(await reply.collect(gone, started))
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; the generation was cancelled
         except BaseException:
             job.cancelled.set()
             raise
+        finally:
+            gone.cancel()  # a stream is watched by Starlette from here on
         return StreamingResponse(reply.stream(started), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -210,27 +212,31 @@ def create_app(service: Service) -> Starlette:
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
 
 
-async def _next_items(job: Job, request: Request | None) -> list[object]:
+async def _next_items(job: Job, gone: asyncio.Future | None) -> list[object]:
     """The job's next events: at least one, and every other one already there (one write for all).
 
-    With a `request` to watch, a client that disconnects while nothing arrives raises ClientGone. (A streaming
-    response is not watched here: Starlette cancels it on disconnect, and only one may read.)"""
+    With `gone` (see `_client_gone`), a client that disconnects first raises ClientGone at once.
+    (A streaming response is not watched here: Starlette cancels it on disconnect, and only one may read.)"""
     items = _drain(job)
     if items:
         return items
-    if request is None:
+    if gone is None:
         return [await job.events.get(), *_drain(job)]
     getter = asyncio.ensure_future(job.events.get())
     try:
-        while True:
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_SECONDS)
-            if done:
-                return [getter.result(), *_drain(job)]
-            if await request.is_disconnected():
-                job.cancelled.set()
-                raise ClientGone
+        await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return [getter.result(), *_drain(job)]
+        job.cancelled.set()
+        raise ClientGone
     finally:
         getter.cancel()
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects: after the body, the next ASGI message can only be that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _drain(job: Job) -> list[object]:
@@ -249,7 +255,7 @@ class Reply:
         self.created = int(time.time())
         self.cached_tokens = 0
 
-    async def collect(self, request: Request, items: list[object]) -> dict:
+    async def collect(self, gone: asyncio.Future, items: list[object]) -> dict:
         pieces: list[str] = []
         while True:
             for item in items:
@@ -266,7 +272,7 @@ class Reply:
                             "choices": [choice], **self._figures(item.stats)}
                 elif isinstance(item, GenerationError):
                     raise APIError(500, str(item), kind="server_error")
-            items = await _next_items(self.job, request)
+            items = await _next_items(self.job, gone)
 
     async def stream(self, items: list[object]) -> AsyncIterator[str]:
         try:
