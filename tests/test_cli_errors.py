@@ -240,3 +240,32 @@ def test_ctrl_c_during_model_load_exits_130_promptly_without_a_traceback(tiny_pa
     assert "Traceback" not in log_text and "Exception ignored" not in log_text
     assert stdout == b""  # no reply: it stopped before generating
     assert stopped_after < 5
+
+
+@pytest.mark.gemma
+def test_ctrl_c_during_a_derive_build_exits_130_promptly_and_leaves_no_file(tmp_path):
+    """The F32 build of the Gemma Q4_K_M file (about 1 GB, several seconds) is interrupted once its
+    partial file exists: llama.cpp's quantizer cannot be cancelled, so it runs on a worker thread and
+    the waiting main thread takes the Ctrl-C at once."""
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
+
+    source = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models.base]\npath = "{source}"\n\n[models.upcast]\nderive = {{ from = "base", ftype = "F32" }}\n')
+    cache = tmp_path / "cache"
+    command = [sys.executable, "-m", "speccli", "pull", "upcast", "--config", str(config)]
+    env = dict(os.environ, SPECCLI_CACHE_DIR=str(cache), PYTHONPATH=str(REPO))
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not list(cache.rglob("*.partial")):
+        assert process.poll() is None and time.monotonic() < deadline, "the build never started"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    sent = time.perf_counter()
+    stdout, stderr = process.communicate(timeout=60)
+    stopped_after = time.perf_counter() - sent
+    assert process.returncode == 130, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr and b"Exception ignored" not in stderr
+    assert stopped_after < 2
+    assert [p for p in cache.rglob("*") if p.is_file() and p.suffix in (".gguf", ".partial")] == []

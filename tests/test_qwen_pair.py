@@ -21,7 +21,8 @@ from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
-from speccli.vocab.check import Verdict, check_pair
+from speccli.vocab.check import check_pair
+from speccli.vocab.report import Verdict
 from tests.test_engine_greedy import check_greedy_equality
 
 pytestmark = pytest.mark.qwen

@@ -18,14 +18,12 @@ turn then drops old turns as above.
 """
 from __future__ import annotations
 
-import signal
 import statistics
 import sys
-import threading
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -40,6 +38,7 @@ from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import AUTO_K, MAX_K, check_max_tokens, check_temperature, parse_k
+from speccli.util.interrupts import ctrl_c_as_flag
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -142,25 +141,6 @@ def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeat
     return statistics.median(timings[1:])
 
 
-@contextmanager
-def ctrl_c_stops_reply() -> Iterator[Callable[[], bool]]:
-    """While a reply streams, Ctrl-C only asks the loop to stop after the current event.
-
-    A KeyboardInterrupt raised mid-step could land between llama_decode and the bookkeeping of
-    what the KV cache holds, and leave the cache and the Generator disagreeing; a flag checked
-    between events cannot.
-    """
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested.is_set
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: requested.set())
-    try:
-        yield requested.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class ChatSession:
     def __init__(
         self,
@@ -233,7 +213,7 @@ class ChatSession:
         limits = GenerationLimits(self.max_tokens, self.conversation.format.stop)
         with (
             self.display.reply(self.target_token_seconds) as view,
-            ctrl_c_stops_reply() as interrupted,
+            ctrl_c_as_flag() as interrupted,
             closing(self.generator.generate(prompt.tokens, limits)) as events,
         ):
             for event in events:

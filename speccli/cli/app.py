@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from speccli import __version__
-from speccli.cli import bench, chat, env, models, quant_check, vocab
+from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import SpeccliError
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
@@ -119,6 +119,7 @@ app.command()(models.models)
 app.command()(models.pull)
 app.command()(env.env)
 app.command("quant-check")(quant_check.quant_check)
+app.command()(serve.serve)
 
 
 def main() -> None:

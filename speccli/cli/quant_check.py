@@ -49,7 +49,8 @@ def quant_check(
     from speccli.llama.tokenizer import load_vocab_only
     from speccli.models.config import load_registry
     from speccli.models.resolve import resolve_model
-    from speccli.vocab.check import Verdict, check_pair
+    from speccli.vocab.check import check_pair
+    from speccli.vocab.report import Verdict
 
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     params.validate()

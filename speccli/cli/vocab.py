@@ -24,7 +24,8 @@ def check_vocab(
 
     from speccli.models.config import load_registry
     from speccli.models.resolve import resolve_model
-    from speccli.vocab.check import Verdict, check_pair
+    from speccli.vocab.check import check_pair
+    from speccli.vocab.report import Verdict
 
     try:
         registry = load_registry(config)

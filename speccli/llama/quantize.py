@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import llama_cpp
@@ -31,7 +32,22 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
     params.allow_requantize = True  # the source is already quantized: dequantize, then re-encode
     params.nthread = os.cpu_count() or 1
     clear_errors()
-    status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
+    # llama.cpp's quantizer cannot be cancelled, and Python runs a Ctrl-C handler only between Python
+    # instructions: inside this one long call it would wait for the end (or be lost in the log
+    # callback). So the call runs on a worker thread and this thread waits, where Ctrl-C lands at
+    # once; the caller's atomic build then removes the unfinished file, and the worker ends with the
+    # process.
+    outcome: list[int] = []
+    worker = threading.Thread(
+        target=lambda: outcome.append(
+            llama_cpp.llama_model_quantize(os.fsencode(source), os.fsencode(dest), ctypes.byref(params))
+        ),
+        daemon=True,
+    )
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    status = outcome[0] if outcome else -1
     if status != 0:
         raise SpeccliError(f"{source}: llama.cpp could not convert it to {file_type}{last_llama_error()}")
 

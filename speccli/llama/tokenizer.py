@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -13,6 +11,7 @@ import llama_cpp
 
 from speccli.errors import UnreadableFileError, unreadable
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
+from speccli.util.interrupts import ctrl_c_as_flag
 
 def check_readable(path: Path) -> None:
     """Refuse, in one line, what llama.cpp would only fail to load: a missing or unreadable file, a
@@ -36,16 +35,9 @@ def interruptible() -> Iterator[Callable[[], bool]]:
     sets a flag; the progress callback reads it and asks llama.cpp to stop loading, and on the way
     out the interrupt is raised here, in Python, where it can unwind.
     """
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested.is_set
-        return
-    previous = signal.signal(signal.SIGINT, lambda *_: requested.set())
-    try:
-        yield requested.is_set
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if requested.is_set():
+    with ctrl_c_as_flag() as requested:
+        yield requested
+    if requested():
         raise KeyboardInterrupt
 
 

@@ -1,0 +1,52 @@
+"""`speccli serve`: options -> a pair request and server settings -> `speccli.server.launch`."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from speccli.cli.options import (
+    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, PairArgument, SpecOption, TargetGpuLayersOption,
+    TargetOption, ThreadsOption, checked, kept_as_typed,
+)
+from speccli.settings import parse_k
+
+
+def serve(
+    pair: PairArgument = None,
+    target: TargetOption = None,
+    draft: DraftOption = None,
+    spec: SpecOption = None,
+    k: Annotated[
+        Optional[str],
+        typer.Option(
+            "--k", metavar="K", help="Draft tokens per step: auto or 1 to 64 (default: the pair's, else auto).",
+            callback=checked(kept_as_typed(parse_k)),
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get 503.")] = 16,
+    ctx: ContextOption = 4096,
+    threads: ThreadsOption = None,
+    ngl: TargetGpuLayersOption = None,
+    ngl_draft: DraftGpuLayersOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
+    from speccli.models.pair import PairRequest
+    from speccli.server.launch import ServeSettings, bind, build_service, open_models, run_server
+
+    ServeSettings(host=host, port=port, max_waiting=queue).validate()
+    request = PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft, spec)
+    request.validate()
+    sock = bind(host, port)  # before loading: a port in use fails at once
+    with open_models(request) as (model_id, loaded):
+        resolved = loaded.resolved
+        settings = ServeSettings(
+            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else parse_k(k), max_waiting=queue
+        )
+        service = build_service(model_id, loaded.target, loaded.draft, settings)
+        k_text = "auto" if settings.k is None else settings.k
+        run_server(service, sock, lambda url: typer.echo(
+            f"serving {model_id} (--spec {settings.spec}, --k {k_text}) at {url}/v1 · Ctrl-C stops", err=True))

@@ -1,0 +1,345 @@
+"""The OpenAI-compatible HTTP layer: routes, request checks, JSON and server-sent-event responses.
+
+It stays thin: a request becomes a token prompt (chat messages through the target's chat template,
+or a raw prompt), generation limits, sampling settings and a drafting configuration, handed to the
+one generation thread (`speccli.server.worker`); the events that come back become OpenAI-shaped
+responses with a `speculative` object beside `usage`. Every error is OpenAI-shaped JSON
+(`{"error": {"message", "type", "param", "code"}}`), never a traceback.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from speccli.chat.template import ChatFormat, chat_format_for
+from speccli.core.generator import GenerationLimits
+from speccli.core.sampling import SamplingParams
+from speccli.core.stats import DoneEvent, RunStats, TokenEvent
+from speccli.errors import SpeccliError
+from speccli.llama.model import Model
+from speccli.server.metrics import Metrics
+from speccli.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl
+from speccli.settings import needs_draft_model
+from speccli.server.worker import GenerationError, Job, QueueFullError, Speculation, Started, Worker
+
+# OpenAI's finish reasons for the Generator's.
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code, self.headers = status, message, kind, param, code, headers
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request waited or ran."""
+
+
+@dataclass
+class Service:
+    """What the routes serve: the loaded models, the default drafting configuration, the worker."""
+
+    model_id: str
+    target: Model
+    draft: Model | None
+    default_speculation: Speculation
+    worker: Worker
+    metrics: Metrics
+
+    def __post_init__(self) -> None:
+        self.chat_format: ChatFormat = chat_format_for(self.target.tokenizer)[0]
+        self.created = int(time.time())
+
+    @property
+    def n_ctx(self) -> int:
+        return self.target.n_ctx if self.draft is None else min(self.target.n_ctx, self.draft.n_ctx)
+
+    def speculation_for(self, control: SpeculationControl | None) -> Speculation:
+        if control is None:
+            return self.default_speculation
+        if not control.enabled:
+            return Speculation(None, None)
+        spec = control.spec or self.default_speculation.spec or ("model" if self.draft is not None else "ngram")
+        if needs_draft_model(spec) and self.draft is None:
+            raise APIError(400, f"speculative.spec {spec!r} needs a draft model, and this server has none "
+                           "(start it with a draft, or use 'ngram')", param="speculative.spec")
+        k = self.default_speculation.k if control.k is None else (None if control.k == "auto" else control.k)
+        return Speculation(spec, k)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens for the messages as the target's template renders them, as `speccli chat` tokenizes
+        a conversation's first turn (so the same message gives the same reply)."""
+        tokenizer = self.target.tokenizer
+        text = self.chat_format.render(messages, add_generation_prompt=True)
+        tokens = tokenizer.tokenize(text, False, self.chat_format.parse_special)
+        # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).
+        if tokenizer.adds_bos and tokens[:1] != [tokenizer.bos_id]:
+            tokens.insert(0, tokenizer.bos_id)
+        return tokens
+
+    def text_prompt(self, prompt: str) -> list[int]:
+        return self.target.tokenizer.tokenize(prompt, True, True)
+
+    def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...]) -> GenerationLimits:
+        """Refuses a prompt, or prompt plus max_tokens, that the context cannot hold (as OpenAI does);
+        without max_tokens a reply may fill the context."""
+        room = self.n_ctx - len(prompt)
+        requested = body.token_limit()
+        if room < 1 or (requested is not None and requested > room):
+            asked = f" plus {requested} max_tokens" if requested is not None else ""
+            raise APIError(
+                400, f"this model's context holds {self.n_ctx} tokens; the prompt has {len(prompt)}{asked}",
+                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
+            )
+        return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings())
+
+
+def create_app(service: Service) -> Starlette:
+    async def models(_: Request) -> Response:
+        card = {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "speccli"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": service.model_id})
+
+    async def metrics(_: Request) -> Response:
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def chat_completions(request: Request) -> Response:
+        body = await _parse(request, ChatCompletionRequest)
+        messages = [message.as_template_message() for message in body.messages]
+        return await _generate(request, body, lambda: service.chat_prompt(messages), chat=True)
+
+    async def completions(request: Request) -> Response:
+        body = await _parse(request, CompletionRequest)
+        return await _generate(request, body, lambda: service.text_prompt(body.prompt), chat=False)
+
+    async def _generate(request: Request, body: GenerationRequest, tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
+        if body.model != service.model_id:
+            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {service.model_id!r}",
+                           param="model", code="model_not_found")
+        speculation = service.speculation_for(body.speculative)
+        sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.min_p)
+        try:
+            sampling.validate()
+            prompt = await asyncio.to_thread(tokenize)  # a long prompt must not stall other requests
+        except SpeccliError as error:
+            raise APIError(400, str(error)) from None
+        limits = service.limits_for(prompt, body, service.chat_format.stop if chat else ())
+        job = Job(prompt, limits, sampling, body.seed, speculation, asyncio.get_running_loop())
+        try:
+            service.worker.submit(job)
+        except QueueFullError:
+            raise APIError(503, "the server is busy: every place in its queue is taken; retry shortly",
+                           kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
+        reply = Reply(service, job, body, speculation, chat)
+        gone = asyncio.ensure_future(_client_gone(request))
+        try:
+            started = await _next_items(job, gone)
+            if not body.stream:
+                return JSONResponse(await reply.collect(gone, started))
+        except ClientGone:
+            return Response(status_code=499)  # nobody reads it; the generation was cancelled
+        except BaseException:
+            job.cancelled.set()
+            raise
+        finally:
+            gone.cancel()  # a stream is watched by Starlette from here on
+        return StreamingResponse(reply.stream(started), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _parse(request: Request, schema: type[RequestModel]) -> RequestModel:
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise APIError(400, f"the request body is not valid JSON: {error}") from None
+        if not isinstance(payload, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        try:
+            return schema.model_validate(payload)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
+
+    async def api_error(_: Request, error: Exception) -> Response:
+        assert isinstance(error, APIError)
+        service.metrics.record(None, "queue_full" if error.status == 503 else "rejected")
+        return error.response()
+
+    async def http_error(_: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        return APIError(error.status_code, str(error.detail), param=None).response()
+
+    async def unexpected(_: Request, error: Exception) -> Response:
+        return APIError(500, f"internal error: {type(error).__name__}", kind="server_error").response()
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    handlers = {APIError: api_error, HTTPException: http_error, Exception: unexpected}
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        service.worker.start()
+        yield
+        await asyncio.to_thread(service.worker.stop)
+
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+async def _next_items(job: Job, gone: asyncio.Future | None) -> list[object]:
+    """The job's next events: at least one, and every other one already there (one write for all).
+
+    With `gone` (see `_client_gone`), a client that disconnects first raises ClientGone at once.
+    (A streaming response is not watched here: Starlette cancels it on disconnect, and only one may read.)"""
+    items = _drain(job)
+    if items:
+        return items
+    if gone is None:
+        return [await job.events.get(), *_drain(job)]
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return [getter.result(), *_drain(job)]
+        job.cancelled.set()
+        raise ClientGone
+    finally:
+        getter.cancel()
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects: after the body, the next ASGI message can only be that."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _drain(job: Job) -> list[object]:
+    items = []
+    while not job.events.empty():
+        items.append(job.events.get_nowait())
+    return items
+
+
+class Reply:
+    """One generation's events -> an OpenAI chat or text completion, whole or as SSE chunks."""
+
+    def __init__(self, service: Service, job: Job, body: GenerationRequest, speculation: Speculation, chat: bool) -> None:
+        self.service, self.job, self.body, self.speculation, self.chat = service, job, body, speculation, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.cached_tokens = 0
+
+    async def collect(self, gone: asyncio.Future, items: list[object]) -> dict:
+        pieces: list[str] = []
+        while True:
+            for item in items:
+                if isinstance(item, Started):
+                    self.cached_tokens = item.cached_tokens
+                elif isinstance(item, TokenEvent):
+                    pieces.append(item.text)
+                elif isinstance(item, DoneEvent):
+                    pieces.append(item.trailing_text)
+                    choice = {"index": 0, "finish_reason": FINISH_REASONS[item.reason], "logprobs": None}
+                    text = "".join(pieces)
+                    choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+                    return {**self._envelope("chat.completion" if self.chat else "text_completion"),
+                            "choices": [choice], **self._figures(item.stats)}
+                elif isinstance(item, GenerationError):
+                    raise APIError(500, str(item), kind="server_error")
+            items = await _next_items(self.job, gone)
+
+    async def stream(self, items: list[object]) -> AsyncIterator[str]:
+        try:
+            if self.chat:
+                yield self._chunk({"role": "assistant", "content": ""}, None)
+            while True:
+                out: list[str] = []
+                for item in items:
+                    if isinstance(item, Started):
+                        self.cached_tokens = item.cached_tokens
+                    elif isinstance(item, TokenEvent) and item.text:
+                        out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
+                    elif isinstance(item, DoneEvent):
+                        if item.trailing_text:
+                            out.append(self._chunk({"content": item.trailing_text} if self.chat else item.trailing_text, None))
+                        out.append(self._chunk({} if self.chat else "", FINISH_REASONS[item.reason], item.stats))
+                        out.append("data: [DONE]\n\n")
+                        yield "".join(out)
+                        return
+                    elif isinstance(item, GenerationError):
+                        error = APIError(500, str(item), kind="server_error").response().body.decode()
+                        yield "".join(out) + f"data: {error}\n\ndata: [DONE]\n\n"
+                        return
+                if out:
+                    yield "".join(out)
+                items = await _next_items(self.job, None)
+        finally:
+            self.job.cancelled.set()  # the client left (or the reply is done, when it changes nothing)
+
+    def _envelope(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.service.model_id}
+
+    def _chunk(self, delta: dict | str, finish_reason: str | None, stats: RunStats | None = None) -> str:
+        choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        choice.update({"delta": delta} if self.chat else {"text": delta})
+        chunk = {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        if stats is not None:
+            chunk.update(self._figures(stats))
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    def _figures(self, stats: RunStats) -> dict:
+        usage = {
+            "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated,
+            "total_tokens": stats.prompt_tokens + stats.generated,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+        return {"usage": usage, "speculative": speculative_summary(stats, self.speculation)}
+
+
+def speculative_summary(stats: RunStats, speculation: Speculation) -> dict:
+    """The per-response `speculative` object (README: "Server")."""
+    return {
+        "enabled": speculation.spec is not None,
+        "spec": speculation.spec,
+        "k": None if speculation.spec is None else ("auto" if speculation.k is None else speculation.k),
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "acceptance_by_position": [round(rate, 4) for rate in stats.acceptance_by_position()],
+        "target_decodes": stats.steps,
+        "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
+        "draft_lengths": {str(k): n for k, n in sorted(stats.draft_lengths.items())},
+        "by_source": {
+            source: {"drafted": counts.drafted, "accepted": counts.accepted,
+                     "acceptance_rate": round(counts.acceptance_rate, 4)}
+            for source, counts in sorted(stats.by_source.items())
+        },
+        "decode_tokens_per_second": round(stats.tokens_per_second, 2),
+        "prefill_seconds": round(stats.prefill_seconds, 6),
+    }

@@ -1,0 +1,82 @@
+"""The OpenAI request bodies the server accepts, checked with pydantic, and the speccli extension field.
+
+Ranges follow OpenAI's where it has them (temperature 0-2, top_p (0, 1]) and llama.cpp's server for
+what OpenAI lacks (top_k, min_p). Defaults are speccli chat's (and llama.cpp's). Unknown fields are
+ignored, as OpenAI-compatible servers do, so clients that send e.g. `user` or `logprobs: false` work.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from speccli.settings import MAX_K, SPECS
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+    def as_template_message(self) -> dict[str, str]:
+        # Chat templates know system, user and assistant; OpenAI's "developer" is its new name for system.
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+
+
+class SpeculationControl(BaseModel):
+    """The `speculative` extension field: `{"enabled": false}` for the target alone, or a spec and k."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
+    k: Optional[Union[Annotated[int, Field(ge=1, le=MAX_K)], Literal["auto"]]] = None  # default: the server's --k
+
+
+class GenerationRequest(BaseModel):
+    """What chat and text completions share."""
+
+    model: str
+    stream: bool = False
+    temperature: float = Field(0.8, ge=0, le=2)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(40, ge=0)
+    min_p: float = Field(0.05, ge=0, lt=1)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = None
+    n: int = Field(1, ge=1, le=1)  # one sequence at a time: one choice
+    speculative: Optional[SpeculationControl] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        if isinstance(stop, list) and len(stop) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stop)}")
+        if isinstance(stop, list) and any(not s for s in stop) or stop == "":
+            raise ValueError("stop sequences must not be empty")
+        return stop
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def token_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str = Field(min_length=1)

@@ -1,0 +1,160 @@
+"""The one thread that runs generations: a bounded queue of jobs, served in order, one at a time.
+
+The models hold one KV sequence each, so only one generation can run; llama.cpp blocks, so it runs
+here and never on the event loop. Each job hands its events back to the request that asked for it
+through that request's asyncio queue. A job is cancelled by setting its flag: it is checked between
+the Generator's events (never inside a decode, which would leave cache and bookkeeping disagreeing),
+and a job cancelled while still waiting is skipped.
+
+Generators are kept per drafting configuration (spec and k, or none), so an auto-K policy keeps what
+it learned. They share the models' caches, so switching configurations resets the one taken up; a
+request on the same configuration as the previous one reuses the longest common token prefix.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from contextlib import closing
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from speccli.core.generator import GenerationLimits, Generator, common_prefix_length
+from speccli.core.sampling import SamplingParams
+from speccli.core.stats import DoneEvent, RunStats, StepEvent, TokenEvent
+from speccli.drafting.specs import make_drafter, make_policy
+from speccli.errors import SpeccliError
+from speccli.llama.model import Model
+from speccli.server.metrics import Metrics
+
+log = logging.getLogger("speccli.server")
+
+
+class QueueFullError(Exception):
+    """Every place in the queue is taken: the request is refused (503) rather than kept waiting."""
+
+
+@dataclass(frozen=True)
+class Speculation:
+    spec: str | None  # None: the target alone
+    k: int | None  # None: auto
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    limits: GenerationLimits
+    sampling: SamplingParams
+    seed: int | None
+    speculation: Speculation
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenEvent, DoneEvent, Started or an error
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, item: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down): nobody to tell
+            self.cancelled.set()
+
+
+@dataclass(frozen=True)
+class Started:
+    """The job left the queue; `cached_tokens` of its prompt were already in the KV cache."""
+
+    cached_tokens: int
+
+
+class GenerationError(Exception):
+    """A generation failed part-way for a reason the user can act on (the message says which)."""
+
+
+class Worker:
+    def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics) -> None:
+        self.target = target
+        self.draft = draft
+        self.metrics = metrics
+        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self._generators: dict[Speculation, Generator] = {}
+        self._active: Speculation | None = None  # whose tokens the caches hold
+        self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
+        self._running: Job | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel what runs and waits, and wait for the thread (models may be closed afterwards)."""
+        if self._running is not None:
+            self._running.cancelled.set()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancelled.set()
+        self._jobs.put(None)
+        self._thread.join()
+
+    def submit(self, job: Job) -> None:
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError from None
+        self.metrics.set_waiting(self._jobs.qsize())
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self.metrics.set_waiting(self._jobs.qsize())
+            if job.cancelled.is_set():
+                self.metrics.record(None, "cancelled")
+                continue
+            self._running = job
+            try:
+                self._run(job)
+            except SpeccliError as error:  # e.g. the context filled: the caller hears why
+                self._active = None  # the caches may hold part of a failed decode: start clean
+                self.metrics.record(None, "error")
+                job.emit(GenerationError(str(error)))
+            except Exception as error:  # a bug: say so, keep serving
+                log.exception("generation failed")
+                self._active = None
+                self.metrics.record(None, "error")
+                job.emit(GenerationError(f"internal error: {type(error).__name__}: {error}"))
+            finally:
+                self._running = None
+
+    def _generator_for(self, speculation: Speculation) -> Generator:
+        generator = self._generators.get(speculation)
+        if generator is None:
+            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft)
+            generator = Generator(self.target, drafter, SamplingParams(), make_policy(speculation.k))
+            self._generators[speculation] = generator
+        if self._active != speculation:
+            # Another configuration's generator moved the caches: this one's record of them is stale.
+            generator.reset()
+            self._active = speculation
+        return generator
+
+    def _run(self, job: Job) -> None:
+        generator = self._generator_for(job.speculation)
+        generator.sampling = job.sampling
+        generator.rng = np.random.default_rng(job.seed)
+        job.emit(Started(common_prefix_length(generator.tokens, job.prompt[:-1])))
+        run = RunStats(prompt_tokens=len(job.prompt))
+        with closing(generator.generate(job.prompt, job.limits)) as events:
+            for event in events:
+                if job.cancelled.is_set():
+                    self.metrics.record(run, "cancelled")
+                    return
+                if isinstance(event, StepEvent):
+                    run.add(event)
+                elif isinstance(event, TokenEvent):
+                    run.generated += 1
+                    job.emit(event)
+                elif isinstance(event, DoneEvent):
+                    self.metrics.record(event.stats, "completed")
+                    job.emit(event)

@@ -1,0 +1,99 @@
+"""One GGUF file's tokenizer as its metadata states it (read with `speccli.gguf_meta`, no weights)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from speccli.errors import UnreadableFileError
+from speccli.gguf_meta import read_gguf_metadata
+
+
+@dataclass(frozen=True)
+class VocabInfo:
+    """The tokenizer of one GGUF file, as its metadata states it."""
+
+    path: Path
+    architecture: str | None
+    model: str  # tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE), ...
+    pre: str | None  # tokenizer.ggml.pre
+    tokens: list[bytes]
+    token_types: np.ndarray | None
+    scores: np.ndarray | None
+    merges: list[bytes] | None
+    special_ids: dict[str, int]  # "bos", "eos", "eot", "unknown", "padding", ... -> id
+    settings: dict[str, Any]  # other tokenizer.ggml.* scalars: add_bos_token, add_space_prefix, ...
+    chat_template: str | None
+    tensor_count: int
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def setting(self, name: str) -> Any:
+        """A setting as llama.cpp applies it: the file's value, else llama.cpp's default for this model."""
+        if name in self.settings:
+            return self.settings[name]
+        return LLAMA_CPP_DEFAULT_SETTINGS.get(self.model, {}).get(name, LLAMA_CPP_DEFAULT_SETTINGS["*"].get(name))
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(self.setting("add_bos_token"))
+
+    @property
+    def adds_eos(self) -> bool:
+        return bool(self.setting("add_eos_token"))
+
+
+# llama.cpp's defaults when a file leaves a flag out (llama-vocab.cpp), by tokenizer model; "*": any model.
+LLAMA_CPP_DEFAULT_SETTINGS: dict[str, dict[str, Any]] = {
+    "llama": {"add_bos_token": True, "add_space_prefix": True},
+    "*": {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_sep_token": False,
+        "add_space_prefix": False,
+        "remove_extra_whitespaces": False,
+    },
+}
+
+
+def read_vocab(path: str | Path) -> VocabInfo:
+    """The tokenizer metadata of a GGUF file. Raises UnreadableFileError naming the file."""
+    path = Path(path)
+    metadata, tensor_count = read_gguf_metadata(
+        path, wanted=lambda key: key.startswith("tokenizer.") or key == "general.architecture"
+    )
+    model = metadata.get("tokenizer.ggml.model")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not isinstance(model, str) or not isinstance(tokens, list):
+        raise UnreadableFileError(f"{path}: GGUF file without tokenizer metadata (no tokenizer.ggml.model/tokens)")
+    special_ids, settings = {}, {}
+    for key, value in metadata.items():
+        name = key.removeprefix("tokenizer.ggml.")
+        if name == key or name in ("model", "pre", "tokens", "token_type", "scores", "merges"):
+            continue
+        if name.endswith("_token_id") and isinstance(value, int):
+            special_ids[name.removesuffix("_token_id")] = value
+        elif not isinstance(value, (list, np.ndarray)):
+            settings[name] = value
+    return VocabInfo(
+        path=path,
+        architecture=metadata.get("general.architecture"),
+        model=model,
+        pre=metadata.get("tokenizer.ggml.pre"),
+        tokens=tokens,
+        token_types=_as_array(metadata.get("tokenizer.ggml.token_type")),
+        scores=_as_array(metadata.get("tokenizer.ggml.scores")),
+        merges=metadata.get("tokenizer.ggml.merges"),
+        special_ids=special_ids,
+        settings=settings,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        tensor_count=tensor_count,
+    )
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    return value if isinstance(value, np.ndarray) else None

@@ -1,0 +1,463 @@
+"""`speccli serve` on tiny real GGUF pairs, driven by the official `openai` client over loopback HTTP:
+replies whole and streamed, the `speculative` object, per-request control, KV reuse, /metrics, every
+malformed request, a client leaving mid-stream, a bounded load test, the queue limit, the command.
+
+Tiny random models emit byte soup, so tests compare replies with each other and with `speccli chat`,
+never with wording.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+import openai
+import pytest
+from gguf import TokenType
+from typer.testing import CliRunner
+
+from speccli.chat.session import Conversation, chat_format_for
+from speccli.cli.app import app as cli_app
+from speccli.llama.model import LoadOptions, Model
+from speccli.server.app import APIError
+from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
+from speccli.server.schemas import SpeculationControl
+from speccli.server.worker import Speculation
+from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "tiny"
+# Renders "<s><user>hi</s><assistant>": BOS and EOS by text, as real templates do.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<{{ message['role'] }}>{{ message['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+GREEDY = {"temperature": 0, "max_tokens": 16}
+# A reply long enough to still be generating when a test acts on it (the endless model makes about
+# 10k tokens/s here, and generation does not wait for the client to read).
+LONG_CTX, LONG_REPLY = 65536, 60000
+
+
+@pytest.fixture(scope="module")
+def chat_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    vocab = replace(spm_vocabulary(512), chat_template=CHAT_TEMPLATE)
+    return write_related_pair(tiny_dir / "server_chat", target_layers=4, draft_layers=2,
+                              config=TinyConfig(vocab=vocab), name="server_chat")
+
+
+@pytest.fixture(scope="module")
+def endless_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    """All logits equal, so greedy always picks token 0, made the piece "la ": replies that never end
+    by themselves, to have something to interrupt and to keep the one generation slot busy."""
+    vocab = spm_vocabulary(512)
+    vocab = replace(
+        vocab, tokens=("la\u2581",) + vocab.tokens[1:], token_types=(int(TokenType.NORMAL),) + vocab.token_types[1:],
+        unk_id=None, chat_template=CHAT_TEMPLATE,
+    )
+    return write_related_pair(tiny_dir / "server_endless", target_layers=2, draft_layers=1,
+                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="server_endless")
+
+
+@contextmanager
+def serving(pair: tuple[Path, Path], *, n_ctx: int = 256, **settings) -> Iterator[str]:
+    """A real server on a free loopback port, in a thread, over the pair loaded as `speccli serve` would;
+    yields its base URL."""
+    settings = {"spec": "model", "k": 3, **settings}
+    with ExitStack() as stack:
+        options = LoadOptions(n_ctx=n_ctx, n_threads=1)
+        target = stack.enter_context(Model(pair[0], options))
+        draft = stack.enter_context(Model(pair[1], options))
+        service = build_service(MODEL, target, draft, ServeSettings(port=0, **settings))
+        yield stack.enter_context(serving_in_thread(service))
+
+
+def client(url: str, **options) -> openai.OpenAI:
+    # No retries: a 503 must show, not be retried away.
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60, **options)
+
+
+def ask(c: openai.OpenAI, text: str, **options):
+    return c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], **{**GREEDY, **options})
+
+
+def post(url: str, path: str, body: bytes | str | dict) -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a raw POST: for bodies the openai client will not send."""
+    data = json.dumps(body).encode() if isinstance(body, dict) else body if isinstance(body, bytes) else body.encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read()), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), dict(error.headers)
+
+
+def get(url: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^speccli_{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+# --- replies ----------------------------------------------------------------------------------------
+
+
+def test_models_and_health(chat_pair):
+    with serving(chat_pair) as url:
+        assert [m.id for m in client(url).models.list()] == [MODEL]
+        status, body = get(url, "/health")
+        assert status == 200 and json.loads(body)["status"] == "ok"
+
+
+def test_chat_completion_carries_usage_and_speculative_statistics(chat_pair):
+    with serving(chat_pair, k=3) as url:
+        reply = ask(client(url), "hello there")
+    choice = reply.choices[0]
+    assert choice.finish_reason in {"stop", "length"} and choice.message.role == "assistant"
+    assert 0 < reply.usage.completion_tokens <= 16
+    speculative = reply.model_extra["speculative"]
+    assert speculative["enabled"] and speculative["spec"] == "model" and speculative["k"] == 3
+    assert speculative["drafted"] > 0 and 0 <= speculative["accepted"] <= speculative["drafted"]
+    assert speculative["acceptance_rate"] == pytest.approx(speculative["accepted"] / speculative["drafted"], abs=1e-4)
+    assert set(speculative["draft_lengths"]) <= {"0", "1", "2", "3"}
+    assert sum(speculative["draft_lengths"].values()) == speculative["target_decodes"]
+    assert len(speculative["acceptance_by_position"]) <= 3
+    assert speculative["tokens_per_target_decode"] >= 1
+    assert speculative["by_source"]["model"]["drafted"] == speculative["drafted"]
+
+
+def test_streamed_reply_is_the_whole_reply_in_pieces_with_statistics_last(chat_pair):
+    with serving(chat_pair) as url:
+        c = client(url)
+        whole = ask(c, "hello there")
+        chunks = list(ask(c, "hello there", stream=True))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+    assert text == whole.choices[0].message.content
+    *pieces, last = chunks
+    assert all(chunk.choices[0].finish_reason is None for chunk in pieces)
+    assert last.choices[0].finish_reason == whole.choices[0].finish_reason
+    assert last.usage.completion_tokens == whole.usage.completion_tokens
+    assert last.model_extra["speculative"]["drafted"] > 0
+    assert all("speculative" not in (chunk.model_extra or {}) for chunk in pieces)
+
+
+def test_greedy_reply_is_the_one_speccli_chat_gives(chat_pair):
+    result = CliRunner().invoke(
+        cli_app, ["chat", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]), "-t", "1", "--ctx", "256",
+                  "-p", "hello there", "-n", "16", "--temp", "0", "--json"], catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.stderr
+    [record] = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    with serving(chat_pair) as url:
+        reply = ask(client(url), "hello there")
+    assert reply.choices[0].message.content == record["reply"]
+
+
+def test_chat_messages_become_the_tokens_chat_would_feed(chat_pair):
+    with Model(chat_pair[0], LoadOptions(n_ctx=256, n_threads=1)) as target:
+        service = build_service(MODEL, target, None, ServeSettings(spec="ngram"))
+        chat_format = chat_format_for(target.tokenizer)[0]
+        for system in (None, "be brief"):
+            conversation = Conversation(target.tokenizer, chat_format, system)
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "hi"}]
+            assert service.chat_prompt(messages) == conversation.prompt_for("hi").tokens
+
+
+def test_speculation_switched_per_request_keeps_greedy_output(chat_pair):
+    with serving(chat_pair, k=2) as url:
+        c = client(url)
+        default = ask(c, "hello there")
+        off = ask(c, "hello there", extra_body={"speculative": {"enabled": False}})
+        chained = ask(c, "hello there", extra_body={"speculative": {"spec": "ngram+model", "k": 4}})
+        auto = ask(c, "hello there", extra_body={"speculative": {"k": "auto"}})
+    texts = {r.choices[0].message.content for r in (default, off, chained, auto)}
+    assert len(texts) == 1  # greedy verification: the target's own greedy reply, however it was drafted
+    off_figures = off.model_extra["speculative"]
+    assert not off_figures["enabled"] and off_figures["spec"] is None and off_figures["drafted"] == 0
+    assert chained.model_extra["speculative"]["spec"] == "ngram+model"
+    assert chained.model_extra["speculative"]["k"] == 4
+    assert set(chained.model_extra["speculative"]["by_source"]) <= {"ngram", "model"}
+    assert max(map(int, chained.model_extra["speculative"]["draft_lengths"])) <= 4
+    assert auto.model_extra["speculative"]["k"] == "auto"
+
+
+def test_text_completion_of_a_raw_prompt_whole_and_streamed(chat_pair):
+    with serving(chat_pair) as url:
+        c = client(url)
+        whole = c.completions.create(model=MODEL, prompt="once upon a time", **GREEDY)
+        chunks = list(c.completions.create(model=MODEL, prompt="once upon a time", stream=True, **GREEDY))
+    assert whole.object == "text_completion" and whole.usage.completion_tokens > 0
+    assert "".join(chunk.choices[0].text for chunk in chunks) == whole.choices[0].text
+    assert chunks[-1].model_extra["speculative"]["drafted"] == whole.model_extra["speculative"]["drafted"]
+
+
+def test_stop_string_ends_the_reply_before_it(endless_pair):
+    with serving(endless_pair) as url:
+        reply = ask(client(url), "sing", max_tokens=12, stop=["la la"])
+    assert reply.choices[0].finish_reason == "stop"
+    assert "la la" not in reply.choices[0].message.content
+
+
+def test_a_continuing_conversation_reuses_the_kv_cache(chat_pair):
+    with serving(chat_pair) as url:
+        c = client(url)
+        first = ask(c, "hello there")
+        again = ask(c, "hello there")
+        history = [{"role": "user", "content": "hello there"},
+                   {"role": "assistant", "content": first.choices[0].message.content},
+                   {"role": "user", "content": "and then?"}]
+        follow_up = c.chat.completions.create(model=MODEL, messages=history, **GREEDY)
+        switched = ask(c, "hello there", extra_body={"speculative": {"enabled": False}})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    # The same prompt again: everything but the pending last token is already in the caches.
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert follow_up.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert switched.usage.prompt_tokens_details.cached_tokens == 0  # another drafting configuration: caches reset
+
+
+def test_metrics_add_up_the_responses(chat_pair):
+    with serving(chat_pair, k=3) as url:
+        c = client(url)
+        replies = [ask(c, text) for text in ("hello", "good morning", "how are you")]
+        status, text = get(url, "/metrics")
+    assert status == 200
+    assert metric(text, 'requests_total{outcome="completed"}') == 3
+    assert metric(text, "tokens_generated_total") == sum(r.usage.completion_tokens for r in replies)
+    drafted = sum(r.model_extra["speculative"]["drafted"] for r in replies)
+    accepted = sum(r.model_extra["speculative"]["accepted"] for r in replies)
+    assert metric(text, "draft_tokens_total") == drafted > 0
+    assert metric(text, "draft_tokens_accepted_total") == accepted
+    assert metric(text, 'draft_tokens_total{source="model"}') == drafted
+    assert metric(text, 'draft_position_drafted_total{position="1"}') > 0
+    assert 'speccli_acceptance_by_position{position="1"}' in text
+    steps = sum(r.model_extra["speculative"]["target_decodes"] for r in replies)
+    assert sum(float(v) for v in re.findall(r'^speccli_k_chosen_total\{k="\d+"\} (\S+)$', text, re.MULTILINE)) == steps
+    assert metric(text, "tokens_per_second") > 0
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+def assert_openai_error(status: int, body: dict, expected_status: int, code: str | None = None) -> None:
+    assert status == expected_status, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert "Traceback" not in error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_pair):
+    good = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    bad_bodies = {
+        "missing messages": {"model": MODEL},
+        "empty messages": {**good, "messages": []},
+        "message without content": {**good, "messages": [{"role": "user"}]},
+        "unknown role": {**good, "messages": [{"role": "robot", "content": "hi"}]},
+        "temperature out of range": {**good, "temperature": 5},
+        "top_p zero": {**good, "top_p": 0},
+        "negative top_k": {**good, "top_k": -1},
+        "min_p one": {**good, "min_p": 1},
+        "max_tokens zero": {**good, "max_tokens": 0},
+        "two choices": {**good, "n": 2},
+        "five stops": {**good, "stop": ["a", "b", "c", "d", "e"]},
+        "k out of range": {**good, "speculative": {"k": 999}},
+        "unknown spec": {**good, "speculative": {"spec": "oracle"}},
+        "unknown extension field": {**good, "speculative": {"turbo": True}},
+        "not an object": [1, 2],
+    }
+    with serving(chat_pair, n_ctx=256) as url:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            assert_openai_error(*post(url, path, b"{not json")[:2], 400)
+        for name, body in bad_bodies.items():
+            status, error, _ = post(url, "/v1/chat/completions", json.dumps(body))
+            assert status == 400, name
+            assert_openai_error(status, error, 400)
+        assert post(url, "/v1/chat/completions", {**good, "temperature": 5})[1]["error"]["param"] == "temperature"
+        assert_openai_error(*post(url, "/v1/completions", {"model": MODEL, "prompt": ""})[:2], 400)
+        long_message = {**good, "messages": [{"role": "user", "content": "word " * 400}]}
+        assert_openai_error(*post(url, "/v1/chat/completions", long_message)[:2], 400, "context_length_exceeded")
+        assert_openai_error(*post(url, "/v1/chat/completions", {**good, "max_tokens": 1000})[:2], 400,
+                            "context_length_exceeded")
+        assert_openai_error(*post(url, "/v1/chat/completions", {**good, "model": "gpt-5"})[:2], 404, "model_not_found")
+        status, body = get(url, "/v1/nothing-here")
+        assert_openai_error(status, json.loads(body), 404)
+        # The official client sees the same errors as its own exception types.
+        c = client(url)
+        with pytest.raises(openai.BadRequestError):
+            ask(c, "hi", temperature=3)
+        with pytest.raises(openai.NotFoundError):
+            c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+        # ...and then serves as before.
+        reply = ask(c, "hello there")
+        assert reply.usage.completion_tokens > 0
+        status, text = get(url, "/metrics")
+        assert metric(text, 'requests_total{outcome="rejected"}') >= len(bad_bodies)
+
+
+def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
+    with Model(chat_pair[0], LoadOptions(n_ctx=256, n_threads=1)) as target:
+        service = build_service(MODEL, target, None, ServeSettings(spec="ngram"))
+        assert service.speculation_for(SpeculationControl(k=2)) == Speculation("ngram", 2)
+        with pytest.raises(APIError) as refused:
+            service.speculation_for(SpeculationControl(spec="ngram+model"))
+    assert refused.value.status == 400 and "needs a draft model" in refused.value.message
+
+
+# --- one sequence at a time -------------------------------------------------------------------------
+
+
+def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
+    with serving(endless_pair, n_ctx=LONG_CTX) as url:
+        c = client(url)
+        stream = ask(c, "sing", stream=True, max_tokens=LONG_REPLY)
+        received = [chunk for _, chunk in zip(range(4), stream)]
+        stream.close()
+        assert len(received) == 4
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 1:
+            assert time.monotonic() < deadline, "the generation was not cancelled"
+            time.sleep(0.02)
+        text = get(url, "/metrics")[1]
+        assert metric(text, "tokens_generated_total") < LONG_REPLY  # it stopped early, not at max_tokens
+        reply = ask(c, "sing", max_tokens=6)
+    assert reply.choices[0].message.content == "la la la la la la "
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pair):
+    with serving(endless_pair, n_ctx=LONG_CTX, max_waiting=2) as url:
+        c = client(url)
+        busy = ask(c, "sing", stream=True, max_tokens=LONG_REPLY)  # holds the one generation slot
+        next(iter(busy))
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": LONG_REPLY})
+        with socket.create_connection((host, int(port))) as waiting:
+            waiting.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            time.sleep(0.3)  # it is queued behind the busy stream by now
+        time.sleep(0.2)  # and the server has seen it leave
+        busy.close()
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 2:
+            assert time.monotonic() < deadline, "the queued request was not cancelled"
+            time.sleep(0.02)
+        text = get(url, "/metrics")[1]
+        assert metric(text, 'requests_total{outcome="completed"}') == 0
+        assert metric(text, "tokens_generated_total") < LONG_REPLY
+        after = ask(c, "sing", max_tokens=3)
+    assert after.choices[0].message.content == "la la la "
+    # Only the busy stream's prompt was ever read: the queued one never reached the models.
+    assert metric(text, "prompt_tokens_total") == after.usage.prompt_tokens
+
+
+def test_load_eight_clients_four_requests_each_none_lost_or_mixed(chat_pair):
+    prompts = {(client_id, n): f"client {client_id} asks question {n}" for client_id in range(8) for n in range(4)}
+    with serving(chat_pair, max_waiting=8) as url:
+        c = client(url)
+        alone = {key: ask(c, text, max_tokens=12).choices[0].message.content for key, text in prompts.items()}
+
+        def one_client(client_id: int) -> dict[tuple[int, int], str]:
+            own = client(url)
+            texts = {}
+            for n in range(4):  # every other request streamed
+                if n % 2:
+                    stream = ask(own, prompts[client_id, n], max_tokens=12, stream=True)
+                    texts[client_id, n] = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+                else:
+                    texts[client_id, n] = ask(own, prompts[client_id, n], max_tokens=12).choices[0].message.content
+            return texts
+
+        with ThreadPoolExecutor(8) as pool:
+            together = {key: text for texts in pool.map(one_client, range(8)) for key, text in texts.items()}
+        completed = metric(get(url, "/metrics")[1], 'requests_total{outcome="completed"}')
+    assert together == alone  # all 32 answered, each with its own prompt's reply
+    assert completed == 64
+
+
+def test_a_full_queue_answers_503_with_retry_after_rather_than_hanging(endless_pair):
+    with serving(endless_pair, n_ctx=8192, max_waiting=1) as url:
+        c = client(url)
+
+        def attempt(_: int) -> str:
+            try:
+                stream = ask(c, "sing", stream=True, max_tokens=3000)
+            except openai.APIStatusError as error:
+                assert error.status_code == 503 and error.response.headers["retry-after"] == "1"
+                assert error.body["code"] == "queue_full"
+                return "refused"
+            with stream:
+                return "served" if sum(1 for _ in stream) else "empty"
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = list(pool.map(attempt, range(4)))
+        assert time.monotonic() - started < 60
+        assert outcomes.count("refused") >= 2  # one runs, one waits, the rest are refused at once
+        assert outcomes.count("served") >= 1 and "empty" not in outcomes
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="queue_full"}') == outcomes.count("refused")
+
+
+# --- the command --------------------------------------------------------------------------------------
+
+
+def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_pair):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
+               "--port", "0", "-t", "1", "--ctx", "256", "--k", "2"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        match = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
+        assert match, line
+        c = client(match.group(1))
+        [served] = [model.id for model in c.models.list()]
+        assert served == chat_pair[0].stem  # a model given as a path is served by its file name
+        reply = c.chat.completions.create(model=served, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.model_extra["speculative"]["k"] == 2
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.mark.parametrize(
+    "args, complaint",
+    [(["--spec", "oracle"], "--spec must be one of"), (["--k", "0"], "--k must be"), (["--queue", "0"], "--queue")],
+)
+def test_serve_refuses_bad_settings_in_one_line(chat_pair, args, complaint):
+    result = CliRunner().invoke(cli_app, ["serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]), *args])
+    assert result.exit_code != 0
+    assert complaint in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_port_in_use_in_one_line(chat_pair):
+    taken = bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli_app, ["serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
+                                              "--port", str(port)])
+    finally:
+        taken.close()
+    assert result.exit_code != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
