@@ -6,9 +6,10 @@ For each prompt and run, one *round* generates with the target alone (A) and spe
 configuration asked for (B_i: a draft source and K, auto included), through the same backend, sampler
 and settings, with the same prompt, max tokens and seed. Rounds alternate their order
 (A B1 B2 .. | .. B2 B1 A | A B1 ..) so machine drift hits every side alike. Every generation starts
-from empty KV caches and a fresh drafter and K policy (a new `Generator`), so no side gets a
-cached-prompt shortcut or what an earlier prompt taught `auto`; `auto` profiles its costs during
-prefill, which is timed apart. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
+from empty KV caches and a fresh drafter (a new `Generator`), so no side gets a cached-prompt
+shortcut. Each configuration keeps one K policy for the whole bench, as one chat session or server
+does: `auto` profiles its costs once, during the first prefill (timed apart), and what it learns of
+acceptance and costs carries from one prompt to the next; the warm-up rounds are where it starts. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
 allocation).
 """
 from __future__ import annotations
@@ -158,6 +159,7 @@ def run_bench(
             f"does not fit the context of {limit} tokens; raise --ctx or lower --n-predict"
         )
     check = GreedyChecker(applies=settings.greedy)
+    policies = {configuration: make_policy(configuration.k) for configuration in configurations}
 
     def run_round(index: int, run: int, seed: int, reverse: bool) -> Round:
         task = prompt_set.prompts[index].task
@@ -173,7 +175,7 @@ def run_bench(
                 sides = {"mode": "target", "spec": None, "k": 0}
             else:
                 drafter = make_drafter(configuration.spec, draft)
-                generator = Generator(target, drafter, settings.sampling, make_policy(configuration.k), seed)
+                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed)
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
         baseline = done.pop(None)

@@ -67,7 +67,6 @@ class Generator:
         self.policy = policy or AutoK()
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
-        self._calibrated = False
         self._target_row = RowBuffer()
 
     def reset(self) -> None:
@@ -123,8 +122,8 @@ class Generator:
             self.drafter.forget(n_tokens)
 
     def _prefill(self, prompt: Sequence[int]) -> float:
-        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds. The first
-        time a policy needs costs, profile them here too: it is set-up, like the prompt."""
+        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds. When the
+        policy has no costs yet, profile them here too: it is set-up, like the prompt."""
         if not prompt:
             raise SpeccliError("the prompt is empty")
         n_ctx = self.target.n_ctx
@@ -141,9 +140,8 @@ class Generator:
         if self.drafter is not None:
             self.drafter.sync(prompt)
         self.tokens = list(prompt)
-        if self.drafter is not None and self.policy.needs_costs and not self._calibrated:
+        if self.drafter is not None and self.policy.needs_costs:
             self.policy.calibrate(self._profile_verify(), self.drafter.token_costs(self.tokens))
-            self._calibrated = True
         return time.perf_counter() - started
 
     def _profile_verify(self) -> dict[int, float]:

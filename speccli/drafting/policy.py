@@ -42,7 +42,7 @@ FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens 
 
 class KPolicy(Protocol):
     name: str  # "4", "auto"
-    needs_costs: bool  # whether `calibrate` must run before the first step
+    needs_costs: bool  # whether `calibrate` must run before the next step (once per policy)
 
     def length_for(self, key: str, available: int) -> int: ...
 
@@ -153,12 +153,15 @@ class AutoK:
     """K per step from measured costs and acceptance (see the module docstring)."""
 
     name = "auto"
-    needs_costs = True
 
     def __init__(self, max_k: int = AUTO_MAX_K) -> None:
         self.max_k = max_k
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
+
+    @property
+    def needs_costs(self) -> bool:
+        return not self.verify.decode_seconds
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         self.verify.decode_seconds.update(verify_seconds)
