@@ -18,8 +18,8 @@ from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_swe
 GREEDY = SamplingParams(temperature=0)
 
 
-def request(context, limit=16, length_for=lambda key, available: available) -> DraftRequest:
-    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for)
+def request(context, limit=16, length_for=lambda key, available: available, best_rate=lambda key, available: None) -> DraftRequest:
+    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate)
 
 
 # --- n-gram lookup ---------------------------------------------------------------------------------
@@ -92,6 +92,15 @@ class Fixed:
 
     def token_costs(self, context) -> dict[str, float]:
         return {self.name: 0.5}
+
+
+def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None:
+    lookup, model = Fixed("ngram:1-2", [4]), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    rates = {"ngram:1-2": 1.1, "model": 1.3}
+    assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "model"
+    rates["ngram:1-2"] = 2.0
+    assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "ngram:1-2"
 
 
 def test_chain_uses_the_first_source_that_proposes() -> None:

@@ -165,7 +165,7 @@ class Generator:
         draft = Draft.nothing()
         if self.drafter is not None and limit > 0:
             draft = self.drafter.propose(
-                DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy.length_for)
+                DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy.length_for, self.policy.best_rate)
             )
         draft_seconds = time.perf_counter() - started
         k = len(draft.tokens)

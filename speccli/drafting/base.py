@@ -17,6 +17,7 @@ import numpy as np
 from speccli.core.sampling import SamplingParams
 
 LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
+RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available) -> best expected tokens/s
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class DraftRequest:
     sampling: SamplingParams
     rng: np.random.Generator
     length_for: LengthFor
+    best_rate: RateOf  # side-effect free: lets a chain weigh one source's draft against the next's
 
 
 @dataclass(frozen=True)

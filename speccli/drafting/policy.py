@@ -50,6 +50,10 @@ class KPolicy(Protocol):
 
     def observe(self, key: str, step: StepEvent) -> None: ...
 
+    def best_rate(self, key: str, available: int) -> float | None:
+        """Expected tokens per second of the best draft length for `key` now, without choosing it;
+        None where the policy keeps no estimates (a fixed K)."""
+
 
 class FixedK:
     """Draft K tokens every step (fewer only where the context or the reply has no room)."""
@@ -68,6 +72,9 @@ class FixedK:
 
     def observe(self, key: str, step: StepEvent) -> None:
         pass
+
+    def best_rate(self, key: str, available: int) -> float | None:
+        return None
 
 
 @dataclass
@@ -193,6 +200,11 @@ class AutoK:
         if history.probing:
             pays = self._best_length(history, history.acceptance(self.max_k)) > 0
             history.failed_probes = 0 if pays else history.failed_probes + 1
+
+    def best_rate(self, key: str, available: int) -> float | None:
+        history = self._history(key)
+        acceptance = history.acceptance(min(available, self.max_k))
+        return max(self._rate(history, acceptance, k) for k in range(len(acceptance) + 1))
 
     def expected_rate(self, key: str, k: int) -> float:
         """Expected tokens per second of drafting k tokens of `key` now (k = 0: the target alone)."""
