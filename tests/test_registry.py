@@ -425,7 +425,7 @@ def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_s
     with pytest.raises(SpeccliError) as caught:
         reg.load_registry(config)
     assert str(caught.value) == (
-        f"{config}: models.wide.derive.ftype: unknown llama.cpp file type 'F33'; expected one of 'F32', 'F16', 'BF16', 'Q8_0', 'Q4_K_M'"
+        f"{config}: models.wide.derive.ftype: unknown llama.cpp file type 'F33'; expected one of 'F32', 'F16', 'BF16', 'Q8_0', 'Q4_K_M', 'Q2_K'"
     )
     assert built.is_file()
 

@@ -67,7 +67,7 @@ def endless_pair(tiny_dir: Path) -> tuple[Path, Path]:
         unk_id=None, chat_template=CHAT_TEMPLATE,
     )
     return write_related_pair(tiny_dir / "server_endless", target_layers=2, draft_layers=1,
-                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="server_endless")
+                              config=TinyConfig(head_scale=0.0, vocab=vocab, context_length=LONG_CTX), name="server_endless")
 
 
 @contextmanager
@@ -443,7 +443,7 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
 
 @pytest.mark.parametrize(
     "args, complaint",
-    [(["--spec", "oracle"], "--spec must be one of"), (["--k", "0"], "--k must be"), (["--queue", "0"], "--queue")],
+    [(["--spec", "oracle"], "--spec must be one of"), (["--k", "0"], "--k (draft tokens per step) must be between 1 and 64"), (["--queue", "0"], "--queue")],
 )
 def test_serve_refuses_bad_settings_in_one_line(chat_pair, args, complaint):
     result = CliRunner().invoke(cli_app, ["serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]), *args])

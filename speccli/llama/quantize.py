@@ -10,6 +10,7 @@ import llama_cpp
 
 from speccli.errors import SpeccliError
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
+from speccli.util.interrupts import ctrl_c_as_flag
 
 # llama.cpp's file types that `quantize_model` can write, by the names llama.cpp's tools use.
 FILE_TYPES = {
@@ -34,9 +35,9 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
     clear_errors()
     # llama.cpp's quantizer cannot be cancelled, and Python runs a Ctrl-C handler only between Python
     # instructions: inside this one long call it would wait for the end (or be lost in the log
-    # callback). So the call runs on a worker thread and this thread waits, where Ctrl-C lands at
-    # once; the caller's atomic build then removes the unfinished file, and the worker ends with the
-    # process.
+    # callback). So the call runs on a worker thread while this thread waits and watches for Ctrl-C;
+    # on one it raises at once, the caller's atomic build removes the unfinished file, and the worker
+    # ends with the process.
     outcome: list[int] = []
     worker = threading.Thread(
         target=lambda: outcome.append(
@@ -44,9 +45,12 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
         ),
         daemon=True,
     )
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.1)
+    with ctrl_c_as_flag() as interrupted:
+        worker.start()
+        while worker.is_alive():
+            worker.join(0.1)
+            if interrupted():
+                raise KeyboardInterrupt
     status = outcome[0] if outcome else -1
     if status != 0:
         raise SpeccliError(f"{source}: llama.cpp could not convert it to {file_type}{last_llama_error()}")
