@@ -1,8 +1,9 @@
 """The generation loop: prompt -> tokens -> draft -> verify -> accept/resample -> text, with stats.
 
 `Generator.generate` yields the same events with a drafter (speculative: a draft model, n-gram
-lookup, or both) or without one (the target alone), so chat and bench only consume them. It keeps the models' KV caches between calls
-and decodes only what changed: a new chat turn costs its new tokens, not the whole history.
+lookup, or both) or without one (the target alone), so chat, bench and the server only consume them.
+It keeps the models' KV caches between calls and decodes only what changed: a new chat turn costs
+its new tokens, not the whole history.
 
 Invariant between steps: each model's KV cache holds a prefix of `self.tokens`, and never the
 last token (the "pending" one, whose logits the next step needs).
@@ -15,16 +16,15 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
-from speccli.llama.model import Model
-from speccli.errors import SpeccliError
-from speccli.settings import check_max_tokens
-from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
 from speccli.core.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
 from speccli.drafting.base import Draft, DraftRequest, Drafter
 from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
-
+from speccli.errors import SpeccliError
+from speccli.llama.model import Model
+from speccli.settings import check_max_tokens
 
 
 @dataclass(frozen=True)
