@@ -6,11 +6,10 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MaxTokensOption, MinPOption, PairArgument,
+    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
     SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
-    kept_as_typed,
 )
-from speccli.settings import check_seed, parse_k
+from speccli.settings import check_seed
 
 
 def chat(
@@ -18,14 +17,7 @@ def chat(
     target: TargetOption = None,
     draft: DraftOption = None,
     spec: SpecOption = None,
-    k: Annotated[
-        Optional[str],
-        typer.Option(
-            "--k", metavar="K",
-            help="Draft tokens per step: auto (chosen per step from measured costs) or 1 to 64 (default: the pair's, else auto).",
-            callback=checked(kept_as_typed(parse_k)),
-        ),
-    ] = None,
+    k: KOption = None,
     temperature: TemperatureOption = 0.8,
     top_k: TopKOption = 40,
     top_p: TopPOption = 0.95,

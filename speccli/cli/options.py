@@ -57,6 +57,14 @@ def kept_as_typed(check: Callable[[str, str], Any]) -> Callable[[str, str], str]
     return check_and_keep
 
 
+KOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--k", metavar="K",
+        help="Draft tokens per step: auto (chosen per step from measured costs) or 1 to 64 (default: the pair's, else auto).",
+        callback=checked(kept_as_typed(settings.parse_k)),
+    ),
+]
 TemperatureOption = Annotated[
     float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.", callback=checked(settings.check_temperature))
 ]

@@ -1,13 +1,13 @@
 """`speccli serve`: options -> a pair request and server settings -> `speccli.server.launch`."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from speccli.cli.options import (
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, PairArgument, SpecOption, TargetGpuLayersOption,
-    TargetOption, ThreadsOption, checked, kept_as_typed,
+    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
+    TargetOption, ThreadsOption,
 )
 from speccli.settings import parse_k
 
@@ -17,13 +17,7 @@ def serve(
     target: TargetOption = None,
     draft: DraftOption = None,
     spec: SpecOption = None,
-    k: Annotated[
-        Optional[str],
-        typer.Option(
-            "--k", metavar="K", help="Draft tokens per step: auto or 1 to 64 (default: the pair's, else auto).",
-            callback=checked(kept_as_typed(parse_k)),
-        ),
-    ] = None,
+    k: KOption = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get 503.")] = 16,
