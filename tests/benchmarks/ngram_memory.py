@@ -1,0 +1,47 @@
+"""Benchmark (not a test): peak RSS and time outside llama_decode, the target alone against
+`--spec ngram` with `--k auto`, at a 16,000-token prompt. One mode per process, so each peak RSS is
+its own:
+
+    .venv/bin/python tests/benchmarks/ngram_memory.py target
+    .venv/bin/python tests/benchmarks/ngram_memory.py ngram
+
+The target is the default pair's (Gemma 3 270M F32); the prompt is this repository's README, repeated.
+Temperature 0.8, so verification computes probability rows (the costly case).
+"""
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.sampling import SamplingParams
+from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.policy import AutoK
+from speccli.llama.model import LoadOptions, Model
+from speccli.models.config import load_registry
+from speccli.models.resolve import resolve_model
+
+PROMPT_TOKENS = 16_000
+
+
+def main(mode: str) -> None:
+    target = Model(resolve_model("gemma3-270m-f32", load_registry(), quiet=True), LoadOptions(n_ctx=16_384))
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text() * 3
+    prompt = target.tokenizer.tokenize(text)[:PROMPT_TOKENS]
+    drafter = NgramDrafter() if mode == "ngram" else None
+    generator = Generator(target, drafter, SamplingParams(temperature=0.8), AutoK(), seed=1)
+    stats = list(generator.generate(prompt, GenerationLimits(max_tokens=128)))[-1].stats
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    outside = stats.draft_seconds + stats.other_seconds
+    print(
+        f"{mode}: {len(prompt)}-token prompt, {stats.generated} generated, {stats.tokens_per_second:.1f} tok/s, "
+        f"peak RSS {peak_mib:.0f} MiB, outside llama_decode {100 * outside / stats.decode_seconds:.1f}% of decode, "
+        f"K chosen {dict(sorted(stats.draft_lengths.items()))}"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in ("target", "ngram"):
+        sys.exit("usage: ngram_memory.py target|ngram")
+    main(sys.argv[1])
