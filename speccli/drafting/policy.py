@@ -206,11 +206,6 @@ class AutoK:
         acceptance = history.acceptance(min(available, self.max_k))
         return max(self._rate(history, acceptance, k) for k in range(len(acceptance) + 1))
 
-    def expected_rate(self, key: str, k: int) -> float:
-        """Expected tokens per second of drafting k tokens of `key` now (k = 0: the target alone)."""
-        history = self._history(key)
-        return self._rate(history, history.acceptance(k), k)
-
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
 
