@@ -9,10 +9,12 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft, DraftRequest
 from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
+from speccli.llama.model import LoadOptions, Model
 from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
 GREEDY = SamplingParams(temperature=0)
@@ -67,6 +69,32 @@ def test_ngram_index_after_forget_equals_a_fresh_index() -> None:
     fresh = NgramDrafter()
     for end in range(151, 250):
         assert incremental.propose(request(replaced[:end])) == fresh.propose(request(replaced[:end]))
+
+
+# --- draft model ------------------------------------------------------------------------------------
+
+
+def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_had_kept_up(tiny_pair) -> None:
+    """After lookup drafts were kept, the model first decodes what it missed; that time is reported as
+    catch-up (the K policy leaves it out of the model's per-token cost) and the draft is unchanged."""
+    prompt = list(range(3, 40))
+    grown = prompt + list(range(60, 72))  # 12 tokens the model never saw
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        behind = drafter.propose(request(grown, length_for=lambda key, available: 3))
+        drafter.reset()
+        drafter.sync(grown)
+        kept_up = drafter.propose(request(grown, length_for=lambda key, available: 3))
+    assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
+    assert behind.catch_up_seconds > 0 and kept_up.catch_up_seconds == 0
+
+
+def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
+    policy = calibrated(MEMORY_BOUND, {"model": 0.5})
+    policy.observe("model", StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=0.03, other_seconds=0.0,
+                                      source="model", catch_up_seconds=0.3))
+    assert policy.keys["model"].token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
 
 
 # --- chain ------------------------------------------------------------------------------------------
@@ -175,6 +203,26 @@ def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None
     chosen = policy.length_for("ngram:12+", 32)
     assert chosen >= 8
     assert policy.best_rate("ngram:12+", 32) > 1.5 * policy.best_rate("ngram:12+", 0)  # 0: the target alone
+
+
+def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
+    """A draft that was always kept (code) and then always rejected (prose): without forgetting, 100
+    kept steps would keep it drafting for some 200 failing ones."""
+    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
+    learn(policy, "model", 4, 4, 100, token_cost=0.3)
+    failing_steps = 0
+    while (k := policy.length_for("model", 16)) and failing_steps < 300:
+        learn(policy, "model", k, 0, 1, token_cost=0.3)
+        failing_steps += 1
+    assert failing_steps <= 40
+
+
+def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:
+    """Measured in a run on Qwen 1.5B here: 4 rows cost what 3 do, 8 rows twice that. A 12+-token match
+    kept in full at K=3 twenty times must be tried deeper, not held at 3 by the cheap step below 4."""
+    policy = calibrated({1: 1.0, 2: 1.35, 3: 1.76, 4: 1.77, 8: 3.42, 16: 6.24, 32: 6.47}, {})
+    learn(policy, "ngram:12+", 3, 3, 20)
+    assert policy.length_for("ngram:12+", 32) > 3
 
 
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:

@@ -179,7 +179,9 @@ class Generator:
         self._forget(len(self.tokens) - 1)
         sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
-        step = StepEvent(k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None)
+        step = StepEvent(
+            k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None, draft.catch_up_seconds
+        )
         if self.drafter is not None:
             self.policy.observe(draft.key, step)
         return new_tokens, sources, step

@@ -29,6 +29,7 @@ class StepEvent:
     target_seconds: float
     other_seconds: float
     source: str | None = None  # the draft source ("model", "ngram"); None when nothing was drafted
+    catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class Draft:
     key: str  # what the K policy learns from: the source, refined (e.g. "ngram:long")
     tokens: list[int]
     q: np.ndarray | None  # (len(tokens), V): the rows the tokens were drawn from; None: proposed with certainty
+    # Seconds spent taking in context the source had not seen (lookup drafts were used meanwhile):
+    # part of this step's drafting time, but not a cost of the tokens drafted.
+    catch_up_seconds: float = 0.0
 
     @staticmethod
     def nothing() -> Draft:

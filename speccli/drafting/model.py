@@ -34,6 +34,15 @@ class ModelDrafter:
         drafted: list[int] = []
         # The pending token, and the previous bonus token if the draft never decoded it.
         pending = self.visible(request.context[model.n_past :])
+        catch_up_seconds = 0.0
+        if len(pending) > 2:
+            # The context grew without this model (lookup drafts were kept meanwhile): take it in as
+            # one batched decode, timed apart, so the K policy's per-token cost of this model stays
+            # what drafting costs.
+            began = time.perf_counter()
+            model.decode(pending[:-1], n_logit_rows=0)
+            catch_up_seconds = time.perf_counter() - began
+            pending = pending[-1:]
         for i in range(k):
             logits = model.decode(pending, n_logit_rows=1)
             if request.sampling.greedy:
@@ -43,7 +52,7 @@ class ModelDrafter:
             drafted.append(token)
             pending = [token]
         # The last draft token is not decoded here: if all k pass, the next step catches up.
-        return Draft(self.name, self.name, drafted, None if request.sampling.greedy else q_rows)
+        return Draft(self.name, self.name, drafted, None if request.sampling.greedy else q_rows, catch_up_seconds)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary

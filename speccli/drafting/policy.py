@@ -9,7 +9,9 @@ maximises expected tokens per second:
 
 a_j is the acceptance of draft position j given that 1..j-1 were kept, counted per proposal key
 (the draft model; n-gram matches by length), shrunk towards the position before it while few steps
-have been seen. d is the measured seconds per drafted token of that key (0 for n-gram lookup).
+have been seen. A position never judged yet takes the key's continuation rate: what positions past
+the first have kept, pooled (the geometric model behind speculative decoding's analysis). So a draft
+that is always kept grows past any depth it has tried, however steep the verify curve is there. d is the measured seconds per drafted token of that key (0 for n-gram lookup).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings.
@@ -35,7 +37,9 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 AUTO_MAX_K = 24
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
-UNSEEN_DEPTH_DISCOUNT = 0.9  # each draft position not yet judged is trusted this much less than the one before
+# Each new judged draft of a key weighs the earlier ones by this (a memory of ~30 drafts): acceptance
+# moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
+RECENCY = 0.97
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
 
@@ -123,10 +127,11 @@ class VerifyCosts:
 
 @dataclass
 class KeyHistory:
-    """Per position j: steps that judged draft j+1 (drafted it, kept 1..j), and steps that kept it."""
+    """Per position j: steps that judged draft j+1 (drafted it, kept 1..j), and steps that kept it,
+    each weighted by its recency."""
 
-    judged_at: list[int] = field(default_factory=list)
-    kept_at: list[int] = field(default_factory=list)
+    judged_at: list[float] = field(default_factory=list)
+    kept_at: list[float] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     probing: bool = False  # the current draft is a re-check the estimates alone would not make
@@ -134,26 +139,35 @@ class KeyHistory:
 
     def add(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)
+        self.judged_at = [RECENCY * count for count in self.judged_at]
+        self.kept_at = [RECENCY * count for count in self.kept_at]
         while len(self.judged_at) < judged:
-            self.judged_at.append(0)
-            self.kept_at.append(0)
+            self.judged_at.append(0.0)
+            self.kept_at.append(0.0)
         for position in range(judged):
             self.judged_at[position] += 1
             self.kept_at[position] += position < accepted
 
     def acceptance(self, positions: int) -> list[float]:
-        """a_1 .. a_positions: each position's rate, shrunk towards the one before it. A position never
-        judged yet gets the one before it, discounted: drafts grow into depths they have earned, rather
-        than paying for long drafts on faith (a rejected draft token costs a draft decode, and a verify row)."""
-        pooled = (sum(self.kept_at) + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (sum(self.judged_at) + PRIOR_WEIGHT)
+        """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first
+        towards the key's pooled rate); a position never judged gets the continuation rate (positions
+        past the first, pooled). A draft that is mostly all-or-nothing (a lookup is either the text
+        being copied or not) then keeps a low first rate but a high continuation rate, as it should."""
+        pooled = shrunk(sum(self.kept_at), sum(self.judged_at), PRIOR_ACCEPTANCE)
+        continuation = shrunk(sum(self.kept_at[1:]), sum(self.judged_at[1:]), PRIOR_ACCEPTANCE)
         rates, previous = [], pooled
         for position in range(positions):
-            judged = self.judged_at[position] if position < len(self.judged_at) else 0
-            kept = self.kept_at[position] if position < len(self.kept_at) else 0
-            prior = previous if judged or position == 0 else previous * UNSEEN_DEPTH_DISCOUNT
-            previous = (kept + PRIOR_WEIGHT * prior) / (judged + PRIOR_WEIGHT)
+            if position < len(self.judged_at):
+                previous = shrunk(self.kept_at[position], self.judged_at[position], previous)
+            elif position:
+                previous = continuation
             rates.append(previous)
         return rates
+
+
+def shrunk(kept: float, judged: float, prior: float) -> float:
+    """kept / judged, pulled towards `prior` as if PRIOR_WEIGHT more drafts had been judged at that rate."""
+    return (kept + PRIOR_WEIGHT * prior) / (judged + PRIOR_WEIGHT)
 
 
 class AutoK:
@@ -194,7 +208,7 @@ class AutoK:
             return
         history = self._history(key)
         history.add(step.drafted, step.accepted)
-        per_token = step.draft_seconds / step.drafted
+        per_token = (step.draft_seconds - step.catch_up_seconds) / step.drafted
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
         if history.probing:
