@@ -19,7 +19,7 @@ The CUDA build needs cuBLAS, which a toolkit assembled from NVIDIA's pip package
 toolkit has none, cuBLAS comes from an installed nvidia-cublas package of this Python, else from that
 wheel fetched with `pip install --target` into speccli's cache. A toolkit root is then assembled in the
 cache (links to the real toolkit's files, overlaid with cuBLAS) and handed to CMake as CUDAToolkit_ROOT.
-The built libraries keep that root's lib64 in their RUNPATH, so the wheel runs on the machine that built it.
+The built libraries get that root's lib64 in their RUNPATH, so the wheel runs on the machine that built it.
 """
 from __future__ import annotations
 
@@ -130,8 +130,12 @@ def cuda_cmake_args(nvcc: Path, archs: str, pip_python: Path, cublas_search_path
     if driver is None:
         # Without libcuda, ggml-cuda cannot link the driver API it uses for virtual memory management.
         flags.append("-DGGML_CUDA_NO_VMM=ON")
+    # The libraries' RUNPATH is $ORIGIN alone: CMake leaves nvcc's own library directory (the root's
+    # lib64) out of it, and cuBLAS from a package is on no loader path. A link flag puts it back.
+    linker_flags = " ".join(filter(None, [os.environ.get("LDFLAGS", ""), f"-Wl,-rpath,{root / 'lib64'}"]))
     flags += [f"-DCUDAToolkit_ROOT={shlex.quote(str(root))}",
-              f"-DCMAKE_CUDA_COMPILER={shlex.quote(str(root / 'bin' / 'nvcc'))}"]
+              f"-DCMAKE_CUDA_COMPILER={shlex.quote(str(root / 'bin' / 'nvcc'))}",
+              shlex.quote(f"-DCMAKE_SHARED_LINKER_FLAGS={linker_flags}")]
     return " ".join(flags)
 
 

@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import os
 import platform
+import shlex
 import shutil
 import stat
 import sys
@@ -47,10 +48,11 @@ def toolkit() -> tuple[Path, tuple[int, int]]:
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """speccli's cache (cuBLAS, toolkit roots, wheels) in a temporary directory; no CMAKE_ARGS."""
+    """speccli's cache (cuBLAS, toolkit roots, wheels) in a temporary directory; no CMAKE_ARGS or LDFLAGS."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECCLI_WHEEL_CACHE", raising=False)
     monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    monkeypatch.delenv("LDFLAGS", raising=False)
     return tmp_path / "cache" / "speccli"
 
 
@@ -84,7 +86,7 @@ def path_with(monkeypatch: pytest.MonkeyPatch, *dirs: Path) -> None:
 
 
 def flag_value(cmake_args: str, name: str) -> str | None:
-    for flag in cmake_args.split():
+    for flag in shlex.split(cmake_args):  # as scikit-build-core reads CMAKE_ARGS
         if flag.startswith(f"-D{name}="):
             return flag.split("=", 1)[1]
     return None
@@ -111,13 +113,14 @@ def test_nvcc_and_a_gpu_give_cuda_flags_for_the_gpus_architecture(monkeypatch, t
     path_with(monkeypatch, tmp_path / "bin", Path(NVCC).parent, Path("/usr/bin"), Path("/bin"))
     fake_cublas_package(tmp_path / "site", toolkit[1][0])
     cmake_args, why = setup.choose_cmake_args(cublas_search_path=[str(tmp_path / "site")])
-    assert "-DGGML_CUDA=on" in cmake_args.split()
+    assert "-DGGML_CUDA=on" in shlex.split(cmake_args)
     assert flag_value(cmake_args, "CMAKE_CUDA_ARCHITECTURES") == "90"
     root = Path(flag_value(cmake_args, "CUDAToolkit_ROOT"))
     assert root.parent == isolated_cache / "cuda" and (root / "include" / "cublas_v2.h").is_file()
     assert flag_value(cmake_args, "CMAKE_CUDA_COMPILER") == str(root / "bin" / "nvcc")
+    assert flag_value(cmake_args, "CMAKE_SHARED_LINKER_FLAGS") == f"-Wl,-rpath,{root / 'lib64'}"
     no_driver = setup.find_driver_library(toolkit[0]) is None
-    assert ("-DGGML_CUDA_NO_VMM=ON" in cmake_args.split()) == no_driver
+    assert ("-DGGML_CUDA_NO_VMM=ON" in shlex.split(cmake_args)) == no_driver
     assert "compute capability 90" in why
 
 
@@ -140,7 +143,7 @@ def test_forced_cuda_without_a_gpu_builds_for_the_default_or_given_architecture(
     fake_cublas_package(tmp_path / "site", toolkit[1][0])
     cmake_args, why = setup.choose_cmake_args(force_cuda=True, cuda_arch=cuda_arch,
                                               cublas_search_path=[str(tmp_path / "site")])
-    assert "-DGGML_CUDA=on" in cmake_args.split()
+    assert "-DGGML_CUDA=on" in shlex.split(cmake_args)
     assert flag_value(cmake_args, "CMAKE_CUDA_ARCHITECTURES") == expected
     assert "forced by --cuda" in why
 
