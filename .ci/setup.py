@@ -11,7 +11,7 @@ key on CMAKE_ARGS, so a wheel built with other flags would be reused silently. T
 builds the wheel once per (version, flags, Python, platform) into its own cache, and installs from
 there: later runs and CI on the same machine take seconds.
 
-Flags, in order of precedence: the user's CMAKE_ARGS; CUDA where nvcc and an NVIDIA GPU are present;
+Flags, in order of precedence: the user's CMAKE_ARGS; CUDA where nvcc and an NVIDIA GPU are present (or --cuda);
 llama-cpp-python's default on macOS (Metal); on other x86-64 Linux, GGML_NATIVE=OFF with the
 instruction sets this CPU reports (AVX .. AVX-512 VNNI, never AMX); the default elsewhere. Standard library only: it runs before anything is installed.
 
@@ -49,7 +49,7 @@ X86_64_FEATURES = [
     ("avx512f", "GGML_AVX512"),
     ("avx512_vnni", "GGML_AVX512_VNNI"),
 ]
-# Oldest CUDA toolkit llama.cpp's CUDA code names (CUDART_HMAX in ggml-cuda/common.cuh).
+# Oldest CUDA release llama.cpp names as tested (CUDART_HMAX in ggml-cuda/common.cuh, its build docs).
 MIN_NVCC_VERSION = (11, 7)
 # Where a CUDA toolkit keeps headers and libraries: CMake's FindCUDAToolkit looks in both.
 TOOLKIT_INCLUDE_DIRS = ("include", "targets/x86_64-linux/include")
@@ -220,7 +220,7 @@ def find_driver_library(toolkit: Path) -> Path | None:
     ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
     if Path(ldconfig).exists():
         listing = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
-        candidates += [Path(m) .parent for m in re.findall(r"libcuda\.so[.\d]* .*=> (\S+)", listing)]
+        candidates += [Path(m).parent for m in re.findall(r"libcuda\.so[.\d]* .*=> (\S+)", listing)]
     candidates += [Path(d) for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/wsl/lib")]
     for directory in candidates:
         found = sorted(directory.glob("libcuda.so*")) if directory.is_dir() else []
