@@ -20,8 +20,14 @@ from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_swe
 GREEDY = SamplingParams(temperature=0)
 
 
-def request(context, limit=16, length_for=lambda key, available: available, best_rate=lambda key, available: None) -> DraftRequest:
-    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate)
+def request(
+    context,
+    limit=16,
+    length_for=lambda key, available: available,
+    best_rate=lambda key, available: None,
+    keep_drafting=lambda key, confidence: True,
+) -> DraftRequest:
+    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting)
 
 
 # --- n-gram lookup ---------------------------------------------------------------------------------
@@ -88,6 +94,42 @@ def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_h
         kept_up = drafter.propose(request(grown, length_for=lambda key, available: 3))
     assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
     assert behind.catch_up_seconds > 0 and kept_up.catch_up_seconds == 0
+
+
+def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -> None:
+    prompt = list(range(3, 40))
+    confidences = []
+
+    def record(key, confidence):
+        confidences.append(confidence)
+        return True
+
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        full = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=record))
+        assert len(full.tokens) == 6 and len(confidences) == 6 and all(0 < c <= 1 for c in confidences)
+        cut = sorted(confidences)[3]  # a floor some of the six fall below
+        first_below = next(i for i, c in enumerate(confidences) if c < cut)
+        drafter.forget(len(prompt) - 1)
+        short = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: c >= cut))
+        drafter.forget(len(prompt) - 1)
+        nothing = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: False))
+    assert short.tokens == full.tokens[:first_below]
+    assert nothing.tokens == [] and nothing.key == "model" and nothing.source == ""  # the policy still learns
+
+
+def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_it_was_kept() -> None:
+    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
+    assert policy.length_for("model", 8) > 2
+    assert policy.keep_drafting("model", 0.9) and not policy.keep_drafting("model", 0.5)
+    policy.observe("model", step(2, 2, 0.015, policy.verify(3)))  # stopped after 2, both kept
+    history = policy.keys["model"]
+    assert history.judged_at == [1, 1, 1] and history.kept_at == [1, 1, 0]
+    policy.length_for("model", 8)
+    policy.keep_drafting("model", 0.5)
+    policy.observe("model", step(2, 0, 0.015, policy.verify(3)))  # stopped after 2, the first rejected
+    assert history.judged_at == pytest.approx([1.9, 0.9, 0.9]) and history.kept_at == pytest.approx([0.9, 0.9, 0])
 
 
 def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
@@ -214,7 +256,7 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     while (k := policy.length_for("model", 16)) and failing_steps < 300:
         learn(policy, "model", k, 0, 1, token_cost=0.3)
         failing_steps += 1
-    assert failing_steps <= 40
+    assert failing_steps <= 20
 
 
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:

@@ -165,7 +165,10 @@ class Generator:
         draft = Draft.nothing()
         if self.drafter is not None and limit > 0:
             draft = self.drafter.propose(
-                DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy.length_for, self.policy.best_rate)
+                DraftRequest(
+                    self.tokens, limit, self.sampling, self.rng,
+                    self.policy.length_for, self.policy.best_rate, self.policy.keep_drafting,
+                )
             )
         draft_seconds = time.perf_counter() - started
         k = len(draft.tokens)

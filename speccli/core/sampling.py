@@ -34,6 +34,14 @@ class SamplingParams:
         check_min_p(self.min_p, "min-p")
 
 
+def top_probability(logits: np.ndarray, out: np.ndarray) -> float:
+    """The largest probability of one row of logits at temperature 1: how sure the model itself is.
+    `out` (same shape, float32) is scratch space."""
+    np.subtract(logits, logits.max(), out=out)
+    np.exp(out, out=out)
+    return float(1 / out.sum())
+
+
 def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
     """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter.
 

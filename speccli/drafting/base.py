@@ -18,6 +18,7 @@ from speccli.core.sampling import SamplingParams
 
 LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
 RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available) -> best expected tokens/s
+KeepDrafting = Callable[[str, float], bool]  # (proposal key, the source's own confidence in its next token) -> draft it?
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class DraftRequest:
     rng: np.random.Generator
     length_for: LengthFor
     best_rate: RateOf  # side-effect free: lets a chain weigh one source's draft against the next's
+    keep_drafting: KeepDrafting  # a draft model may stop short of the length asked when it grows unsure
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,12 @@ class ChainDrafter:
         self.name = "+".join(drafter.name for drafter in self.drafters)
 
     def propose(self, request: DraftRequest) -> Draft:
+        draft = Draft.nothing()
         for drafter, following in zip(self.drafters, [*self.drafters[1:], None]):
             draft = drafter.propose(request)
-            if not draft.tokens:
-                continue
-            if following is None or not self._next_promises_more(draft, following, request):
+            if draft.tokens and (following is None or not self._next_promises_more(draft, following, request)):
                 return draft
-        return Draft.nothing()
+        return draft  # the last source's empty draft: its key still tells the policy what it was asked
 
     @staticmethod
     def _next_promises_more(draft: Draft, following: Drafter, request: DraftRequest) -> bool:

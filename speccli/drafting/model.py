@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from speccli.core.sampling import RowBuffer, probabilities, sample
+from speccli.core.sampling import RowBuffer, probabilities, sample, top_probability
 from speccli.drafting.base import Draft, DraftRequest
 from speccli.llama.model import Model
 
@@ -47,12 +47,20 @@ class ModelDrafter:
             logits = model.decode(pending, n_logit_rows=1)
             if request.sampling.greedy:
                 token = int(logits[0].argmax())
+                confidence = top_probability(logits[0], out=q_rows[i])
             else:
-                token = sample(probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0], request.rng)
+                q = probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0]
+                token, confidence = sample(q, request.rng), float(q.max())
+            # Stopping on the draft's own confidence uses nothing the target has said: still exact.
+            if not request.keep_drafting(self.name, confidence):
+                break
             drafted.append(token)
             pending = [token]
-        # The last draft token is not decoded here: if all k pass, the next step catches up.
-        return Draft(self.name, self.name, drafted, None if request.sampling.greedy else q_rows, catch_up_seconds)
+        if not drafted:  # nothing to verify, but the policy learns what asking this source cost
+            return Draft("", self.name, [], None, catch_up_seconds)
+        # The last draft token is not decoded here: if all pass, the next step catches up.
+        q_drawn = None if request.sampling.greedy else q_rows[: len(drafted)]
+        return Draft(self.name, self.name, drafted, q_drawn, catch_up_seconds)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary

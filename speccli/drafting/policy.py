@@ -37,11 +37,15 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 AUTO_MAX_K = 24
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
-# Each new judged draft of a key weighs the earlier ones by this (a memory of ~30 drafts): acceptance
+# Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
-RECENCY = 0.97
+RECENCY = 0.9
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
+# A draft model stops short of the length chosen when its own top probability for the next token falls
+# below this (llama.cpp's p_min): an unsure draft token is likely rejected, and costs a draft decode
+# and a verify row. Greedy drafts: the model's probability at temperature 1; sampled: its q row's top.
+DRAFT_CONFIDENCE_FLOOR = 0.75
 
 
 class KPolicy(Protocol):
@@ -49,6 +53,9 @@ class KPolicy(Protocol):
     needs_costs: bool  # whether `calibrate` must run before the next step (once per policy)
 
     def length_for(self, key: str, available: int) -> int: ...
+
+    def keep_drafting(self, key: str, confidence: float) -> bool:
+        """Whether a source that is this sure of its next token should still propose it."""
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None: ...
 
@@ -70,6 +77,9 @@ class FixedK:
 
     def length_for(self, key: str, available: int) -> int:
         return min(self.k, available)
+
+    def keep_drafting(self, key: str, confidence: float) -> bool:
+        return True  # K tokens every step, as asked
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         pass
@@ -135,6 +145,7 @@ class KeyHistory:
     token_seconds: float | None = None  # seconds per drafted token
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     probing: bool = False  # the current draft is a re-check the estimates alone would not make
+    stopped_short: bool = False  # this step's draft stopped before the length chosen (the source grew unsure)
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
 
     def add(self, drafted: int, accepted: int) -> None:
@@ -191,6 +202,7 @@ class AutoK:
 
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
+        history.stopped_short = False
         limit = min(available, self.max_k)
         if limit <= 0:
             return 0
@@ -201,14 +213,25 @@ class AutoK:
         history.idle_steps = 0 if best else history.idle_steps + 1
         return best
 
+    def keep_drafting(self, key: str, confidence: float) -> bool:
+        if confidence >= DRAFT_CONFIDENCE_FLOOR:
+            return True
+        self._history(key).stopped_short = True
+        return False
+
     def observe(self, key: str, step: StepEvent) -> None:
         rows = step.drafted + 1
         self.verify.update(rows, step.target_seconds, step.other_seconds)
-        if not key or not step.drafted:
+        if not key:
             return
         history = self._history(key)
-        history.add(step.drafted, step.accepted)
-        per_token = (step.draft_seconds - step.catch_up_seconds) / step.drafted
+        # A token decoded but withheld (the source was unsure) counts as drafted and, where every token
+        # before it was kept, as rejected: that is what stopping there yielded, and what it cost.
+        drafted = step.drafted + history.stopped_short
+        if not drafted:
+            return
+        history.add(drafted, step.accepted)
+        per_token = (step.draft_seconds - step.catch_up_seconds) / drafted
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
         if history.probing:

@@ -41,7 +41,10 @@ def measure(context_tokens: int, steps: int = 2000) -> tuple[float, float]:
     seconds, end = [], context_tokens
     for _ in range(steps):
         end += int(rng.integers(1, 5))  # 1-4 tokens accepted per step
-        request = DraftRequest(stream[:end], 32, sampling, rng, lambda key, available: available, lambda key, available: None)
+        request = DraftRequest(
+            stream[:end], 32, sampling, rng,
+            lambda key, available: available, lambda key, available: None, lambda key, confidence: True,
+        )
         began = time.perf_counter()
         drafter.propose(request)
         seconds.append(time.perf_counter() - began)
