@@ -186,8 +186,9 @@ class AutoK:
 
     name = "auto"
 
-    def __init__(self, max_k: int = AUTO_MAX_K) -> None:
+    def __init__(self, max_k: int = AUTO_MAX_K, confidence_floor: float = DRAFT_CONFIDENCE_FLOOR) -> None:
         self.max_k = max_k
+        self.confidence_floor = confidence_floor
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
 
@@ -214,7 +215,7 @@ class AutoK:
         return best
 
     def keep_drafting(self, key: str, confidence: float) -> bool:
-        if confidence >= DRAFT_CONFIDENCE_FLOOR:
+        if confidence >= self.confidence_floor:
             return True
         self._history(key).stopped_short = True
         return False
