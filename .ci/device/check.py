@@ -25,11 +25,9 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.tiny_gguf
 
@@ -70,6 +68,8 @@ SCALES = {
 
 
 def write_models(scale: Scale, directory: Path) -> dict:
+    import numpy as np
+
     from tests.tiny_gguf import TinyConfig, write_related_pair
 
     config = TinyConfig(
@@ -202,6 +202,8 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
 
 def exact_two_token_distribution(target, prompt: list[int], sampling) -> dict[tuple[int, ...], float]:
     """P(first two tokens) under the target alone; a sequence that ends first is one token long."""
+    import numpy as np
+
     from speccli.core.sampling import probabilities
 
     target.reset()
@@ -279,6 +281,8 @@ def chi2_survival(x: float, df: int) -> float:
 def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2) -> dict:
     """Decode tokens/s of the target alone with every layer on the GPU and with none (-ngl 0): the median
     over `prompts` generations, prefill excluded, after one unmeasured warm-up generation."""
+    import numpy as np
+
     from speccli.bench.prompts import load_prompt_set
     from speccli.core.generator import Generator
     from speccli.core.sampling import SamplingParams
