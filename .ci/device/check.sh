@@ -63,7 +63,11 @@ install() {
 }
 
 speccli_env() {
-    .venv/bin/speccli env | tee "$WORK/env.txt" || return
+    if ! .venv/bin/speccli env | tee "$WORK/env.txt"; then
+        # Most likely a shared library the build linked is not found at run time: name it.
+        ldd .venv/lib/python3*/site-packages/llama_cpp/lib/*.so | grep -E '^/|not found'
+        return 1
+    fi
     [ "$MODE" = rehearse ] || grep -Eq '^gpu offload +supported' "$WORK/env.txt"
 }
 
