@@ -63,6 +63,7 @@ install() {
 }
 
 speccli_env() {
+    set -o pipefail
     if ! .venv/bin/speccli env | tee "$WORK/env.txt"; then
         # Most likely a shared library the build linked is not found at run time: name it.
         ldd .venv/lib/python3*/site-packages/llama_cpp/lib/*.so | grep -E '^/|not found'
