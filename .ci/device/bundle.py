@@ -8,7 +8,7 @@ The bundle holds:
 * llama-cpp-python's sdist, stripped of what its build never reads (the sdist's own .git, llama.cpp's
   test models, docs, tests, examples, the server's web UI, ggml backends other than CPU and CUDA) and
   repacked under its own name, so `pip wheel llama-cpp-python==VERSION --find-links` builds it;
-* binary wheels of speccli's runtime dependencies (pyproject.toml), of what the check itself needs
+* binary wheels of speccli's and llama-cpp-python's runtime dependencies, of what the check itself needs
   (gguf, to write its models), and of what the builds need without build isolation (scikit-build-core,
   setuptools), resolved by pip for the target Python and platform;
 * requirements.txt: what check.sh installs from those wheels.
@@ -75,8 +75,9 @@ def llama_cpp_python_version() -> str:
     return pinned[0].split("==", 1)[1]
 
 
-def stripped_sdist(version: str, into: Path, scratch: Path) -> Path:
-    """Download the sdist, remove STRIPPED, and repack it under the original file name."""
+def stripped_sdist(version: str, into: Path, scratch: Path) -> list[str]:
+    """Download the sdist, remove STRIPPED, and repack it under the original file name. Returns
+    llama-cpp-python's own runtime dependencies: setup.py installs its wheel without them."""
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                     f"{SDIST_NAME}=={version}", "--dest", str(scratch)], check=True)
     original = next(scratch.glob("llama_cpp_python-*.tar.gz"))
@@ -93,7 +94,7 @@ def stripped_sdist(version: str, into: Path, scratch: Path) -> Path:
     with tarfile.open(repacked, "w:gz", compresslevel=9) as archive:
         archive.add(top, arcname=top.name)
     say(f"sdist {original.name}: {mib(original)} -> {mib(repacked)} stripped")
-    return repacked
+    return tomllib.loads((top / "pyproject.toml").read_text())["project"]["dependencies"]
 
 
 def download_wheels(requirements: list[str], python: str, into: Path) -> None:
@@ -121,7 +122,7 @@ def main() -> int:
     staging = Path(tempfile.mkdtemp(prefix=args.out.name + ".partial-", dir=args.out.parent))
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            stripped_sdist(llama_cpp_python_version(), staging, Path(scratch))
+            requirements += stripped_sdist(llama_cpp_python_version(), staging, Path(scratch))
         download_wheels(requirements, args.python, staging / "wheels")
         (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
         (staging / "PYTHON").write_text(args.python + "\n")

@@ -315,7 +315,7 @@ def summarize(work: Path, out: Path) -> list[str]:
         work / "steps.jsonl").exists() else []
     parts = {}
     for name in ("models", "greedy", "chi2", "speed"):
-        parts[name] = read_json(work / f"{name}.json")
+        parts[name] = read_json(work / "models" / "models.json" if name == "models" else work / f"{name}.json")
     for name in BENCH_PARTS:
         parts[name] = read_json(out / f"{name}.json")
     env_text = (work / "env.txt").read_text() if (work / "env.txt").exists() else ""
