@@ -35,6 +35,7 @@ SAMPLING_TEMPERATURE = 0.8
 GREEDY_MAX_TOKENS = 64
 GREEDY_CONFIGS = [("model", 4), ("model", 8), ("ngram+model", None)]  # (spec, K); None: auto
 CHI2_PROMPT = "the cat sat on"
+CHI2_TOP_K = 12  # fewer cells: 3000 samples then see a broken rule (the CPU test's setting)
 CHI2_PASS_P = 1e-3  # a correct rule fails this one time in a thousand
 CHI2_BROKEN_P = 1e-6  # a broken rule must fall below this
 
@@ -65,9 +66,25 @@ SCALES = {
     "device": Scale(n_embd=3072, n_ff=9216, n_head=24, n_head_kv=8, target_layers=8, draft_layers=1, eps=0.05),
     "rehearse": Scale(n_embd=256, n_ff=768, n_head=4, n_head_kv=2, target_layers=4, draft_layers=1, eps=0.05),
 }
+# The chi-square check's own pair, at both scales: a draft that disagrees more often (as in
+# tests/test_engine_distribution.py: 4 layers against 2, eps 0.3), so rejections, and with them the
+# residual rule, shape many samples; exactness does not need a large model, speed does.
+CHI2_SCALE = Scale(n_embd=256, n_ff=768, n_head=4, n_head_kv=2, target_layers=4, draft_layers=2, eps=0.3)
 
 
 def write_models(scale: Scale, directory: Path) -> dict:
+    """The pair of this scale (greedy, bench, speed) and the chi-square pair, with their sizes."""
+    target, draft = write_pair(scale, directory, "device")
+    chi2_target, chi2_draft = write_pair(CHI2_SCALE, directory, "chi2")
+    return {
+        "target": str(target), "draft": str(draft), "scale": asdict(scale),
+        "target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
+        "target_layer_weight_bytes": scale.layer_bytes() * scale.target_layers,
+        "chi2_target": str(chi2_target), "chi2_draft": str(chi2_draft), "chi2_scale": asdict(CHI2_SCALE),
+    }
+
+
+def write_pair(scale: Scale, directory: Path, name: str) -> tuple[Path, Path]:
     import numpy as np
 
     from tests.tiny_gguf import TinyConfig, write_related_pair
@@ -76,23 +93,19 @@ def write_models(scale: Scale, directory: Path) -> dict:
         vocab_size=512, n_embd=scale.n_embd, n_ff=scale.n_ff, n_head=scale.n_head, n_head_kv=scale.n_head_kv,
         context_length=4096, weight_dtype=np.float16,
     )
-    target, draft = write_related_pair(
+    return write_related_pair(
         directory, target_layers=scale.target_layers, draft_layers=scale.draft_layers, eps=scale.eps, config=config,
-        name="device",
+        name=name,
     )
-    return {
-        "target": str(target), "draft": str(draft), "scale": asdict(scale),
-        "target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
-        "target_layer_weight_bytes": scale.layer_bytes() * scale.target_layers,
-    }
 
 
-def load_pair(models: Path, n_gpu_layers: int, n_ctx: int = 1024):
+def load_pair(models: Path, n_gpu_layers: int, prefix: str = "", n_ctx: int = 1024):
+    """The target and draft models.json names (prefix "chi2_": the chi-square pair), loaded."""
     from speccli.llama.model import LoadOptions, Model
 
     paths = json.loads((models / "models.json").read_text())
     options = LoadOptions(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
-    return Model(Path(paths["target"]), options), Model(Path(paths["draft"]), options)
+    return Model(Path(paths[prefix + "target"]), options), Model(Path(paths[prefix + "draft"]), options)
 
 
 # --- greedy identity ------------------------------------------------------------------------------------
@@ -159,16 +172,17 @@ def generated(generator, prompt: Sequence[int], max_tokens: int):
 
 
 def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
-    """As tests/test_engine_distribution.py, on the device's models at temperature 0.8: the exact joint
-    distribution of the first two tokens against `samples` generations of each configuration."""
+    """As tests/test_engine_distribution.py, with every layer on the GPU, at temperature 0.8 (top-k 12):
+    the exact joint distribution of the first two tokens against `samples` generations of each
+    configuration, on the chi-square pair."""
     from speccli.core import verify as verify_module
     from speccli.core.generator import Generator
     from speccli.core.sampling import SamplingParams
     from speccli.drafting.model import ModelDrafter
     from speccli.drafting.policy import FixedK
 
-    sampling = SamplingParams(temperature=SAMPLING_TEMPERATURE)
-    target, draft = load_pair(models, n_gpu_layers)
+    sampling = SamplingParams(temperature=SAMPLING_TEMPERATURE, top_k=CHI2_TOP_K)
+    target, draft = load_pair(models, n_gpu_layers, prefix="chi2_")
     runs = []
     with target, draft:
         prompt = target.tokenizer.tokenize(CHI2_PROMPT)
@@ -195,7 +209,7 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
             run("BROKEN rule (no residual), must fail", ModelDrafter(draft), 3, seed=99, must_pass=False)
         finally:
             verify_module.residual_distribution = correct_residual
-    return {"temperature": SAMPLING_TEMPERATURE, "prompt": CHI2_PROMPT, "n_gpu_layers": n_gpu_layers,
+    return {"temperature": SAMPLING_TEMPERATURE, "top_k": CHI2_TOP_K, "prompt": CHI2_PROMPT, "n_gpu_layers": n_gpu_layers,
             "exact_distribution_seconds": round(exact_seconds, 2), "runs": runs,
             # The control says whether this many samples can see a broken rule at this agreement; it is
             # reported, but only the correct rules decide the check.
@@ -349,6 +363,9 @@ def summary_lines(meta: dict, steps: list[dict], env_text: str, parts: dict) -> 
         lines.append(f"models: target {models['target_bytes'] / 1e9:.2f} GB F16 ({scale['target_layers']} layers, width "
                      f"{scale['n_embd']}, ffn {scale['n_ff']}), draft {models['draft_bytes'] / 1e9:.2f} GB (its first "
                      f"{scale['draft_layers']} layer(s)), eps {scale['eps']}")
+        chi2 = models["chi2_scale"]
+        lines.append(f"  chi-square pair: {chi2['target_layers']} layers against {chi2['draft_layers']}, width "
+                     f"{chi2['n_embd']}, eps {chi2['eps']}")
     else:
         lines.append("models: not written (see log.txt)")
     lines += greedy_lines(parts["greedy"]) + chi2_lines(parts["chi2"])
@@ -376,7 +393,8 @@ def greedy_lines(greedy: dict | None) -> list[str]:
 def chi2_lines(chi2: dict | None) -> list[str]:
     if not chi2:
         return ["", "chi-square: not run or failed (see log.txt)"]
-    lines = ["", f"chi-square, first two tokens at temperature {chi2['temperature']} (-ngl {chi2['n_gpu_layers']}): "
+    lines = ["", f"chi-square, first two tokens at temperature {chi2['temperature']}, top-k {chi2['top_k']} "
+                 f"(-ngl {chi2['n_gpu_layers']}): "
                  f"{'PASSED' if chi2['passed'] else 'FAILED'}; the broken-rule control "
                  f"{'was' if chi2['control_detected'] else 'was NOT'} detected"]
     for run in chi2["runs"]:

@@ -40,7 +40,7 @@ if [ "$MODE" = device ]; then
     LIMIT_INSTALL=570 LIMIT_STEP=180
 else
     # The CPU build ignores -ngl; the same commands run, on small models.
-    SCALE=rehearse NGL=99 SAMPLES=1000 BENCH_N=24 RUNS=1 K_SWEEP=1,4,auto GPU_TOKENS=24 CPU_TOKENS=8
+    SCALE=rehearse NGL=99 SAMPLES=3000 BENCH_N=24 RUNS=1 K_SWEEP=1,4,auto GPU_TOKENS=24 CPU_TOKENS=8
     LIMIT_INSTALL=1200 LIMIT_STEP=300
     # A wheel built from the stripped sdist, kept apart from (and reused across) rehearsals.
     export SPECCLI_WHEEL_CACHE=${SPECCLI_WHEEL_CACHE:-/tmp/speccli-rehearse-wheels}
