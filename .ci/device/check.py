@@ -1,0 +1,523 @@
+"""The device check's measurements and its report (check.sh runs each step; this module owns what a step does).
+
+    python .ci/device/check.py models   --scale device|rehearse --dir WORK/models
+    python .ci/device/check.py greedy   --models WORK/models --ngl 99 --out WORK/greedy.json
+    python .ci/device/check.py chi2     --models WORK/models --ngl 99 --samples 3000 --out WORK/chi2.json
+    python .ci/device/check.py speed    --models WORK/models --out WORK/speed.json [--gpu-tokens 128 --cpu-tokens 16]
+    python .ci/device/check.py summary  --work WORK --out OUT
+
+* models: a related target/draft pair (tests/tiny_gguf.py's `write_related_pair`: the draft is the target's
+  first layer, bit for bit). At the device scale the target holds ~1.8 GB of F16 weights in 8 wide layers,
+  so one decode streams all of it and is memory-bound on a GPU; the rehearsal scale is small and quick.
+* greedy: at temperature 0, speculative output equals the target's own greedy output, or parts only at a
+  near-tie of the target's top two logits (speccli.core.parting, as the CPU tests and bench explain it).
+* chi2: the first two sampled tokens at temperature 0.8 follow the target's exact joint distribution
+  (computed from its logits), target alone and speculative; a broken rule run the same way must fail.
+* speed: target-only decode tokens/s with every layer on the GPU and with none (-ngl 0).
+* summary: results.json and summary.txt from every step's record and part, rewritten after each step
+  so that a run cut short still leaves its report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root: tests.tiny_gguf
+
+SAMPLING_TEMPERATURE = 0.8
+GREEDY_MAX_TOKENS = 64
+GREEDY_CONFIGS = [("model", 4), ("model", 8), ("ngram+model", None)]  # (spec, K); None: auto
+CHI2_PROMPT = "the cat sat on"
+CHI2_TOP_K = 12  # fewer cells: 3000 samples then see a broken rule (the CPU test's setting)
+CHI2_PASS_P = 1e-3  # a correct rule fails this one time in a thousand
+CHI2_BROKEN_P = 1e-6  # a broken rule must fall below this
+
+
+# --- models --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The pair's shape. F16 bytes of one layer: 2 * (2*E*E + 2*E*E_kv + 3*E*F)."""
+
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    target_layers: int
+    draft_layers: int
+    eps: float  # the target's extra layers' residual scale: greedy agreement falls as it grows
+
+    def layer_bytes(self) -> int:
+        kv_rows = self.n_head_kv * (self.n_embd // self.n_head)
+        return 2 * (2 * self.n_embd * self.n_embd + 2 * self.n_embd * kv_rows + 3 * self.n_embd * self.n_ff)
+
+
+SCALES = {
+    # 8 layers of 220 MB: one decode reads 1.76 GB (~0.4 ms at the H200's ~4.3 TB/s), so a 16-token
+    # verify reads the same weights once and costs little more; the 1-layer draft reads 1/8 of it.
+    "device": Scale(n_embd=3072, n_ff=9216, n_head=24, n_head_kv=8, target_layers=8, draft_layers=1, eps=0.05),
+    "rehearse": Scale(n_embd=256, n_ff=768, n_head=4, n_head_kv=2, target_layers=4, draft_layers=1, eps=0.05),
+}
+# The chi-square check's own pair, at both scales: a draft that disagrees more often (as in
+# tests/test_engine_distribution.py: 4 layers against 2, eps 0.3), so rejections, and with them the
+# residual rule, shape many samples; exactness does not need a large model, speed does.
+CHI2_SCALE = Scale(n_embd=256, n_ff=768, n_head=4, n_head_kv=2, target_layers=4, draft_layers=2, eps=0.3)
+
+
+def write_models(scale: Scale, directory: Path) -> dict:
+    """The pair of this scale (greedy, bench, speed) and the chi-square pair, with their sizes."""
+    target, draft = write_pair(scale, directory, "device")
+    chi2_target, chi2_draft = write_pair(CHI2_SCALE, directory, "chi2")
+    return {
+        "target": str(target), "draft": str(draft), "scale": asdict(scale),
+        "target_bytes": target.stat().st_size, "draft_bytes": draft.stat().st_size,
+        "target_layer_weight_bytes": scale.layer_bytes() * scale.target_layers,
+        "chi2_target": str(chi2_target), "chi2_draft": str(chi2_draft), "chi2_scale": asdict(CHI2_SCALE),
+    }
+
+
+def write_pair(scale: Scale, directory: Path, name: str) -> tuple[Path, Path]:
+    import numpy as np
+
+    from tests.tiny_gguf import TinyConfig, write_related_pair
+
+    config = TinyConfig(
+        vocab_size=512, n_embd=scale.n_embd, n_ff=scale.n_ff, n_head=scale.n_head, n_head_kv=scale.n_head_kv,
+        context_length=4096, weight_dtype=np.float16,
+    )
+    return write_related_pair(
+        directory, target_layers=scale.target_layers, draft_layers=scale.draft_layers, eps=scale.eps, config=config,
+        name=name,
+    )
+
+
+def load_pair(models: Path, n_gpu_layers: int, prefix: str = "", n_ctx: int = 1024):
+    """The target and draft models.json names (prefix "chi2_": the chi-square pair), loaded."""
+    from speccli.llama.model import LoadOptions, Model
+
+    paths = json.loads((models / "models.json").read_text())
+    options = LoadOptions(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+    return Model(Path(paths[prefix + "target"]), options), Model(Path(paths[prefix + "draft"]), options)
+
+
+# --- greedy identity ------------------------------------------------------------------------------------
+
+
+def greedy_check(models: Path, n_gpu_layers: int) -> dict:
+    from speccli.bench.prompts import load_prompt_set
+    from speccli.core.generator import Generator
+    from speccli.core.parting import find_parting
+    from speccli.core.sampling import SamplingParams
+    from speccli.core.stats import RunStats
+    from speccli.drafting.specs import make_drafter, make_policy
+
+    greedy = SamplingParams(temperature=0)
+    prompts = [p.prompt for p in load_prompt_set(None).prompts]
+    target, draft = load_pair(models, n_gpu_layers)
+    with target, draft:
+        tokenized = [target.tokenizer.tokenize(text) for text in prompts]
+        references = [generated(Generator(target, None, greedy), prompt, GREEDY_MAX_TOKENS)[0] for prompt in tokenized]
+        configs = []
+        for spec, k in GREEDY_CONFIGS:
+            generator = Generator(target, make_drafter(spec, draft), greedy, make_policy(k))
+            outcomes, total = [], RunStats()
+            for index, (prompt, reference) in enumerate(zip(tokenized, references)):
+                speculative, stats = generated(generator, prompt, GREEDY_MAX_TOKENS)
+                total = total + stats
+                # The tolerance is measured at the widest verify batch this generation used, as in bench.
+                widest = max(stats.draft_lengths, default=0)
+                parting = find_parting(target, prompt, reference, speculative, max(widest, 1))
+                if parting is None:
+                    # Equal as far as both go: they may only differ in length if one side hit the end.
+                    same = reference == speculative or len(reference) == len(speculative) == GREEDY_MAX_TOKENS
+                    outcomes.append({"prompt": index, "status": "identical" if same else "failed",
+                                     "detail": "" if same else "equal as far as both go, but one side stopped early"})
+                else:
+                    outcomes.append({"prompt": index, "status": "near_tie" if parting.near_tie else "failed",
+                                     "detail": parting.describe()})
+            configs.append({
+                "spec": spec, "k": "auto" if k is None else k, "outcomes": outcomes,
+                "drafted": total.drafted, "accepted": total.accepted,
+                "acceptance_rate": total.acceptance_rate if total.drafted else None,
+            })
+    statuses = [o["status"] for config in configs for o in config["outcomes"]]
+    return {
+        "prompts": len(prompts), "max_tokens": GREEDY_MAX_TOKENS, "n_gpu_layers": n_gpu_layers, "configs": configs,
+        # Drafts must really have been used, or identity proves nothing.
+        "passed": "failed" not in statuses and all(config["accepted"] > 0 for config in configs),
+        "identical": statuses.count("identical"), "near_ties": statuses.count("near_tie"),
+        "failed": statuses.count("failed"),
+    }
+
+
+def generated(generator, prompt: Sequence[int], max_tokens: int):
+    """The tokens of one generation from empty caches, and its statistics."""
+    from speccli.core.generator import GenerationLimits
+    from speccli.core.stats import TokenEvent
+
+    generator.reset()
+    events = list(generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)))
+    return [e.token for e in events if isinstance(e, TokenEvent)], events[-1].stats
+
+
+# --- chi-square distribution check ----------------------------------------------------------------------
+
+
+def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
+    """As tests/test_engine_distribution.py, with every layer on the GPU, at temperature 0.8 (top-k 12):
+    the exact joint distribution of the first two tokens against `samples` generations of each
+    configuration, on the chi-square pair."""
+    from speccli.core import verify as verify_module
+    from speccli.core.generator import Generator
+    from speccli.core.sampling import SamplingParams
+    from speccli.drafting.model import ModelDrafter
+    from speccli.drafting.policy import FixedK
+
+    sampling = SamplingParams(temperature=SAMPLING_TEMPERATURE, top_k=CHI2_TOP_K)
+    target, draft = load_pair(models, n_gpu_layers, prefix="chi2_")
+    runs = []
+    with target, draft:
+        prompt = target.tokenizer.tokenize(CHI2_PROMPT)
+        started = time.perf_counter()
+        expected = exact_two_token_distribution(target, prompt, sampling)
+        exact_seconds = time.perf_counter() - started
+
+        def run(name: str, drafter, k: int, seed: int, must_pass: bool) -> None:
+            started = time.perf_counter()
+            generator = Generator(target, drafter, sampling, FixedK(k) if drafter else None, seed=seed)
+            p_value, cells = chi_square_p_value(sampled_pairs(generator, prompt, samples, max_tokens=k + 1), expected)
+            passed = p_value > CHI2_PASS_P if must_pass else p_value < CHI2_BROKEN_P
+            runs.append({"name": name, "k": k, "samples": samples, "cells": cells, "p_value": p_value,
+                         "expect": "pass" if must_pass else "fail", "as_expected": passed,
+                         "seconds": round(time.perf_counter() - started, 2)})
+
+        run("target alone", None, 1, seed=7, must_pass=True)
+        run("model draft", ModelDrafter(draft), 1, seed=1235, must_pass=True)
+        run("model draft", ModelDrafter(draft), 3, seed=1237, must_pass=True)
+        # The control: after a rejection, draw from p itself instead of the residual max(0, p - q).
+        correct_residual = verify_module.residual_distribution
+        verify_module.residual_distribution = lambda p, q: p / p.sum()
+        try:
+            run("BROKEN rule (no residual), must fail", ModelDrafter(draft), 3, seed=99, must_pass=False)
+        finally:
+            verify_module.residual_distribution = correct_residual
+    return {"temperature": SAMPLING_TEMPERATURE, "top_k": CHI2_TOP_K, "prompt": CHI2_PROMPT, "n_gpu_layers": n_gpu_layers,
+            "exact_distribution_seconds": round(exact_seconds, 2), "runs": runs,
+            # The control says whether this many samples can see a broken rule at this agreement; it is
+            # reported, but only the correct rules decide the check.
+            "passed": all(r["as_expected"] for r in runs if r["expect"] == "pass"),
+            "control_detected": all(r["as_expected"] for r in runs if r["expect"] == "fail")}
+
+
+def exact_two_token_distribution(target, prompt: list[int], sampling) -> dict[tuple[int, ...], float]:
+    """P(first two tokens) under the target alone; a sequence that ends first is one token long."""
+    import numpy as np
+
+    from speccli.core.sampling import probabilities
+
+    target.reset()
+    target.decode(prompt[:-1], n_logit_rows=0)
+    first = probabilities(target.decode(prompt[-1:]), sampling)[0].copy()
+    joint = {}
+    for token in np.flatnonzero(first > 0):
+        if target.tokenizer.is_end_of_generation(int(token)):
+            joint[(int(token),)] = float(first[token])
+            continue
+        target.truncate(len(prompt))
+        second = probabilities(target.decode([int(token)]), sampling)[0]
+        for following in np.flatnonzero(second > 0):
+            joint[(int(token), int(following))] = float(first[token] * second[following])
+    target.reset()
+    return joint
+
+
+def sampled_pairs(generator, prompt: list[int], n: int, max_tokens: int) -> list[tuple[int, ...]]:
+    """The first two tokens of n generations (the end-of-generation token kept when it comes first).
+    Each asks for k+1 tokens, so its first step may draft all k and the whole verify rule shapes the pair."""
+    from speccli.core.generator import GenerationLimits
+    from speccli.core.stats import TokenEvent
+
+    pairs = []
+    for _ in range(n):
+        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)))
+        tokens = [e.token for e in events if isinstance(e, TokenEvent)][:2]
+        if len(tokens) < 2 and events[-1].reason == "eog":
+            tokens.append(generator.tokens[len(prompt) + len(tokens)])
+        pairs.append(tuple(tokens))
+    return pairs
+
+
+def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> tuple[float, int]:
+    """Pearson's test: cells expected >= 5 times one by one, the rest lumped into one cell. Returns the
+    p-value and the number of cells. A pair the target gives probability 0 is p = 0."""
+    counts: dict[tuple[int, ...], int] = {}
+    for pair in observed:
+        counts[pair] = counts.get(pair, 0) + 1
+    if not set(counts) <= set(expected):
+        return 0.0, 0
+    n = len(observed)
+    big = [cell for cell, probability in expected.items() if probability * n >= 5]
+    observed_counts = [counts.get(cell, 0) for cell in big]
+    expected_counts = [expected[cell] * n for cell in big]
+    observed_counts.append(n - sum(observed_counts))
+    expected_counts.append(n - sum(expected_counts))
+    cells = [(o, e) for o, e in zip(observed_counts, expected_counts) if e > 1e-9]  # the lumped cell may be empty
+    statistic = sum((o - e) ** 2 / e for o, e in cells)
+    return chi2_survival(statistic, len(cells) - 1), len(cells)
+
+
+def chi2_survival(x: float, df: int) -> float:
+    """P(X >= x) for X ~ chi-square with df degrees of freedom (closed form, so no scipy on the device):
+    even df: e^(-x/2) * sum_{i<df/2} (x/2)^i / i!; odd df: erfc(sqrt(x/2)) + e^(-x/2) * sum_{i=1}^{(df-1)/2}
+    (x/2)^(i-1/2) / Gamma(i+1/2). Terms are summed in log space, so large df and x neither overflow."""
+    if df < 1:
+        raise ValueError("df must be at least 1")
+    if x <= 0:
+        return 1.0
+    half = x / 2
+    if df % 2 == 0:
+        terms = [-half + i * math.log(half) - math.lgamma(i + 1) for i in range(df // 2)]
+        head = 0.0
+    else:
+        terms = [-half + (i - 0.5) * math.log(half) - math.lgamma(i + 0.5) for i in range(1, (df - 1) // 2 + 1)]
+        head = math.erfc(math.sqrt(half))
+    return min(1.0, head + math.fsum(math.exp(t) for t in terms))
+
+
+# --- target-only speed, GPU against CPU -------------------------------------------------------------------
+
+
+def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2) -> dict:
+    """Decode tokens/s of the target alone with every layer on the GPU and with none (-ngl 0): the median
+    over `prompts` generations, prefill excluded, after one unmeasured warm-up generation."""
+    import numpy as np
+
+    from speccli.bench.prompts import load_prompt_set
+    from speccli.core.generator import Generator
+    from speccli.core.sampling import SamplingParams
+    from speccli.llama.model import LoadOptions, Model
+
+    target_path = Path(json.loads((models / "models.json").read_text())["target"])
+    texts = [p.prompt for p in load_prompt_set(None).prompts][: prompts + 1]
+    sides = {}
+    for name, n_gpu_layers, max_tokens in (("gpu", 99, gpu_tokens), ("cpu", 0, cpu_tokens)):
+        with Model(target_path, LoadOptions(n_ctx=1024, n_gpu_layers=n_gpu_layers)) as target:
+            generator = Generator(target, None, SamplingParams(temperature=0))
+            rates = []
+            for text in texts:  # the first is the warm-up
+                started = time.perf_counter()
+                tokens, stats = generated(generator, target.tokenizer.tokenize(text), max_tokens)
+                rates.append(len(tokens) / (time.perf_counter() - started - stats.prefill_seconds))
+            sides[name] = {"n_gpu_layers": n_gpu_layers, "max_tokens": max_tokens,
+                           "tokens_per_second": float(np.median(rates[1:])), "runs": [round(r, 2) for r in rates[1:]]}
+    return {**sides, "gpu_over_cpu": sides["gpu"]["tokens_per_second"] / sides["cpu"]["tokens_per_second"]}
+
+
+# --- the report ---------------------------------------------------------------------------------------------
+
+BENCH_PARTS = {"bench-model": "speculative with the draft model, K swept", "bench-ngram": "n-gram lookup, auto K"}
+
+
+def summarize(work: Path, out: Path) -> list[str]:
+    """results.json (every step's record and every part) and summary.txt, both written atomically."""
+    steps = [json.loads(line) for line in (work / "steps.jsonl").read_text().splitlines()] if (
+        work / "steps.jsonl").exists() else []
+    parts = {}
+    for name in ("models", "greedy", "chi2", "speed"):
+        parts[name] = read_json(work / "models" / "models.json" if name == "models" else work / f"{name}.json")
+    for name in BENCH_PARTS:
+        parts[name] = read_json(out / f"{name}.json")
+    env_text = (work / "env.txt").read_text() if (work / "env.txt").exists() else ""
+    meta = read_json(work / "meta.json") or {}
+    lines = summary_lines(meta, steps, env_text, parts)
+    results = {"meta": meta, "steps": steps, "env": env_text, **{k: v for k, v in parts.items() if not k.startswith("bench")},
+               "bench": {name: bench_digest(parts[name]) for name in BENCH_PARTS}}
+    write_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")
+    write_atomically(out / "summary.txt", "\n".join(lines) + "\n")
+    return lines
+
+
+def summary_lines(meta: dict, steps: list[dict], env_text: str, parts: dict) -> list[str]:
+    lines = [f"speccli device check ({meta.get('mode', '?')}) on {meta.get('host', '?')}, started {meta.get('started', '?')}"]
+    total = sum(step["seconds"] for step in steps)
+    lines.append(f"steps ({total:.0f} s in all):")
+    for step in steps:
+        status = "ok" if step["rc"] == 0 else f"FAILED (exit {step['rc']}{', timed out' if step['rc'] == 124 else ''})"
+        lines.append(f"  {step['started']}  {step['name']:<12} {step['seconds']:>7.1f} s  {status}")
+    lines.append("")
+    lines.append("env:")
+    wanted = [line for line in env_text.splitlines() if line.split(" ", 1)[0] in ("llama-cpp-python", "backend", "gpu")]
+    lines += [f"  {line}" for line in wanted] or ["  (no speccli env output: see log.txt)"]
+    models = parts["models"]
+    lines.append("")
+    if models:
+        scale = models["scale"]
+        lines.append(f"models: target {models['target_bytes'] / 1e9:.2f} GB F16 ({scale['target_layers']} layers, width "
+                     f"{scale['n_embd']}, ffn {scale['n_ff']}), draft {models['draft_bytes'] / 1e9:.2f} GB (its first "
+                     f"{scale['draft_layers']} layer(s)), eps {scale['eps']}")
+        chi2 = models["chi2_scale"]
+        lines.append(f"  chi-square pair: {chi2['target_layers']} layers against {chi2['draft_layers']}, width "
+                     f"{chi2['n_embd']}, eps {chi2['eps']}")
+    else:
+        lines.append("models: not written (see log.txt)")
+    lines += greedy_lines(parts["greedy"]) + chi2_lines(parts["chi2"])
+    for name, title in BENCH_PARTS.items():
+        lines += bench_lines(name, title, bench_digest(parts[name]))
+    lines += speed_lines(parts["speed"])
+    return lines
+
+
+def greedy_lines(greedy: dict | None) -> list[str]:
+    if not greedy:
+        return ["", "greedy identity: not run or failed (see log.txt)"]
+    verdict = "PASSED" if greedy["passed"] else "FAILED"
+    lines = ["", f"greedy identity (-ngl {greedy['n_gpu_layers']}, {greedy['prompts']} prompts x {greedy['max_tokens']} "
+                 f"tokens): {verdict}: {greedy['identical']} identical, {greedy['near_ties']} near-tie partings, "
+                 f"{greedy['failed']} unexplained"]
+    for config in greedy["configs"]:
+        rate = config["acceptance_rate"]
+        lines.append(f"  {config['spec']} K={config['k']}: acceptance {rate:.3f} ({config['accepted']}/{config['drafted']})"
+                     if rate is not None else f"  {config['spec']} K={config['k']}: nothing drafted")
+        lines += [f"    prompt {o['prompt']}: {o['status']}: {o['detail']}" for o in config["outcomes"] if o["detail"]]
+    return lines
+
+
+def chi2_lines(chi2: dict | None) -> list[str]:
+    if not chi2:
+        return ["", "chi-square: not run or failed (see log.txt)"]
+    lines = ["", f"chi-square, first two tokens at temperature {chi2['temperature']}, top-k {chi2['top_k']} "
+                 f"(-ngl {chi2['n_gpu_layers']}): "
+                 f"{'PASSED' if chi2['passed'] else 'FAILED'}; the broken-rule control "
+                 f"{'was' if chi2['control_detected'] else 'was NOT'} detected"]
+    for run in chi2["runs"]:
+        lines.append(f"  {run['name']:<38} K={run['k']}  p={run['p_value']:.3g}  ({run['samples']} samples, {run['cells']} "
+                     f"cells, expected to {run['expect']}: {'yes' if run['as_expected'] else 'NO'})")
+    return lines
+
+
+def bench_digest(report: dict | None) -> dict | None:
+    """The figures the summary shows from one `speccli bench --json` report."""
+    if not report:
+        return None
+    rows = []
+    for result in report["results"]:
+        overall = result["overall"]
+        speedup = overall["speedup"]
+        spec_rate = overall["speculative"]["wall_tokens_per_second"]
+        rows.append({
+            "label": result["label"], "speedup": speedup["median"] if speedup else None,
+            "speculative_tokens_per_second": spec_rate["median"] if spec_rate else None,
+            "acceptance": overall["acceptance_rate"], "alpha": overall["alpha"],
+            "tokens_per_target_decode": overall["tokens_per_target_decode"],
+            "mean_k": overall["mean_draft_length"],
+            "predicted": overall["predicted"]["speedup"] if overall["predicted"] else None,
+            "efficiency": overall["efficiency"],
+        })
+    baseline = report["results"][0]["overall"]["baseline"]["wall_tokens_per_second"] if report["results"] else None
+    costs = report["costs"]
+    return {
+        "command": report["command"], "backend": report["environment"]["backend"],
+        "target_n_gpu_layers": report["environment"]["target_n_gpu_layers"],
+        "target_tokens_per_second": baseline["median"] if baseline else None,
+        "c": costs["c"], "verify": {v["tokens"]: v["relative_to_1_token"] for v in costs["verify"]},
+        "target_decode_1_ms": costs["target_decode_1_seconds"] * 1e3,
+        "greedy_check": report["greedy_check"]["status"], "best": report["best"]["label"] if report["best"] else None,
+        "cannot_pay": report["cannot_pay"], "rows": rows,
+    }
+
+
+def bench_lines(name: str, title: str, digest: dict | None) -> list[str]:
+    if not digest:
+        return ["", f"{name}: not run or failed (see log.txt)"]
+    def num(value, spec: str) -> str:
+        return "n/a" if value is None else format(value, spec)
+    verify = "  ".join(f"v({n})={ratio:.2f}" for n, ratio in sorted(digest["verify"].items(), key=lambda kv: int(kv[0])))
+    lines = ["", f"{name}: {title} ({digest['backend']}, -ngl {digest['target_n_gpu_layers']}; greedy check "
+                 f"{digest['greedy_check']})",
+             f"  target alone {num(digest['target_tokens_per_second'], '.1f')} tok/s; 1-token decode "
+             f"{digest['target_decode_1_ms']:.3f} ms; c={digest['c']:.3f}",
+             f"  {verify}",
+             f"  {'configuration':<20}{'speedup':>8}{'tok/s':>9}{'accept':>8}{'tok/dec':>8}{'mean K':>8}{'pred':>7}{'eff':>6}"]
+    for row in digest["rows"]:
+        lines.append(f"  {row['label']:<20}{num(row['speedup'], '.2f'):>8}{num(row['speculative_tokens_per_second'], '.1f'):>9}"
+                     f"{num(row['acceptance'], '.3f'):>8}{num(row['tokens_per_target_decode'], '.2f'):>8}"
+                     f"{num(row['mean_k'], '.2f'):>8}{num(row['predicted'], '.2f'):>7}{num(row['efficiency'], '.2f'):>6}")
+    if digest["best"]:
+        lines.append(f"  best: {digest['best']}")
+    if digest["cannot_pay"]:
+        lines.append(f"  {digest['cannot_pay']}")
+    return lines
+
+
+def speed_lines(speed: dict | None) -> list[str]:
+    if not speed:
+        return ["", "target alone, GPU against CPU: not run or failed (see log.txt)"]
+    gpu, cpu = speed["gpu"], speed["cpu"]
+    return ["", f"target alone, decode tok/s: GPU (-ngl {gpu['n_gpu_layers']}, {gpu['max_tokens']} tokens) "
+                f"{gpu['tokens_per_second']:.1f}; CPU (-ngl 0, {cpu['max_tokens']} tokens) {cpu['tokens_per_second']:.1f}; "
+                f"GPU/CPU {speed['gpu_over_cpu']:.1f}x"]
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    models = commands.add_parser("models")
+    models.add_argument("--scale", choices=sorted(SCALES), required=True)
+    models.add_argument("--dir", type=Path, required=True)
+    for name in ("greedy", "chi2", "speed"):
+        sub = commands.add_parser(name)
+        sub.add_argument("--models", type=Path, required=True)
+        sub.add_argument("--out", type=Path, required=True)
+        if name != "speed":
+            sub.add_argument("--ngl", type=int, default=99)
+    commands.choices["chi2"].add_argument("--samples", type=int, default=3000)
+    commands.choices["speed"].add_argument("--gpu-tokens", type=int, default=128)
+    commands.choices["speed"].add_argument("--cpu-tokens", type=int, default=16)
+    summary = commands.add_parser("summary")
+    summary.add_argument("--work", type=Path, required=True)
+    summary.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    steps: dict[str, Callable[[], tuple[Path, dict]]] = {
+        "models": lambda: (args.dir / "models.json", write_models(SCALES[args.scale], args.dir)),
+        "greedy": lambda: (args.out, greedy_check(args.models, args.ngl)),
+        "chi2": lambda: (args.out, chi2_check(args.models, args.ngl, args.samples)),
+        "speed": lambda: (args.out, speed_check(args.models, args.gpu_tokens, args.cpu_tokens)),
+    }
+    if args.command == "summary":
+        print("\n".join(summarize(args.work, args.out)))
+        return 0
+    path, result = steps[args.command]()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    # A check that ran but did not pass is a failed step (the report still has its figures).
+    return 0 if result.get("passed", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
