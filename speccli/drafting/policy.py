@@ -8,18 +8,24 @@ maximises expected tokens per second:
     k*   = argmax_k E(k) / T(k)
 
 a_j is the acceptance of draft position j given that 1..j-1 were kept, counted per proposal key
-(the draft model; n-gram matches by length), shrunk towards the position before it while few steps
-have been seen. A position never judged yet takes the key's continuation rate: what positions past
-the first have kept, pooled (the geometric model behind speculative decoding's analysis). So a draft
-that is always kept grows past any depth it has tried, however steep the verify curve is there. d is the measured seconds per drafted token of that key (0 for n-gram lookup).
+(the draft model; n-gram matches by length), recent drafts weighing most, and shrunk towards the
+position before it while few have been seen. A position never judged yet takes the key's
+continuation rate: what positions past the first have kept, pooled (the geometric model behind
+speculative decoding's analysis). So a draft that is always kept grows past any depth it has tried,
+however steep the verify curve is there. d is the measured seconds per drafted token of that key
+(0 for n-gram lookup; a draft model's catch-up on context it skipped is not counted).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings.
 
-Everything the choice uses is known before the step's verification: counts and timings of earlier
-steps, and how much the draft source has to offer. It never depends on the tokens being verified,
-so the output distribution stays the target's (tests/test_verify_deterministic.py proves the rule
-exact for any such choice; tests/test_engine_distribution.py checks it on real models).
+Within the step, a draft model stops short of k where its own top probability for the next token
+falls below DRAFT_CONFIDENCE_FLOOR; the token withheld counts as rejected in the key's estimates.
+
+Everything these choices use is known before the step's verification: counts and timings of earlier
+steps, how much the draft source has to offer, and the draft model's own probabilities. None of it
+depends on the target's verdict on this step's tokens, so the output distribution stays the
+target's (tests/test_verify_deterministic.py proves the rule exact for any such choice;
+tests/test_engine_distribution.py checks it on real models, the confidence stop included).
 """
 from __future__ import annotations
 
