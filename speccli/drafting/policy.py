@@ -18,8 +18,9 @@ V(n) is the target's measured cost of a decode with n logit rows plus the per-ro
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings.
 
-Within the step, a draft model stops short of k where its own top probability for the next token
-falls below DRAFT_CONFIDENCE_FLOOR; the token withheld counts as rejected in the key's estimates.
+Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
+have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
+estimates.
 
 Everything these choices use is known before the step's verification: counts and timings of earlier
 steps, how much the draft source has to offer, and the draft model's own probabilities. None of it
@@ -48,10 +49,18 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 RECENCY = 0.9
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
-# A draft model stops short of the length chosen when its own top probability for the next token falls
-# below this (llama.cpp's p_min): an unsure draft token is likely rejected, and costs a draft decode
-# and a verify row. Greedy drafts: the model's probability at temperature 1; sampled: its q row's top.
-DRAFT_CONFIDENCE_FLOOR = 0.75
+# A draft model's top probability for its next token (at temperature 1 for greedy drafts; its q row's
+# top when sampling) marks the token unsure below UNSURE_BELOW (llama.cpp's p_min, where it always
+# stops). Whether unsure tokens are worth drafting depends on the pair: a quantized copy of the target
+# agrees with it even where both are unsure (Gemma 3 270M: 0.99 kept), a smaller model often does
+# not. So each key measures how often its unsure tokens are kept, and a draft stops at an unsure
+# token only while that is below UNSURE_STOP_BELOW. Before any is judged the estimate is UNSURE_PRIOR:
+# a key drafts unsure tokens until one is rejected (then 0.4) and its next is kept. The measurement
+# fades with RECENCY at each step the key drafts, so a key that stopped drafts unsure tokens again
+# some ten steps later, and measures them anew.
+UNSURE_BELOW = 0.75
+UNSURE_STOP_BELOW = 0.5
+UNSURE_PRIOR = 0.6
 
 
 class KPolicy(Protocol):
@@ -152,18 +161,31 @@ class KeyHistory:
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     probing: bool = False  # the current draft is a re-check the estimates alone would not make
     stopped_short: bool = False  # this step's draft stopped before the length chosen (the source grew unsure)
+    confidences: list[float] = field(default_factory=list)  # this step's drafted tokens' confidences, in order
+    unsure_judged: float = 0.0  # unsure draft tokens judged, and kept, weighted by recency
+    unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
 
     def add(self, drafted: int, accepted: int) -> None:
+        """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
         judged = min(drafted, accepted + 1)
         self.judged_at = [RECENCY * count for count in self.judged_at]
         self.kept_at = [RECENCY * count for count in self.kept_at]
+        self.unsure_judged *= RECENCY
+        self.unsure_kept *= RECENCY
         while len(self.judged_at) < judged:
             self.judged_at.append(0.0)
             self.kept_at.append(0.0)
         for position in range(judged):
             self.judged_at[position] += 1
             self.kept_at[position] += position < accepted
+        for position, confidence in enumerate(self.confidences[:judged]):  # a withheld token has none
+            if confidence < UNSURE_BELOW:
+                self.unsure_judged += 1
+                self.unsure_kept += position < accepted
+
+    def unsure_tokens_pay(self) -> bool:
+        return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR) >= UNSURE_STOP_BELOW
 
     def acceptance(self, positions: int) -> list[float]:
         """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first
@@ -192,9 +214,8 @@ class AutoK:
 
     name = "auto"
 
-    def __init__(self, max_k: int = AUTO_MAX_K, confidence_floor: float = DRAFT_CONFIDENCE_FLOOR) -> None:
+    def __init__(self, max_k: int = AUTO_MAX_K) -> None:
         self.max_k = max_k
-        self.confidence_floor = confidence_floor
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
 
@@ -210,6 +231,7 @@ class AutoK:
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
         history.stopped_short = False
+        history.confidences = []
         limit = min(available, self.max_k)
         if limit <= 0:
             return 0
@@ -221,10 +243,12 @@ class AutoK:
         return best
 
     def keep_drafting(self, key: str, confidence: float) -> bool:
-        if confidence >= self.confidence_floor:
-            return True
-        self._history(key).stopped_short = True
-        return False
+        history = self._history(key)
+        if confidence < UNSURE_BELOW and not history.unsure_tokens_pay():
+            history.stopped_short = True
+            return False
+        history.confidences.append(confidence)
+        return True
 
     def observe(self, key: str, step: StepEvent) -> None:
         rows = step.drafted + 1
