@@ -4,8 +4,10 @@ A `Drafter` is told the context (every token so far; the last one is still pendi
 it yet), proposes up to some number of tokens, and is told when the context is cut back. How many it
 proposes is asked of the K policy through `DraftRequest.length_for`, with a key naming what kind of
 proposal it is about to make (a draft model, a long or short n-gram match), so the policy can keep
-acceptance and costs apart per kind. Nothing here may look at the target's verdict on this step:
-the number and kind of tokens depend on the past only, which is what keeps the output exact.
+acceptance and costs apart per kind; a draft model also asks it, token by token, whether to go on
+when it grows unsure (`keep_drafting`). Nothing here may look at the target's verdict on this step:
+the number and kind of tokens depend on the past and the draft's own probabilities only, which is
+what keeps the output exact.
 """
 from __future__ import annotations
 
