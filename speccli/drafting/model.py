@@ -36,9 +36,9 @@ class ModelDrafter:
         pending = self.visible(request.context[model.n_past :])
         catch_up_seconds = 0.0
         if len(pending) > 2:
-            # The context grew without this model (lookup drafts were kept meanwhile): take it in as
-            # one batched decode, timed apart, so the K policy's per-token cost of this model stays
-            # what drafting costs.
+            # More than the two a drafting step leaves behind: the context grew without this model
+            # (lookup drafts or plain steps meanwhile). Take it in as one batched decode, timed apart,
+            # so the K policy's per-token cost of this model stays what drafting costs.
             began = time.perf_counter()
             model.decode(pending[:-1], n_logit_rows=0)
             catch_up_seconds = time.perf_counter() - began
