@@ -14,8 +14,7 @@ import pytest
 from scipy import stats
 
 from speccli.llama.model import Model
-from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.stats import RunStats, TokenEvent
+from speccli.core.generator import Generator
 from speccli.core.sampling import SamplingParams, probabilities
 from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
@@ -24,6 +23,12 @@ from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.specs import make_drafter
 from tests.conftest import loaded_related_pair
+from tests.two_token_distribution import (
+    chi_square_cells,
+    exact_two_token_distribution,
+    sampled_pairs,
+    sampled_pairs_and_stats,
+)
 
 SAMPLES = 3000
 PROMPT = b"the cat sat on"
@@ -55,59 +60,10 @@ def pair(tmp_path_factory):
         yield pair
 
 
-def exact_two_token_distribution(target: Model, prompt: list[int]) -> dict[tuple[int, ...], float]:
-    """P(first two tokens) under the target alone; a sequence that ends first is one token long."""
-    target.reset()
-    target.decode(prompt[:-1], n_logit_rows=0)
-    first = probabilities(target.decode(prompt[-1:]), SETTINGS)[0]
-    joint = {}
-    for token in np.flatnonzero(first > 0):
-        if target.tokenizer.is_end_of_generation(int(token)):
-            joint[(int(token),)] = float(first[token])  # generation ends there
-            continue
-        target.truncate(len(prompt))
-        second = probabilities(target.decode([int(token)]), SETTINGS)[0]
-        for following in np.flatnonzero(second > 0):
-            joint[(int(token), int(following))] = float(first[token] * second[following])
-    target.reset()
-    return joint
-
-
-def sampled_pairs(generator: Generator, prompt: list[int], n: int, max_tokens: int = 4) -> list[tuple[int, ...]]:
-    return sampled_pairs_and_stats(generator, prompt, n, max_tokens)[0]
-
-
-def sampled_pairs_and_stats(generator: Generator, prompt: list[int], n: int, max_tokens: int = 4):
-    """The first two tokens of n generations, and their summed statistics; the end-of-generation
-    token is kept when it comes first.
-
-    Each generation asks for k+1 tokens (`max_tokens`), so its first step may draft all k (the engine
-    drafts no more than a reply still needs) and the whole verify rule, bonus token included, shapes
-    the pair.
-    """
-    pairs, total = [], RunStats()
-    for _ in range(n):
-        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)))
-        total = total + events[-1].stats
-        tokens = [e.token for e in events if isinstance(e, TokenEvent)][:2]
-        if len(tokens) < 2 and events[-1].reason == "eog":
-            tokens.append(generator.tokens[len(prompt) + len(tokens)])
-        pairs.append(tuple(tokens))
-    return pairs, total
-
-
 def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> float:
-    """Cells expected >= 5 times are tested one by one; the rest are lumped into one cell."""
-    counts: dict[tuple[int, ...], int] = {}
-    for pair_of_tokens in observed:
-        counts[pair_of_tokens] = counts.get(pair_of_tokens, 0) + 1
-    assert set(counts) <= set(expected), "a pair the target gives probability 0"
-    big = [cell for cell, probability in expected.items() if probability * len(observed) >= 5]
-    observed_counts = [counts.get(cell, 0) for cell in big]
-    expected_counts = [expected[cell] * len(observed) for cell in big]
-    observed_counts.append(len(observed) - sum(observed_counts))
-    expected_counts.append(len(observed) - sum(expected_counts))
-    return float(stats.chisquare(observed_counts, expected_counts).pvalue)
+    cells = chi_square_cells(observed, expected)
+    assert cells is not None, "a pair the target gives probability 0"
+    return float(stats.chisquare(*cells).pvalue)
 
 
 class RawLogitsDraftBug(ModelDrafter):
@@ -136,7 +92,7 @@ class LearningAutoK(AutoK):
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     for k in (1, 3):
         generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(k), seed=1234 + k)
         p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES, max_tokens=k + 1), expected)
@@ -158,7 +114,7 @@ class UnsureStopsK(FixedK):
 def test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distribution(pair) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     generator = Generator(target, ModelDrafter(draft), SETTINGS, UnsureStopsK(floor=0.2), seed=31)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset(), draft.reset()
@@ -171,7 +127,7 @@ def test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distributi
 def test_target_only_sampling_matches_too(pair) -> None:
     target, _ = pair
     prompt = target.tokenizer.tokenize(PROMPT)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     p_value = chi_square_p_value(sampled_pairs(Generator(target, None, SETTINGS, seed=7), prompt, SAMPLES), expected)
     assert p_value > 1e-3, f"p={p_value:.2e}"
     target.reset()
@@ -180,7 +136,7 @@ def test_target_only_sampling_matches_too(pair) -> None:
 def test_raw_draft_logits_bug_is_detected(pair) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     generator = Generator(target, RawLogitsDraftBug(draft), SETTINGS, FixedK(3), seed=99)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
@@ -190,7 +146,7 @@ def test_raw_draft_logits_bug_is_detected(pair) -> None:
 def test_skipping_the_residual_is_detected(pair, monkeypatch) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     # After a rejection, draw from p itself instead of norm(max(0, p - q)).
     monkeypatch.setattr(verify_module, "residual_distribution", lambda p, q: p / p.sum())
     generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(3), seed=99)
@@ -202,7 +158,7 @@ def test_skipping_the_residual_is_detected(pair, monkeypatch) -> None:
 def test_ngram_drafts_match_the_target_distribution(pair) -> None:
     target, _ = pair
     prompt = repeating_prompt(target)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=21)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset()
@@ -215,7 +171,7 @@ def test_ngram_drafts_match_the_target_distribution(pair) -> None:
 def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> None:
     target, draft = pair
     prompt = repeating_prompt(target)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     policy = LearningAutoK()
     generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=22)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
@@ -230,7 +186,7 @@ def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> Non
 def test_ngram_resampling_that_keeps_the_rejected_token_is_detected(pair, monkeypatch) -> None:
     target, _ = pair
     prompt = repeating_prompt(target)
-    expected = exact_two_token_distribution(target, prompt)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
     monkeypatch.setattr(verify_module, "without_token", lambda p, token: p / p.sum())
     generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=23)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)

@@ -180,6 +180,7 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
     from speccli.core.sampling import SamplingParams
     from speccli.drafting.model import ModelDrafter
     from speccli.drafting.policy import FixedK
+    from tests.two_token_distribution import exact_two_token_distribution, sampled_pairs
 
     sampling = SamplingParams(temperature=SAMPLING_TEMPERATURE, top_k=CHI2_TOP_K)
     target, draft = load_pair(models, n_gpu_layers, prefix="chi2_")
@@ -217,61 +218,18 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
             "control_detected": all(r["as_expected"] for r in runs if r["expect"] == "fail")}
 
 
-def exact_two_token_distribution(target, prompt: list[int], sampling) -> dict[tuple[int, ...], float]:
-    """P(first two tokens) under the target alone; a sequence that ends first is one token long."""
-    import numpy as np
-
-    from speccli.core.sampling import probabilities
-
-    target.reset()
-    target.decode(prompt[:-1], n_logit_rows=0)
-    first = probabilities(target.decode(prompt[-1:]), sampling)[0].copy()
-    joint = {}
-    for token in np.flatnonzero(first > 0):
-        if target.tokenizer.is_end_of_generation(int(token)):
-            joint[(int(token),)] = float(first[token])
-            continue
-        target.truncate(len(prompt))
-        second = probabilities(target.decode([int(token)]), sampling)[0]
-        for following in np.flatnonzero(second > 0):
-            joint[(int(token), int(following))] = float(first[token] * second[following])
-    target.reset()
-    return joint
-
-
-def sampled_pairs(generator, prompt: list[int], n: int, max_tokens: int) -> list[tuple[int, ...]]:
-    """The first two tokens of n generations (the end-of-generation token kept when it comes first).
-    Each asks for k+1 tokens, so its first step may draft all k and the whole verify rule shapes the pair."""
-    from speccli.core.generator import GenerationLimits
-    from speccli.core.stats import TokenEvent
-
-    pairs = []
-    for _ in range(n):
-        events = list(generator.generate(prompt, GenerationLimits(max_tokens=max_tokens)))
-        tokens = [e.token for e in events if isinstance(e, TokenEvent)][:2]
-        if len(tokens) < 2 and events[-1].reason == "eog":
-            tokens.append(generator.tokens[len(prompt) + len(tokens)])
-        pairs.append(tuple(tokens))
-    return pairs
-
-
 def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]) -> tuple[float, int]:
-    """Pearson's test: cells expected >= 5 times one by one, the rest lumped into one cell. Returns the
-    p-value and the number of cells. A pair the target gives probability 0 is p = 0."""
-    counts: dict[tuple[int, ...], int] = {}
-    for pair in observed:
-        counts[pair] = counts.get(pair, 0) + 1
-    if not set(counts) <= set(expected):
+    """Pearson's test on tests/two_token_distribution.py's cells. Returns the p-value and the number of
+    cells. A pair the target gives probability 0 is p = 0."""
+    from tests.two_token_distribution import chi_square_cells
+
+    cells = chi_square_cells(observed, expected)
+    if cells is None:
         return 0.0, 0
-    n = len(observed)
-    big = [cell for cell, probability in expected.items() if probability * n >= 5]
-    observed_counts = [counts.get(cell, 0) for cell in big]
-    expected_counts = [expected[cell] * n for cell in big]
-    observed_counts.append(n - sum(observed_counts))
-    expected_counts.append(n - sum(expected_counts))
-    cells = [(o, e) for o, e in zip(observed_counts, expected_counts) if e > 1e-9]  # the lumped cell may be empty
-    statistic = sum((o - e) ** 2 / e for o, e in cells)
-    return chi2_survival(statistic, len(cells) - 1), len(cells)
+    # The lumped cell may be empty.
+    kept = [(o, e) for o, e in zip(*cells) if e > 1e-9]
+    statistic = sum((o - e) ** 2 / e for o, e in kept)
+    return chi2_survival(statistic, len(kept) - 1), len(kept)
 
 
 def chi2_survival(x: float, df: int) -> float:
