@@ -101,7 +101,7 @@ def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -
     confidences = []
 
     def record(key, confidence):
-        confidences.append(confidence)
+        confidences.append(confidence())
         return True
 
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
@@ -112,7 +112,7 @@ def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -
         cut = sorted(confidences)[3]  # a floor some of the six fall below
         first_below = next(i for i, c in enumerate(confidences) if c < cut)
         drafter.forget(len(prompt) - 1)
-        short = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: c >= cut))
+        short = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: c() >= cut))
         drafter.forget(len(prompt) - 1)
         nothing = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: False))
     assert short.tokens == full.tokens[:first_below]
@@ -123,7 +123,7 @@ def unsure_draft_steps(policy: AutoK, kept: bool, times: int) -> None:
     """`times` steps asking the draft model for a token it is unsure of (top probability 0.4)."""
     for _ in range(times):
         policy.length_for("model", 8)
-        drafted = int(policy.keep_drafting("model", 0.4))
+        drafted = int(policy.keep_drafting("model", lambda: 0.4))
         policy.observe("model", step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
 
 
@@ -131,9 +131,9 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
     smaller_model = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(smaller_model, kept=False, times=2)
     smaller_model.length_for("model", 8)
-    assert smaller_model.keep_drafting("model", 0.9) and not smaller_model.keep_drafting("model", 0.4)
+    assert smaller_model.keep_drafting("model", lambda: 0.9) and not smaller_model.keep_drafting("model", lambda: 0.4)
     stopped_steps = 1
-    while not smaller_model.keep_drafting("model", 0.4) and stopped_steps < 100:  # the evidence fades...
+    while not smaller_model.keep_drafting("model", lambda: 0.4) and stopped_steps < 100:  # the evidence fades...
         smaller_model.observe("model", step(1, 1, 0.0075, smaller_model.verify(2)))
         smaller_model.length_for("model", 8)
         stopped_steps += 1
@@ -141,7 +141,7 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
     quantized_copy = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(quantized_copy, kept=True, times=10)  # Gemma's Q4_K_M: kept though unsure
     quantized_copy.length_for("model", 8)
-    assert quantized_copy.keep_drafting("model", 0.4)
+    assert quantized_copy.keep_drafting("model", lambda: 0.4)
 
 
 def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_it_was_kept() -> None:
@@ -149,12 +149,12 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
     history = policy.keys["model"]
     history.unsure_judged = 20.0  # unsure tokens of this draft were all rejected
     assert policy.length_for("model", 8) > 2
-    assert policy.keep_drafting("model", 0.9) and policy.keep_drafting("model", 0.9)
-    assert not policy.keep_drafting("model", 0.5)
+    assert policy.keep_drafting("model", lambda: 0.9) and policy.keep_drafting("model", lambda: 0.9)
+    assert not policy.keep_drafting("model", lambda: 0.5)
     policy.observe("model", step(2, 2, 0.015, policy.verify(3)))  # stopped after 2, both kept
     assert history.judged_at == [1, 1, 1] and history.kept_at == [1, 1, 0]
     policy.length_for("model", 8)
-    policy.keep_drafting("model", 0.9), policy.keep_drafting("model", 0.9), policy.keep_drafting("model", 0.5)
+    policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.5)
     policy.observe("model", step(2, 0, 0.015, policy.verify(3)))  # stopped after 2, the first rejected
     assert history.judged_at == pytest.approx([1.9, 0.9, 0.9]) and history.kept_at == pytest.approx([0.9, 0.9, 0])
 

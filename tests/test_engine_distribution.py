@@ -107,8 +107,8 @@ class UnsureStopsK(FixedK):
         super().__init__(3)
         self.floor = floor
 
-    def keep_drafting(self, key: str, confidence: float) -> bool:
-        return confidence >= self.floor
+    def keep_drafting(self, key: str, confidence) -> bool:
+        return confidence() >= self.floor
 
 
 def test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distribution(pair) -> None:

@@ -20,7 +20,9 @@ from speccli.core.sampling import SamplingParams
 
 LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
 RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available) -> best expected tokens/s
-KeepDrafting = Callable[[str, float], bool]  # (proposal key, the source's own confidence in its next token) -> draft it?
+# (proposal key, the source's own confidence in its next token) -> draft it? The confidence is a function,
+# computed only if asked: a fixed K never asks, and a greedy draft would otherwise pay a pass over its row.
+KeepDrafting = Callable[[str, Callable[[], float]], bool]
 
 
 @dataclass(frozen=True)

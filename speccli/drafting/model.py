@@ -45,12 +45,13 @@ class ModelDrafter:
             pending = pending[-1:]
         for i in range(k):
             logits = model.decode(pending, n_logit_rows=1)
+            # The draft's confidence in this token, computed only if the policy asks (within this pass).
             if request.sampling.greedy:
                 token = int(logits[0].argmax())
-                confidence = top_probability(logits[0], out=q_rows[i])
+                confidence = lambda: top_probability(logits[0], out=q_rows[i])  # noqa: E731
             else:
                 q = probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0]
-                token, confidence = sample(q, request.rng), float(q.max())
+                token, confidence = sample(q, request.rng), lambda: float(q.max())  # noqa: E731
             # Stopping on the draft's own confidence uses nothing the target has said: still exact.
             if not request.keep_drafting(self.name, confidence):
                 break

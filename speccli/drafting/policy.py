@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from speccli.core.stats import StepEvent
 
@@ -69,8 +69,8 @@ class KPolicy(Protocol):
 
     def length_for(self, key: str, available: int) -> int: ...
 
-    def keep_drafting(self, key: str, confidence: float) -> bool:
-        """Whether a source that is this sure of its next token should still propose it."""
+    def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
+        """Whether a source that is this sure of its next token (`confidence()`) should still propose it."""
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None: ...
 
@@ -93,8 +93,8 @@ class FixedK:
     def length_for(self, key: str, available: int) -> int:
         return min(self.k, available)
 
-    def keep_drafting(self, key: str, confidence: float) -> bool:
-        return True  # K tokens every step, as asked
+    def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
+        return True  # K tokens every step, as asked: the confidence is never computed
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         pass
@@ -242,12 +242,13 @@ class AutoK:
         history.idle_steps = 0 if best else history.idle_steps + 1
         return best
 
-    def keep_drafting(self, key: str, confidence: float) -> bool:
+    def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         history = self._history(key)
-        if confidence < UNSURE_BELOW and not history.unsure_tokens_pay():
+        sure = confidence()
+        if sure < UNSURE_BELOW and not history.unsure_tokens_pay():
             history.stopped_short = True
             return False
-        history.confidences.append(confidence)
+        history.confidences.append(sure)
         return True
 
     def observe(self, key: str, step: StepEvent) -> None:
