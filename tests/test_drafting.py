@@ -11,7 +11,7 @@ from speccli.drafting.base import Draft, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import AutoK, FixedK, VerifyCosts
+from speccli.drafting.policy import RAMP_START, AutoK, FixedK, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
@@ -286,6 +286,24 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     assert failing_steps <= 20
 
 
+def test_auto_earns_long_drafts_again_in_each_reply() -> None:
+    """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
+    acceptance, and kept 2 of it. A new reply starts each key at RAMP_START tokens and lets it draft at
+    most twice the longest run it has had kept since."""
+    policy = calibrated(MEMORY_BOUND, {"model": 0.55})
+    learn(policy, "model", 16, 16, 30, token_cost=0.55)
+    assert policy.length_for("model", 24) == 24  # within the reply that earned them, long drafts go on
+    policy.begin_reply()
+    assert policy.best_rate("model", 24) < policy.best_rate("ngram:12+", 24)  # the chain sees the ramp too
+    first = policy.length_for("model", 24)
+    learn(policy, "model", first, 3, 1, token_cost=0.55)
+    lengths = []
+    for _ in range(3):
+        lengths.append(policy.length_for("model", 24))
+        learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
+    assert [first, *lengths[:2]] == [RAMP_START, 6, 12] and lengths[2] > 12  # then the estimates decide
+
+
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:
     """Measured in a run on Qwen 1.5B here: 4 rows cost what 3 do, 8 rows twice that. A 12+-token match
     kept in full at K=3 twenty times must be tried deeper, not held at 3 by the cheap step below 4."""
@@ -308,6 +326,23 @@ def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     costly = calibrated(COMPUTE_BOUND, {"model": 0.68})
     learn(costly, "model", 2, 0, 30, token_cost=0.68)
     assert all(costly.length_for("model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
+
+
+def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_a_reply() -> None:
+    """Mid-reply a draft model must first decode every token it skipped (Qwen 0.5B here: a sixth of
+    the target's time on them), so it is re-checked where it holds the prompt, and ever more rarely."""
+    policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
+    learn(policy, "model", 4, 0, 30, token_cost=0.3)
+    probes = []
+    for reply in range(40):
+        policy.begin_reply()
+        for index in range(100):
+            if k := policy.length_for("model", 16):
+                probes.append((reply, index))
+                learn(policy, "model", k, 0, 1, token_cost=0.3)  # the re-check fails
+    assert {index for _, index in probes} == {0}, probes
+    gaps = np.diff([reply for reply, _ in probes])
+    assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:])), probes
 
 
 def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:

@@ -77,6 +77,7 @@ class Generator:
 
     def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
         limits.validate()
+        self.policy.begin_reply()
         stats = RunStats(prompt_tokens=len(prompt))
         stats.prefill_seconds = self._prefill(prompt)
         text = TextAssembler(limits.stop)

@@ -18,6 +18,10 @@ V(n) is the target's measured cost of a decode with n logit rows plus the per-ro
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings.
 
+Each reply starts cautiously: the acceptance learned on the last reply's text is a guess for this one,
+so a key's drafts in a reply are at most RAMP_START tokens until it has had longer runs kept (see
+RAMP_START).
+
 Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
 have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
 estimates.
@@ -48,7 +52,13 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
 RECENCY = 0.9
 TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
-FIRST_PROBE_AFTER = 16  # steps that chose 0 for a key before drafting 2 tokens to re-check it
+# A reply's text may differ from the last one's (code, then prose), and a long draft on a wrong guess
+# costs a draft model a decode per token for a token or two kept (Gemma: a 22-token draft that kept 2
+# cost a quarter of a 48-token summary). So in each reply a key drafts at most RAMP_START tokens, and
+# then at most twice the longest run it has had kept in this reply: long drafts are earned again (as
+# TCP's slow start earns its window), at the price of two or three more verifies where the guess was right.
+RAMP_START = 4
+FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model's top probability for its next token (at temperature 1 for greedy drafts; its q row's
 # top when sampling) marks the token unsure below UNSURE_BELOW (llama.cpp's p_min, where it always
 # stops). Whether unsure tokens are worth drafting depends on the pair: a quantized copy of the target
@@ -67,6 +77,9 @@ class KPolicy(Protocol):
     name: str  # "4", "auto"
     needs_costs: bool  # whether `calibrate` must run before the next step (once per policy)
 
+    def begin_reply(self) -> None:
+        """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
+
     def length_for(self, key: str, available: int) -> int: ...
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
@@ -77,8 +90,8 @@ class KPolicy(Protocol):
     def observe(self, key: str, step: StepEvent) -> None: ...
 
     def best_rate(self, key: str, available: int) -> float | None:
-        """Expected tokens per second of the best draft length for `key` now, without choosing it;
-        None where the policy keeps no estimates (a fixed K)."""
+        """Expected tokens per second of the draft length `length_for` would choose for `key` now,
+        without choosing it; None where the policy keeps no estimates (a fixed K)."""
 
 
 class FixedK:
@@ -89,6 +102,9 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.k = k
         self.name = str(k)
+
+    def begin_reply(self) -> None:
+        pass
 
     def length_for(self, key: str, available: int) -> int:
         return min(self.k, available)
@@ -159,12 +175,16 @@ class KeyHistory:
     kept_at: list[float] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
+    idle_replies: int = 0  # replies in a row, before this one, in which this key drafted nothing
+    asked_in_reply: bool = False
+    drafted_in_reply: bool = False
     probing: bool = False  # the current draft is a re-check the estimates alone would not make
     stopped_short: bool = False  # this step's draft stopped before the length chosen (the source grew unsure)
     confidences: list[float] = field(default_factory=list)  # this step's drafted tokens' confidences, in order
     unsure_judged: float = 0.0  # unsure draft tokens judged, and kept, weighted by recency
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
+    longest_kept_in_reply: int = 0  # the longest run of this key's draft tokens kept in this reply
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -228,6 +248,12 @@ class AutoK:
         for key, seconds in token_costs.items():
             self._history(key).token_seconds = seconds
 
+    def begin_reply(self) -> None:
+        for history in self.keys.values():
+            history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
+            history.asked_in_reply = history.drafted_in_reply = False
+            history.longest_kept_in_reply = 0
+
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
         history.stopped_short = False
@@ -235,11 +261,14 @@ class AutoK:
         limit = min(available, self.max_k)
         if limit <= 0:
             return 0
-        best = self._best_length(history, history.acceptance(limit))
-        history.probing = best == 0 and self._worth_probing(history, limit)
+        first_ask = not history.asked_in_reply
+        history.asked_in_reply = True
+        best = self._choice(history, limit)
+        history.probing = best == 0 and self._worth_probing(history, limit, first_ask)
         if history.probing:
             best = min(limit, 2)
         history.idle_steps = 0 if best else history.idle_steps + 1
+        history.drafted_in_reply |= best > 0
         return best
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
@@ -263,6 +292,7 @@ class AutoK:
         if not drafted:
             return
         history.add(drafted, step.accepted)
+        history.longest_kept_in_reply = max(history.longest_kept_in_reply, step.accepted)
         per_token = (step.draft_seconds - step.catch_up_seconds) / drafted
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
@@ -272,8 +302,14 @@ class AutoK:
 
     def best_rate(self, key: str, available: int) -> float | None:
         history = self._history(key)
-        acceptance = history.acceptance(min(available, self.max_k))
-        return max(self._rate(history, acceptance, k) for k in range(len(acceptance) + 1))
+        limit = min(available, self.max_k)
+        return self._rate(history, history.acceptance(limit), self._choice(history, limit))
+
+    def _choice(self, history: KeyHistory, limit: int) -> int:
+        """The draft length that maximises expected tokens per second, within the reply's ramp.
+        Where the best length is past the ramp, the ramp's length is drafted: that is how it is earned."""
+        best = self._best_length(history, history.acceptance(limit))
+        return min(best, max(RAMP_START, 2 * history.longest_kept_in_reply))
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
@@ -289,11 +325,21 @@ class AutoK:
         rates = [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
         return max(range(len(rates)), key=rates.__getitem__)
 
-    def _worth_probing(self, history: KeyHistory, limit: int) -> bool:
+    def _worth_probing(self, history: KeyHistory, limit: int, first_ask: bool) -> bool:
         """Re-check a key the estimates have ruled out, now and then, but only if drafting could pay
-        at all (with every draft kept, at these costs). Each re-check after which drafting still does
-        not pay doubles the wait before the next, so their cost stays a vanishing share of the steps."""
-        if history.idle_steps < FIRST_PROBE_AFTER * 2 ** min(history.failed_probes, 8):
+        at all (with every draft kept, at these costs). A lookup is re-checked after FIRST_PROBE_AFTER
+        steps without drafts. A draft model is re-checked only where it is first asked in a reply: it
+        holds the prompt then, while mid-reply it must first decode every token it skipped (measured
+        on the Qwen 0.5B draft here: a sixth of what the target spent on them, so a re-check after 16
+        plain steps cost some 4 target steps before drafting anything). Each re-check after which
+        drafting still does not pay doubles the wait before the next (in steps, or in replies), so
+        their cost stays a vanishing share of the time."""
+        backoff = 2 ** min(history.failed_probes, 8)
+        if history.token_seconds:  # a draft model: it decodes the context it drafts from
+            due = first_ask and history.idle_replies >= backoff - 1
+        else:
+            due = history.idle_steps >= FIRST_PROBE_AFTER * backoff
+        if not due:
             return False
         certain = [1.0] * limit
         return self._best_length(history, certain) > 0
