@@ -333,12 +333,14 @@ def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_
     the target's time on them), so it is re-checked where it holds the prompt, and ever more rarely."""
     policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
     learn(policy, "model", 4, 0, 30, token_cost=0.3)
+    policy.keys["model"].unsure_judged = 20.0  # its unsure tokens were all rejected, too
     probes = []
     for reply in range(40):
         policy.begin_reply()
         for index in range(100):
             if k := policy.length_for("model", 16):
                 probes.append((reply, index))
+                assert policy.keep_drafting("model", lambda: 0.1)  # a re-check measures: no unsure stop
                 learn(policy, "model", k, 0, 1, token_cost=0.3)  # the re-check fails
     assert {index for _, index in probes} == {0}, probes
     gaps = np.diff([reply for reply, _ in probes])

@@ -274,7 +274,8 @@ class AutoK:
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         history = self._history(key)
         sure = confidence()
-        if sure < UNSURE_BELOW and not history.unsure_tokens_pay():
+        # A re-check is there to measure the key: it does not stop on the draft's own doubts.
+        if sure < UNSURE_BELOW and not history.probing and not history.unsure_tokens_pay():
             history.stopped_short = True
             return False
         history.confidences.append(sure)
