@@ -161,7 +161,7 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
 
 def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.5})
-    policy.observe("model", StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=0.03, other_seconds=0.0,
+    policy.observe("model", StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5), other_seconds=0.0,
                                       source="model", catch_up_seconds=0.3))
     assert policy.keys["model"].token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
 
@@ -295,13 +295,14 @@ def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     assert policy.length_for("model", 24) == 24  # within the reply that earned them, long drafts go on
     policy.begin_reply()
     assert policy.best_rate("model", 24) < policy.best_rate("ngram:12+", 24)  # the chain sees the ramp too
-    first = policy.length_for("model", 24)
-    learn(policy, "model", first, 3, 1, token_cost=0.55)
     lengths = []
     for _ in range(3):
         lengths.append(policy.length_for("model", 24))
         learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
-    assert [first, *lengths[:2]] == [RAMP_START, 6, 12] and lengths[2] > 12  # then the estimates decide
+    assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
+    policy.begin_reply()
+    learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
+    assert policy.length_for("model", 24) <= 6  # twice the longest run kept in this reply
 
 
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:
@@ -350,10 +351,18 @@ def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_
 def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:
     costs = VerifyCosts({1: 1.0, 4: 2.5, 8: 3.0})
     assert costs(1) == 1.0 and costs(2) == pytest.approx(1.5) and costs(16) == pytest.approx(4.0)
-    costs.update(8, 5.0, other_seconds=0.8)  # a slower step at 8 rows moves the estimate there
-    assert costs.decode_seconds[8] == pytest.approx(3.4) and costs.per_row_seconds == pytest.approx(0.02)
+
+
+def test_verify_costs_follow_load_at_every_size_and_refine_the_shape_where_measured() -> None:
+    costs = VerifyCosts({1: 1.0, 4: 2.5, 8: 3.0})
+    for _ in range(30):  # the machine runs 50% slower, and only one-row steps (plain decodes) measure it
+        costs.update(1, 1.5, other_seconds=0.0)
+    assert costs.decode(1) == pytest.approx(1.5, rel=0.01) and costs.decode(4) == pytest.approx(3.75, rel=0.01)
+    costs.update(8, 1.2 * costs.decode(8), other_seconds=0.8)  # eight rows cost more than the shape said
+    assert costs.decode(8) / costs.decode(1) > 3.0 and costs.per_row_seconds == pytest.approx(0.02)
+    before = costs.decode(8)
     costs.update(8, 100.0, other_seconds=0.0)  # a decode slowed by something else moves it a bounded step
-    assert costs.decode_seconds[8] == pytest.approx(3.4 + 0.2 * 3.4)
+    assert before < costs.decode(8) <= 1.36 * before
 
 
 def test_verify_cost_curve_is_never_lower_for_more_rows() -> None:

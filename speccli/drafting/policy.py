@@ -127,12 +127,20 @@ class VerifyCosts:
     """V(n): seconds of one target decode with n logit rows, plus per-row work, from measured points.
 
     Timings on a shared machine are noisy one way only: something else running makes a decode
-    slower, never faster. So one step's timing moves its size's estimate by at most a bounded step
-    (clipped at twice the estimate), and the curve read from the points is the largest
-    non-decreasing one under them: a spike at one size is pulled down by the sizes above it.
+    slower, never faster. So one step's timing moves the estimates by at most a bounded step (clipped
+    at twice the estimate), and the curve read from the points is the largest non-decreasing one under
+    them: a spike at one size is pulled down by the sizes above it.
+
+    Load slows every size alike, but steps measure mostly the sizes chosen most (one row, where
+    drafting does not pay): a curve refreshed size by size would compare a one-row cost measured under
+    today's load with a four-row cost from the profile, and draft where it cannot pay (measured: Qwen
+    n-gram drafts on prose, 0.91x). So each timing moves a level that scales the whole curve, and what
+    the level does not explain refines the curve's shape at that size (the smallest size's timings
+    set the level alone: it anchors the shape).
     """
 
-    decode_seconds: dict[int, float] = field(default_factory=dict)
+    decode_seconds: dict[int, float] = field(default_factory=dict)  # the curve's shape, at level 1
+    level: float = 1.0  # how much slower than that shape every decode runs now
     per_row_seconds: float = 0.0
 
     def __call__(self, n: int) -> float:
@@ -140,6 +148,9 @@ class VerifyCosts:
 
     def decode(self, n: int) -> float:
         """The decode part of V(n), from the measured points."""
+        return self.level * self._shape(n)
+
+    def _shape(self, n: int) -> float:
         sizes = sorted(self.decode_seconds)
         values = [self.decode_seconds[size] for size in sizes]
         for i in range(len(values) - 2, -1, -1):
@@ -158,11 +169,15 @@ class VerifyCosts:
         return max(values[low] + slope * (n - sizes[low]), values[0])
 
     def update(self, n: int, decode_seconds: float, other_seconds: float) -> None:
-        known = self.decode_seconds.get(n)
-        if known is None:
-            self.decode_seconds[n] = min(decode_seconds, 2 * self.decode(n)) if self.decode_seconds else decode_seconds
+        if not self.decode_seconds:  # nothing profiled (a context too full): this is the curve
+            self.decode_seconds[n] = decode_seconds / self.level
         else:
-            self.decode_seconds[n] = known + TIMING_WEIGHT * (min(decode_seconds, 2 * known) - known)
+            expected = self.decode(n)
+            observed = min(decode_seconds, 2 * expected)
+            self.level *= 1 + TIMING_WEIGHT * (observed / expected - 1)
+            if n > min(self.decode_seconds):  # the smallest size anchors the shape: its timings are the level's
+                shape = self.decode_seconds.get(n, self._shape(n))
+                self.decode_seconds[n] = shape + TIMING_WEIGHT * (observed / self.level - shape)
         self.per_row_seconds += TIMING_WEIGHT * (other_seconds / n - self.per_row_seconds)
 
 
@@ -173,7 +188,7 @@ class KeyHistory:
 
     judged_at: list[float] = field(default_factory=list)
     kept_at: list[float] = field(default_factory=list)
-    token_seconds: float | None = None  # seconds per drafted token
+    token_seconds: float | None = None  # seconds per drafted token, at the verify curve's level 1 (load slows both)
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     idle_replies: int = 0  # replies in a row, before this one, in which this key drafted nothing
     asked_in_reply: bool = False
@@ -246,7 +261,7 @@ class AutoK:
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         self.verify.decode_seconds.update(verify_seconds)
         for key, seconds in token_costs.items():
-            self._history(key).token_seconds = seconds
+            self._history(key).token_seconds = seconds / self.verify.level
 
     def begin_reply(self) -> None:
         for history in self.keys.values():
@@ -294,7 +309,7 @@ class AutoK:
             return
         history.add(drafted, step.accepted)
         history.longest_kept_in_reply = max(history.longest_kept_in_reply, step.accepted)
-        per_token = (step.draft_seconds - step.catch_up_seconds) / drafted
+        per_token = (step.draft_seconds - step.catch_up_seconds) / drafted / self.verify.level
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
         if history.probing:
@@ -320,7 +335,7 @@ class AutoK:
         for rate in acceptance[:k]:
             kept_so_far *= rate
             tokens += kept_so_far
-        return tokens / (k * (history.token_seconds or 0.0) + self.verify(k + 1))
+        return tokens / (k * (history.token_seconds or 0.0) * self.verify.level + self.verify(k + 1))
 
     def _best_length(self, history: KeyHistory, acceptance: list[float]) -> int:
         rates = [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
