@@ -16,11 +16,11 @@ however steep the verify curve is there. d is the measured seconds per drafted t
 (0 for n-gram lookup; a draft model's catch-up on context it skipped is not counted).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
-and refreshed from every step's own timings.
+and refreshed from every step's own timings (the machine's load as a level that scales the whole
+curve and d, the curve's shape per size: see VerifyCosts).
 
 Each reply starts cautiously: the acceptance learned on the last reply's text is a guess for this one,
-so a key's drafts in a reply are at most RAMP_START tokens until it has had longer runs kept (see
-RAMP_START).
+so long drafts are earned again in each reply (see RAMP_START).
 
 Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
 have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
@@ -51,7 +51,7 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 # Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
 RECENCY = 0.9
-TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its size
+TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the level, a size's shape, d)
 # A reply's text may differ from the last one's (code, then prose), and a long draft on a wrong guess
 # costs a draft model a decode per token for a token or two kept (Gemma: a 22-token draft that kept 2
 # cost a quarter of a 48-token summary). So in each reply a key drafts at most RAMP_START tokens, and
@@ -59,6 +59,10 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves the cost estimate at its
 # TCP's slow start earns its window), at the price of two or three more verifies where the guess was right.
 RAMP_START = 4
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
+# A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
+# while its re-checks fail: one costs some 3% of a short reply, and a chat that turns to code should
+# find its draft model again within a few turns.
+MAX_REPLIES_BETWEEN_CHECKS = 8
 # A draft model's top probability for its next token (at temperature 1 for greedy drafts; its q row's
 # top when sampling) marks the token unsure below UNSURE_BELOW (llama.cpp's p_min, where it always
 # stops). Whether unsure tokens are worth drafting depends on the pair: a quantized copy of the target
@@ -348,11 +352,11 @@ class AutoK:
         holds the prompt then, while mid-reply it must first decode every token it skipped (measured
         on the Qwen 0.5B draft here: a sixth of what the target spent on them, so a re-check after 16
         plain steps cost some 4 target steps before drafting anything). Each re-check after which
-        drafting still does not pay doubles the wait before the next (in steps, or in replies), so
-        their cost stays a vanishing share of the time."""
+        drafting still does not pay doubles the wait before the next (in steps; in replies up to
+        MAX_REPLIES_BETWEEN_CHECKS), so their cost stays a small share of the time."""
         backoff = 2 ** min(history.failed_probes, 8)
         if history.token_seconds:  # a draft model: it decodes the context it drafts from
-            due = first_ask and history.idle_replies >= backoff - 1
+            due = first_ask and history.idle_replies >= min(backoff, MAX_REPLIES_BETWEEN_CHECKS) - 1
         else:
             due = history.idle_steps >= FIRST_PROBE_AFTER * backoff
         if not due:
