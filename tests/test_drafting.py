@@ -286,15 +286,19 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     assert failing_steps <= 20
 
 
-def test_auto_earns_long_drafts_again_in_each_reply() -> None:
+def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
     """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
-    acceptance, and kept 2 of it. A new reply starts each key at RAMP_START tokens and lets it draft at
-    most twice the longest run it has had kept since."""
+    acceptance, and kept 2 of it. A new reply starts a draft model at RAMP_START tokens and lets it
+    draft at most twice the longest run it has had kept since. A lookup's key is the length of a match
+    in this very text: it keeps its long drafts."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
+    learn(policy, "ngram:12+", 16, 16, 30)
     assert policy.length_for("model", 24) == 24  # within the reply that earned them, long drafts go on
+    rate_earned = policy.best_rate("model", 24)
     policy.begin_reply()
-    assert policy.best_rate("model", 24) < policy.best_rate("ngram:12+", 24)  # the chain sees the ramp too
+    assert policy.best_rate("model", 24) < rate_earned  # a chain weighs the model's ramped draft
+    assert policy.length_for("ngram:12+", 24) == 24
     lengths = []
     for _ in range(3):
         lengths.append(policy.length_for("model", 24))

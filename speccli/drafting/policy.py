@@ -19,8 +19,8 @@ V(n) is the target's measured cost of a decode with n logit rows plus the per-ro
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
 curve and d, the curve's shape per size: see VerifyCosts).
 
-Each reply starts cautiously: the acceptance learned on the last reply's text is a guess for this one,
-so long drafts are earned again in each reply (see RAMP_START).
+Each reply starts cautiously: a draft model's acceptance learned on the last reply's text is a guess
+for this one, so its long drafts are earned again in each reply (see RAMP_START).
 
 Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
 have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
@@ -52,11 +52,13 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
 RECENCY = 0.9
 TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the level, a size's shape, d)
-# A reply's text may differ from the last one's (code, then prose), and a long draft on a wrong guess
-# costs a draft model a decode per token for a token or two kept (Gemma: a 22-token draft that kept 2
-# cost a quarter of a 48-token summary). So in each reply a key drafts at most RAMP_START tokens, and
-# then at most twice the longest run it has had kept in this reply: long drafts are earned again (as
-# TCP's slow start earns its window), at the price of two or three more verifies where the guess was right.
+# A reply's text may differ from the last one's (code, then prose), and a draft model's acceptance was
+# learnt on that text: a long draft on a wrong guess costs a decode per token for a token or two kept
+# (Gemma: a 22-token draft that kept 2 cost a quarter of a 48-token summary). So in each reply a draft
+# model drafts at most RAMP_START tokens, and then at most twice the longest run it has had kept in this
+# reply: long drafts are earned again (as TCP's slow start earns its window), at the price of two or
+# three more verifies where the guess was right. Lookups need no ramp: their keys are the length of the
+# match found in this very text, and ramping them measurably cost (Gemma rewrite: 3.6x against 5.5x).
 RAMP_START = 4
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
@@ -326,9 +328,12 @@ class AutoK:
         return self._rate(history, history.acceptance(limit), self._choice(history, limit))
 
     def _choice(self, history: KeyHistory, limit: int) -> int:
-        """The draft length that maximises expected tokens per second, within the reply's ramp.
-        Where the best length is past the ramp, the ramp's length is drafted: that is how it is earned."""
+        """The draft length that maximises expected tokens per second, within a draft model's ramp in
+        this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
+        it is earned."""
         best = self._best_length(history, history.acceptance(limit))
+        if not history.token_seconds:  # a lookup: no ramp (see RAMP_START)
+            return best
         return min(best, max(RAMP_START, 2 * history.longest_kept_in_reply))
 
     def _history(self, key: str) -> KeyHistory:
