@@ -185,6 +185,8 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected 'auto' or an integer, got a boolean"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 65\n", "pairs.p.k (draft tokens per step) must be between 1 and 64, got 65"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nspec = \"tree\"\n", "pairs.p.spec must be one of model, ngram, ngram+model, got 'tree'"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\ntarget_n_gpu_layers = -2\n", "pairs.p.target_n_gpu_layers must be a number of layers, or -1 for all, got -2"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\ndraft_n_gpu_layers = \"all\"\n", "pairs.p.draft_n_gpu_layers: expected an integer, got a string"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\n", "pairs.p.draft: missing"),
         ("colour = \"blue\"\n", "colour: unknown key; expected 'default_pair', 'models', 'pairs'"),
     ],

@@ -173,8 +173,8 @@ def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
         draft=entry.string("draft"),
         k=entry.k("k"),
         spec=entry.spec("spec", default=DEFAULT_SPEC),
-        target_n_gpu_layers=entry.integer("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS, minimum=-1),
-        draft_n_gpu_layers=entry.integer("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS, minimum=-1),
+        target_n_gpu_layers=entry.gpu_layers("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
+        draft_n_gpu_layers=entry.gpu_layers("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         defined_in=file,
     )
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.settings import AUTO_K, check_k, check_spec
+from speccli.settings import AUTO_K, check_gpu_layers, check_k, check_spec
 
 _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -77,6 +77,13 @@ class TomlTable:
         if type(value) is not int:  # bool is an int subclass: reject it too
             raise self.error(f"expected 'auto' or an integer, got {type_name(value)}", key)
         return check_k(value, f"{self.file}: {key_path(*self.key_path, key)}")
+
+    def gpu_layers(self, key: str, *, default: int) -> int:
+        """Layers to offload: a count or -1 for all, by the one rule in settings (as --ngl)."""
+        value = self.values.get(key, default)
+        if type(value) is not int:  # bool is an int subclass: reject it too
+            raise self.error(f"expected an integer, got {type_name(value)}", key)
+        return check_gpu_layers(value, f"{self.file}: {key_path(*self.key_path, key)}")
 
     def spec(self, key: str, *, default: str) -> str:
         value = self.string(key, required=False) or default
