@@ -289,8 +289,8 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
 def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
     """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
     acceptance, and kept 2 of it. A new reply starts a draft model at RAMP_START tokens and lets it
-    draft at most twice the longest run it has had kept since. A lookup's key is the length of a match
-    in this very text: it keeps its long drafts."""
+    draft at most twice what its last draft kept. A lookup's key is the length of a match in this
+    very text: it keeps its long drafts."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
     learn(policy, "ngram:12+", 16, 16, 30)
@@ -304,9 +304,8 @@ def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
         lengths.append(policy.length_for("model", 24))
         learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
     assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
-    policy.begin_reply()
     learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
-    assert policy.length_for("model", 24) <= 6  # twice the longest run kept in this reply
+    assert policy.length_for("model", 24) <= 6  # a long draft that kept 3: twice that, at most
 
 
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:

@@ -55,10 +55,12 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # A reply's text may differ from the last one's (code, then prose), and a draft model's acceptance was
 # learnt on that text: a long draft on a wrong guess costs a decode per token for a token or two kept
 # (Gemma: a 22-token draft that kept 2 cost a quarter of a 48-token summary). So in each reply a draft
-# model drafts at most RAMP_START tokens, and then at most twice the longest run it has had kept in this
-# reply: long drafts are earned again (as TCP's slow start earns its window), at the price of two or
-# three more verifies where the guess was right. Lookups need no ramp: their keys are the length of the
-# match found in this very text, and ramping them measurably cost (Gemma rewrite: 3.6x against 5.5x).
+# model drafts at most RAMP_START tokens, and then at most twice the run its last draft kept: long drafts
+# are earned (as TCP's slow start earns its window, and halves it on a loss), at the price of two or
+# three more verifies where the guess was right. Within a reply the same holds where the text's later
+# draft positions fare worse than the estimates from other text (Gemma's story: 16-token drafts kept 3,
+# while 4-token drafts kept nearly all). Lookups need no ramp: their keys are the length of the match
+# found in this very text, and ramping them measurably cost (Gemma rewrite: 3.6x against 5.5x).
 RAMP_START = 4
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
@@ -205,7 +207,7 @@ class KeyHistory:
     unsure_judged: float = 0.0  # unsure draft tokens judged, and kept, weighted by recency
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
-    longest_kept_in_reply: int = 0  # the longest run of this key's draft tokens kept in this reply
+    last_kept_in_reply: int = 0  # how many tokens this key's last draft in this reply had kept
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -273,7 +275,7 @@ class AutoK:
         for history in self.keys.values():
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
-            history.longest_kept_in_reply = 0
+            history.last_kept_in_reply = 0
 
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
@@ -314,7 +316,7 @@ class AutoK:
         if not drafted:
             return
         history.add(drafted, step.accepted)
-        history.longest_kept_in_reply = max(history.longest_kept_in_reply, step.accepted)
+        history.last_kept_in_reply = step.accepted
         per_token = (step.draft_seconds - step.catch_up_seconds) / drafted / self.verify.level
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
@@ -334,7 +336,7 @@ class AutoK:
         best = self._best_length(history, history.acceptance(limit))
         if not history.token_seconds:  # a lookup: no ramp (see RAMP_START)
             return best
-        return min(best, max(RAMP_START, 2 * history.longest_kept_in_reply))
+        return min(best, max(RAMP_START, 2 * history.last_kept_in_reply))
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
