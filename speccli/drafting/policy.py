@@ -40,12 +40,14 @@ from typing import Callable, Protocol
 
 from speccli.core.stats import StepEvent
 
-PROFILED_SIZES = (1, 2, 4, 8, 16, 32)
 # Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
 # (1 MB at Gemma's 262k-token vocabulary, kept at its largest size), and past ~24 the extra tokens a
-# step could yield rarely pay for a wider verify on a CPU; 24 keeps `--spec ngram` within 50 MB of the
-# target alone at a 16k-token context (tests/benchmarks/ngram_lookup.py and the README).
+# step could yield rarely pay for a wider verify on a CPU; 24 keeps `--spec ngram` near 50 MB over the
+# target alone at a 16k-token context (tests/benchmarks/ngram_memory.py and the README).
 AUTO_MAX_K = 24
+# Verify sizes timed once per generator. The largest is the widest verify `auto` makes: profiling more
+# rows would grow that buffer for nothing (32 rows: 7 MB more at Gemma's vocabulary).
+PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
 # Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
