@@ -224,6 +224,7 @@ def test_fixed_k_drafts_k_unless_less_is_available() -> None:
 # Verify cost curves measured on this kind of CPU (single-token decodes per n-token verify).
 COMPUTE_BOUND = {1: 1.0, 2: 1.42, 4: 2.2, 8: 3.5, 16: 4.0, 32: 7.3}  # Qwen2.5 1.5B Q4_K_M
 MEMORY_BOUND = {1: 1.0, 2: 1.06, 4: 1.14, 8: 1.25, 16: 1.39, 32: 1.9}  # Gemma 3 270M F32
+QWEN_PROFILED = {1: 1.0, 2: 1.44, 3: 1.87, 4: 1.62, 5: 2.02, 8: 2.92, 16: 3.43, 32: 6.4}  # one bench run's profile
 
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
@@ -350,6 +351,27 @@ def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_
     assert {index for _, index in probes} == {0}, probes
     gaps = np.diff([reply for reply, _ in probes]).tolist()
     assert gaps[:2] == [2, 4] and set(gaps[2:]) == {MAX_REPLIES_BETWEEN_CHECKS}, probes  # ever rarer, up to a bound
+
+
+def test_auto_brings_back_a_ruled_out_draft_model_whose_re_check_is_kept() -> None:
+    """Measured on Qwen: ruled out on prose, the draft model's 2-token re-checks on code were kept, yet
+    could not outweigh the failed drafts before them, and K=4 paid 1.25-1.38x where `auto` drafted
+    nothing. A re-check weighs the earlier evidence by a quarter: kept, it brings the key back."""
+    policy = calibrated(QWEN_PROFILED, {"model": 0.45})
+
+    def reply(kept) -> list[int]:
+        policy.begin_reply()
+        lengths = []
+        for _ in range(12):
+            lengths.append(k := policy.length_for("model", 16))
+            if k:
+                learn(policy, "model", k, kept(k), 1, token_cost=0.45)
+        return lengths
+
+    assert all(reply(lambda k: k))  # code: every draft kept
+    for _ in range(3):  # prose: every draft rejected, the draft model ruled out (and re-checked once)
+        reply(lambda k: 0)
+    assert all(reply(lambda k: k))  # code again: the re-check is kept, and drafting resumes
 
 
 def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:
