@@ -238,6 +238,11 @@ class KeyHistory:
         self.unsure_judged *= weight
         self.unsure_kept *= weight
 
+    @property
+    def is_draft_model(self) -> bool:
+        """A source that costs decodes per token, and decodes the context it drafts from (a lookup costs none)."""
+        return bool(self.token_seconds)
+
     def unsure_tokens_pay(self) -> bool:
         return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR) >= UNSURE_STOP_BELOW
 
@@ -297,7 +302,7 @@ class AutoK:
             return 0
         first_ask = not history.asked_in_reply
         history.asked_in_reply = True
-        best = self._choice(history, limit)
+        best = self._choice(history, history.acceptance(limit))
         history.probing = best == 0 and self._worth_probing(history, limit, first_ask)
         if history.probing:
             history.fade(RECHECK_CARRY)
@@ -338,15 +343,15 @@ class AutoK:
 
     def best_rate(self, key: str, available: int) -> float | None:
         history = self._history(key)
-        limit = min(available, self.max_k)
-        return self._rate(history, history.acceptance(limit), self._choice(history, limit))
+        acceptance = history.acceptance(min(available, self.max_k))
+        return self._rate(history, acceptance, self._choice(history, acceptance))
 
-    def _choice(self, history: KeyHistory, limit: int) -> int:
+    def _choice(self, history: KeyHistory, acceptance: list[float]) -> int:
         """The draft length that maximises expected tokens per second, within a draft model's ramp in
         this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
         it is earned."""
-        best = self._best_length(history, history.acceptance(limit))
-        if not history.token_seconds:  # a lookup: no ramp (see RAMP_START)
+        best = self._best_length(history, acceptance)
+        if not history.is_draft_model:  # a lookup: no ramp (see RAMP_START)
             return best
         return min(best, max(RAMP_START, 2 * history.last_kept_in_reply))
 
@@ -374,7 +379,7 @@ class AutoK:
         drafting still does not pay doubles the wait before the next (in steps; in replies up to
         MAX_REPLIES_BETWEEN_CHECKS), so their cost stays a small share of the time."""
         backoff = 2 ** min(history.failed_probes, 8)
-        if history.token_seconds:  # a draft model: it decodes the context it drafts from
+        if history.is_draft_model:
             due = first_ask and history.idle_replies >= min(backoff, MAX_REPLIES_BETWEEN_CHECKS) - 1
         else:
             due = history.idle_steps >= FIRST_PROBE_AFTER * backoff
