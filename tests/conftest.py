@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny real GGUF models (tests/tiny_gguf.py), written once per test session."""
+"""Shared fixtures: tiny real GGUF models (tests/tiny_gguf.py), written once per test session; `auto`
+with pretended costs for the engine tests."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -7,7 +8,32 @@ from typing import NamedTuple
 
 import pytest
 
+from speccli.core.stats import StepEvent
+from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
+
+PRETENDED_DECODE_SECONDS = 1e-3
+PRETENDED_DRAFT_TOKEN_SECONDS = 2e-4
+
+
+class MemoryBoundAutoK(AutoK):
+    """`auto` as on a GPU: verifying n tokens costs nearly one decode, a drafted token a fifth of one.
+    On these tiny CPU models drafting rarely pays, so the real costs would mostly choose k = 0; these
+    make the policy choose varied lengths from the acceptance it sees, which is what the tests need to
+    exercise. Timings never move them: a busy moment on the machine must not change what a test drafts
+    (a slow first draft decode once made the tiny pair's auto test draft too little)."""
+
+    def calibrate(self, verify_seconds, token_costs):
+        super().calibrate(
+            {n: PRETENDED_DECODE_SECONDS * (1 + 0.02 * n) for n in verify_seconds},
+            {key: PRETENDED_DRAFT_TOKEN_SECONDS for key in token_costs},
+        )
+        self.verify.update = lambda *timings: None  # keep the pretended curve; acceptance still adapts
+
+    def observe(self, key: str, step: StepEvent) -> None:
+        super().observe(key, step)
+        if key in self.keys and self.keys[key].token_seconds:  # a draft model: keep its pretended cost
+            self.keys[key].token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
 
 
 class TinyPair(NamedTuple):

@@ -20,9 +20,9 @@ from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.base import Draft
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import AutoK, FixedK
+from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
-from tests.conftest import loaded_related_pair
+from tests.conftest import MemoryBoundAutoK, loaded_related_pair
 from tests.two_token_distribution import (
     chi_square_cells,
     exact_two_token_distribution,
@@ -78,15 +78,6 @@ class RawLogitsDraftBug(ModelDrafter):
             logits = self.model.decode([token])
             raw.append(probabilities(logits, SamplingParams(temperature=1.0))[0])
         return Draft(draft.source, draft.key, draft.tokens, np.stack(raw))
-
-
-class LearningAutoK(AutoK):
-    """`auto` with a memory-bound cost curve (verify ~ one decode, as on a GPU), so it drafts varied
-    lengths as its acceptance estimates move; on these tiny CPU models it would mostly draft nothing."""
-
-    def calibrate(self, verify_seconds, token_costs):
-        super().calibrate({n: 1e-3 * (1 + 0.02 * n) for n in verify_seconds}, {key: 2e-4 for key in token_costs})
-        self.verify.update = lambda *timings: None
 
 
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
@@ -172,7 +163,7 @@ def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> Non
     target, draft = pair
     prompt = repeating_prompt(target)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
-    policy = LearningAutoK()
+    policy = MemoryBoundAutoK()
     generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=22)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset(), draft.reset()

@@ -17,7 +17,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.specs import make_drafter
-from tests.conftest import loaded_related_pair
+from tests.conftest import MemoryBoundAutoK, loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [
@@ -93,16 +93,6 @@ def test_tiny_pair_greedy_equals_target_alone(tiny_pair, k: int) -> None:
 
 
 REPEATING_PROMPTS = [text * 3 for text in PROMPTS]  # input the reply can copy: n-gram lookup finds it
-
-
-class MemoryBoundAutoK(AutoK):
-    """`auto` as on a GPU: verifying n tokens costs nearly one decode. On these tiny CPU models
-    drafting rarely pays, so the real profile would mostly choose k = 0; this one makes the policy
-    choose varied lengths from the acceptance it sees, which is what the tests need to exercise."""
-
-    def calibrate(self, verify_seconds, token_costs):
-        super().calibrate({n: 1e-3 * (1 + 0.02 * n) for n in verify_seconds}, {key: 2e-4 for key in token_costs})
-        self.verify.update = lambda *timings: None  # keep the pretended curve; acceptance still adapts
 
 
 @pytest.mark.parametrize("spec", ["ngram", "ngram+model"])
