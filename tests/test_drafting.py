@@ -2,6 +2,8 @@
 source, which K `auto` chooses for given costs and acceptance, and how --spec/--k are checked."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,31 @@ def test_ngram_match_length_extends_past_the_indexed_n_grams() -> None:
     phrase = list(range(100, 130))
     draft = NgramDrafter().propose(request(phrase + [1, 2] + phrase, limit=4))
     assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+"
+
+
+def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -> None:
+    # "20..31" (12 tokens) occurred once long ago, followed by 7; its last 8 tokens also occur later,
+    # followed by 8. The longest match wins, whatever its length.
+    phrase = list(range(20, 32))
+    context = [1] + phrase + [7, 2, 3] + [5] + phrase[4:] + [8, 2] + phrase
+    draft = NgramDrafter().propose(request(context, limit=1))
+    assert draft.tokens == [7] and draft.key == "ngram:12+"
+
+
+def test_ngram_index_holds_a_few_bytes_per_token() -> None:
+    """16,000 text-like tokens: the index is its position arrays (4 bytes a token), not a dict entry
+    per n-gram (the tuple index this replaced held 8 MiB)."""
+    rng = np.random.default_rng(2)
+    context = [int(x) % 150_000 for x in rng.zipf(1.3, size=16_000)]
+    tracemalloc.start()
+    try:
+        drafter = NgramDrafter()
+        drafter.sync(context)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000
+    assert drafter.propose(request(context + context[:20])).key == "ngram:12+"
 
 
 def test_ngram_with_no_earlier_occurrence_proposes_nothing() -> None:

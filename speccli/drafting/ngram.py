@@ -1,21 +1,27 @@
 """Draft-free drafting by lookup: propose what followed the longest earlier match of the context's end.
 
 Text that repeats its input (rewriting code given in the prompt, quoting, filling a repetitive
-structure) is predicted exactly by its own history. The index maps every n-gram of the context
-(n = 1 .. MAX_INDEXED) to the end of its most recent occurrence that has a continuation, and grows
-incrementally: each new token adds MAX_INDEXED entries, so a lookup costs the same at 16k tokens as
-at 100. The match is then extended backwards token by token, and its length picks the policy key:
-a 12-token match predicts far better than a 1-token one, and the K policy learns each kind apart.
+structure) is predicted exactly by its own history. The index keeps, for every token id, the
+positions where it occurs (a growing array of 32-bit ints: 4 bytes a token, 0.1 MB at 16k tokens,
+where a dict of n-gram tuples took 12 MB), and grows incrementally: a new token is one append. A
+lookup starts from the earlier occurrences of the context's last token and narrows them, eight
+positions backwards at a time in numpy, to those that match the context's end longest, then takes the
+most recent of them. Its length picks the policy key: a 12-token match predicts far better than a
+1-token one, and the K policy learns each kind apart.
 """
 from __future__ import annotations
 
+from array import array
 from typing import Sequence
+
+import numpy as np
 
 from speccli.drafting.base import Draft, DraftRequest
 
-MAX_INDEXED = 8  # n-gram lengths indexed; longer matches are found by extending an 8-token one
 MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
-MAX_EXTENSION = 64  # how far back a match is extended when choosing its key
+MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
+NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
+MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
 
 
 class NgramDrafter:
@@ -25,9 +31,8 @@ class NgramDrafter:
         self.reset()
 
     def reset(self) -> None:
-        self._tokens: list[int] = []  # the indexed prefix of the context
-        # _ends[n - 1][gram] = e: tokens[e - n : e] == gram, the latest such e with e < len(tokens).
-        self._ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(MAX_INDEXED)]
+        self._tokens = array("i")  # the indexed prefix of the context
+        self._positions: dict[int, array] = {}  # token id -> ascending positions of it in _tokens
 
     def sync(self, context: Sequence[int]) -> None:
         self._index(context)
@@ -35,7 +40,7 @@ class NgramDrafter:
     def propose(self, request: DraftRequest) -> Draft:
         context = request.context
         self._index(context)
-        match = self._longest_match(context)
+        match = self._longest_match()
         if match is None:
             return Draft.nothing()
         end, length = match
@@ -47,30 +52,56 @@ class NgramDrafter:
         return Draft(self.name, key, list(context[end : end + k]), None)
 
     def forget(self, n_tokens: int) -> None:
-        if n_tokens < len(self._tokens):
-            kept = self._tokens[:n_tokens]
-            self.reset()
-            self._index(kept)
+        # Positions were appended in order, so each dropped position is the last of its token's array.
+        for position in range(len(self._tokens) - 1, n_tokens - 1, -1):
+            token = self._tokens[position]
+            positions = self._positions[token]
+            positions.pop()
+            if not positions:
+                del self._positions[token]
+        del self._tokens[n_tokens:]
 
     def token_costs(self, context: Sequence[int]) -> dict[str, float]:
         return {}  # a lookup costs microseconds: nothing the policy needs to weigh
 
     def _index(self, context: Sequence[int]) -> None:
         """Add the tokens of `context` past the indexed prefix (which `context` extends)."""
-        tokens = self._tokens
-        for position in range(len(tokens), len(context)):
-            tokens.append(context[position])
-            # The n-grams ending just before `position` now have a continuation: tokens[position].
-            for n in range(1, min(MAX_INDEXED, position) + 1):
-                self._ends[n - 1][tuple(tokens[position - n : position])] = position
+        for position in range(len(self._tokens), len(context)):
+            token = context[position]
+            self._tokens.append(token)
+            positions = self._positions.get(token)
+            if positions is None:
+                positions = self._positions[token] = array("i")
+            positions.append(position)
 
-    def _longest_match(self, context: Sequence[int]) -> tuple[int, int] | None:
-        """(end of the earlier occurrence, match length) for the longest indexed suffix of the context."""
-        for n in range(min(MAX_INDEXED, len(context) - 1), 0, -1):
-            end = self._ends[n - 1].get(tuple(context[len(context) - n :]))
-            if end is not None:
-                length = n
-                while length < MAX_EXTENSION and end - length > 0 and context[end - length - 1] == context[-length - 1]:
-                    length += 1
-                return end, length
-        return None
+    def _longest_match(self) -> tuple[int, int] | None:
+        """(end of the earlier occurrence, match length) for the longest suffix of the indexed context
+        that occurred earlier with a continuation, the most recent such occurrence; None if none did.
+
+        The numpy views of the arrays live only in this call: an array cannot grow while viewed."""
+        tokens = np.frombuffer(self._tokens, dtype=np.int32)
+        # Earlier positions of the last token; the last one is that token itself, which has no continuation.
+        candidates = np.frombuffer(self._positions[int(tokens[-1])], dtype=np.int32)[:-1]
+        if not len(candidates):
+            return None
+        backwards = tokens[::-1][:MAX_MATCH]  # backwards[m]: the token m places before the last
+        length = 1  # every candidate matches the last token
+        # A frequent token has thousands of earlier positions, most of which one comparison rules out:
+        # while they are many, compare one position back per pass...
+        while len(candidates) > MANY_CANDIDATES and length < len(backwards):
+            kept = candidates[(candidates >= length) & (tokens[candidates - length] == backwards[length])]
+            if not len(kept):
+                return int(candidates.max()) + 1, length
+            candidates, length = kept, length + 1
+        # ...then several per pass, keeping those that match longest.
+        while length < len(backwards):
+            offsets = np.arange(length, min(length + NARROWING_STEP, len(backwards)))
+            compared = candidates[:, None] - offsets  # (candidate, offset) -> position compared
+            same = (compared >= 0) & (tokens[np.maximum(compared, 0)] == backwards[offsets])
+            extra = np.where(same.all(axis=1), len(offsets), same.argmin(axis=1))  # matched before the first miss
+            longest = int(extra.max())
+            candidates = candidates[extra == longest]
+            length += longest
+            if longest < len(offsets):
+                break
+        return int(candidates.max()) + 1, length
