@@ -200,7 +200,7 @@ class Fixed:
     """A drafter that always proposes the same tokens (or nothing)."""
 
     def __init__(self, name: str, tokens: list[int]) -> None:
-        self.name, self.tokens, self.forgotten = name, tokens, []
+        self.name, self.tokens, self.forgotten, self.observed = name, tokens, [], []
 
     def propose(self, request: DraftRequest) -> Draft:
         return Draft(self.name, self.name, self.tokens, None) if self.tokens else Draft.nothing()
@@ -210,6 +210,9 @@ class Fixed:
 
     def forget(self, n_tokens: int) -> None:
         self.forgotten.append(n_tokens)
+
+    def observe(self, step: StepEvent) -> None:
+        self.observed.append(step)
 
     def reset(self) -> None:
         pass
@@ -225,6 +228,37 @@ def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None
     assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "model"
     rates["ngram:1-2"] = 2.0
     assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "ngram:1-2"
+
+
+def realized_steps(chain: ChainDrafter, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
+    for _ in range(steps):
+        chain.observe(StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source))
+
+
+def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups() -> None:
+    """Copying text: the lookup's steps (plain ones included) yield 60 tokens/s, the model's 36. The
+    model is not asked, even where its one-step estimate beats the lookup's draft or there is none."""
+    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
+    assert chain.propose(request([1], best_rate=estimates)).source == "model"  # nothing realized yet
+    realized_steps(chain, "model", 9, 0.25)  # 36 tokens/s
+    realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
+    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # a plain step
+    lookup.tokens = [4]
+    assert chain.propose(request([1], best_rate=estimates)).source == "ngram"
+    # The copying stops: plain steps (no source) count for the lookup's stretch, and its rate falls.
+    realized_steps(chain, None, 1, 0.04, steps=30)  # 25 tokens/s
+    assert chain.propose(request([1], best_rate=estimates)).source == "model"
+    assert len(lookup.observed) == len(model.observed) == 54  # every step reaches every source
+
+
+def test_chain_under_a_fixed_k_asks_the_next_source_whatever_was_realized() -> None:
+    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    realized_steps(chain, "model", 2, 0.25)
+    realized_steps(chain, "ngram", 6, 0.1)
+    assert chain.propose(request([1])).source == "model"  # no estimates: the first source that proposes
 
 
 def test_chain_uses_the_first_source_that_proposes() -> None:

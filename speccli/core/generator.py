@@ -188,6 +188,7 @@ class Generator:
         )
         if self.drafter is not None:
             self.policy.observe(draft.key, step)
+            self.drafter.observe(step)
         return new_tokens, sources, step
 
     def _verify(self, draft: Draft, target_logits: np.ndarray) -> Verdict:

@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from speccli.core.sampling import SamplingParams
+from speccli.core.stats import StepEvent
 
 LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
 RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available) -> best expected tokens/s
@@ -61,6 +62,10 @@ class Drafter(Protocol):
 
     def forget(self, n_tokens: int) -> None:
         """The context was cut back to its first `n_tokens` tokens (rejected drafts, a new prompt)."""
+
+    def observe(self, step: StepEvent) -> None:
+        """What the step just verified yielded and cost, whichever source drafted it (a chain weighs its
+        sources by it; the sources themselves learn nothing from it: the K policy does)."""
 
     def reset(self) -> None: ...
 

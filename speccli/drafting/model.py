@@ -5,6 +5,7 @@ import time
 from typing import Sequence
 
 from speccli.core.sampling import RowBuffer, probabilities, sample, top_probability
+from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft, DraftRequest
 from speccli.llama.model import Model
 
@@ -71,6 +72,9 @@ class ModelDrafter:
 
     def forget(self, n_tokens: int) -> None:
         self.model.truncate(min(self.model.n_past, n_tokens))
+
+    def observe(self, step: StepEvent) -> None:
+        pass  # what a step yields is the K policy's to learn
 
     def reset(self) -> None:
         self.model.reset()

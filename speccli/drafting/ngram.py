@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft, DraftRequest
 
 MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
@@ -29,6 +30,9 @@ class NgramDrafter:
 
     def __init__(self) -> None:
         self.reset()
+
+    def observe(self, step: StepEvent) -> None:
+        pass  # what a step yields is the K policy's to learn
 
     def reset(self) -> None:
         self._tokens = array("i")  # the indexed prefix of the context
