@@ -50,14 +50,14 @@ class ChainDrafter:
         self._realized = {drafter.name: RealizedRate() for drafter in self.drafters}
 
     def propose(self, request: DraftRequest) -> Draft:
-        draft = Draft.nothing()
-        for position, (drafter, following) in enumerate(zip(self.drafters, [*self.drafters[1:], None])):
+        for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(request)
-            if following is None or self._did_no_better(following, position, request):
-                return draft
+            if self._did_no_better(following, position, request):
+                return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._next_promises_more(draft, following, request):
                 return draft
-        return draft
+        # The last source's draft, even an empty one: its key still tells the policy what it was asked.
+        return self.drafters[-1].propose(request)
 
     def observe(self, step: StepEvent) -> None:
         source = step.source if step.source in self._realized else self.drafters[0].name
