@@ -48,7 +48,7 @@ def test_ngram_takes_the_most_recent_occurrence_of_an_equally_long_match() -> No
     assert draft.tokens == [7, 3]  # "3" last occurred before 7, not before 1
 
 
-def test_ngram_match_length_extends_past_the_indexed_n_grams() -> None:
+def test_ngram_match_length_counts_past_twelve_tokens() -> None:
     phrase = list(range(100, 130))
     draft = NgramDrafter().propose(request(phrase + [1, 2] + phrase, limit=4))
     assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+"
