@@ -52,9 +52,10 @@ class ChainDrafter:
     def propose(self, request: DraftRequest) -> Draft:
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(request)
-            if self._did_no_better(following, position, request):
+            following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
+            if following_rate is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
-            if draft.tokens and not self._next_promises_more(draft, following, request):
+            if draft.tokens and not self._promises_more(following_rate, draft, request):
                 return draft
         # The last source's draft, even an empty one: its key still tells the policy what it was asked.
         return self.drafters[-1].propose(request)
@@ -65,21 +66,19 @@ class ChainDrafter:
         for drafter in self.drafters:
             drafter.observe(step)
 
-    def _did_no_better(self, following: Drafter, position: int, request: DraftRequest) -> bool:
+    def _did_no_better(self, following: Drafter, position: int) -> bool:
         """Have `following`'s steps yielded no more tokens per second than the steps of the sources
-        before it? Only where the policy weighs sources at all (`auto`), and once both have steps."""
-        if request.best_rate(following.name, request.limit) is None:
-            return False
+        before it? Not until both have steps."""
         its = self._realized[following.name].per_second
         before = [self._realized[drafter.name].per_second for drafter in self.drafters[: position + 1]]
         known = [rate for rate in before if rate is not None]
         return its is not None and bool(known) and its <= max(known)
 
     @staticmethod
-    def _next_promises_more(draft: Draft, following: Drafter, request: DraftRequest) -> bool:
+    def _promises_more(following_rate: float | None, draft: Draft, request: DraftRequest) -> bool:
+        """Is the next source's best expected rate above that of this draft?"""
         this = request.best_rate(draft.key, len(draft.tokens))
-        that = request.best_rate(following.name, request.limit)
-        return this is not None and that is not None and that > this
+        return this is not None and following_rate is not None and following_rate > this
 
     def sync(self, context: Sequence[int]) -> None:
         for drafter in self.drafters:
