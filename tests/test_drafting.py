@@ -351,7 +351,7 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
 def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
     """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
     acceptance, and kept 2 of it. A new reply starts a draft model at RAMP_START tokens and lets it
-    draft at most twice what its last draft kept. A lookup's key is the length of a match in this
+    draft at most twice what its last draft kept (one token after a draft that kept none). A lookup's key is the length of a match in this
     very text: it keeps its long drafts."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
@@ -368,6 +368,10 @@ def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
     assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
     learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
     assert policy.length_for("model", 24) <= 6  # a long draft that kept 3: twice that, at most
+    learn(policy, "model", 6, 0, 1, token_cost=0.55)
+    assert policy.length_for("model", 24) == 1  # one that kept nothing: one token next, not RAMP_START
+    learn(policy, "model", 1, 1, 1, token_cost=0.55)
+    assert policy.length_for("model", 24) == 2
 
 
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:

@@ -57,9 +57,11 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # A reply's text may differ from the last one's (code, then prose), and a draft model's acceptance was
 # learnt on that text: a long draft on a wrong guess costs a decode per token for a token or two kept
 # (Gemma: a 22-token draft that kept 2 cost a quarter of a 48-token summary). So in each reply a draft
-# model drafts at most RAMP_START tokens, and then at most twice the run its last draft kept: long drafts
-# are earned (as TCP's slow start earns its window, and halves it on a loss), at the price of two or
-# three more verifies where the guess was right. Within a reply the same holds where the text's later
+# model drafts at most RAMP_START tokens, and then at most twice the run its last draft kept (one where it
+# kept none): long drafts are earned (as TCP's slow start earns its window, and halves it on a loss), at
+# the price of two or three more verifies where the guess was right. A draft that kept nothing is
+# followed by a one-token draft, not another RAMP_START (Qwen's summary after code: two 4-token drafts
+# kept nothing, each 2.7 target steps of cost for one token, 11% of a 48-token reply). Within a reply the same holds where the text's later
 # draft positions fare worse than the estimates from other text (Gemma's story: 16-token drafts kept 3,
 # while 4-token drafts kept nearly all). Lookups need no ramp: their keys are the length of the match
 # found in this very text, and ramping them measurably cost (Gemma rewrite: 3.6x against 5.5x).
@@ -214,7 +216,7 @@ class KeyHistory:
     unsure_judged: float = 0.0  # unsure draft tokens judged, and kept, weighted by recency
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
-    last_kept_in_reply: int = 0  # how many tokens this key's last draft in this reply had kept
+    last_kept_in_reply: int | None = None  # how many tokens this key's last draft in this reply kept (None: no draft yet)
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -263,6 +265,14 @@ class KeyHistory:
         return rates
 
 
+def ramp_limit(history: KeyHistory) -> int:
+    """The longest draft a draft model may make now in this reply: RAMP_START at first, then twice
+    what its last draft kept, one at least (see RAMP_START)."""
+    if history.last_kept_in_reply is None:
+        return RAMP_START
+    return max(1, 2 * history.last_kept_in_reply)
+
+
 def shrunk(kept: float, judged: float, prior: float) -> float:
     """kept / judged, pulled towards `prior` as if PRIOR_WEIGHT more drafts had been judged at that rate."""
     return (kept + PRIOR_WEIGHT * prior) / (judged + PRIOR_WEIGHT)
@@ -291,7 +301,7 @@ class AutoK:
         for history in self.keys.values():
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
-            history.last_kept_in_reply = 0
+            history.last_kept_in_reply = None
 
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
@@ -353,7 +363,7 @@ class AutoK:
         best = self._best_length(history, acceptance)
         if not history.is_draft_model:  # a lookup: no ramp (see RAMP_START)
             return best
-        return min(best, max(RAMP_START, 2 * history.last_kept_in_reply))
+        return min(best, ramp_limit(history))
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
