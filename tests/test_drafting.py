@@ -374,6 +374,25 @@ def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
     assert policy.length_for("model", 24) == 2
 
 
+def test_auto_cut_back_ramp_drafts_the_shortest_length_that_pays_and_never_ends_drafting() -> None:
+    """After a draft that kept nothing the ramp allows one token. Where that pays, one is drafted; where
+    it does not (a compute-bound target: a draft decode and a 2-row verify for under two tokens), the
+    shortest length that pays up to RAMP_START, or RAMP_START where none does: never nothing for the
+    rest of the reply just because the ramp was cut."""
+    chosen = {}
+    for good_steps in (10, 4):
+        policy = calibrated(COMPUTE_BOUND, {"model": 0.43})
+        learn(policy, "model", 4, 4, good_steps, token_cost=0.43)
+        policy.begin_reply()
+        assert policy.length_for("model", 16) == RAMP_START
+        learn(policy, "model", RAMP_START, 0, 1, token_cost=0.43)
+        history = policy.keys["model"]
+        one_token = (1 + history.acceptance(1)[0]) / (history.token_seconds * policy.verify.level + policy.verify(2))
+        chosen[good_steps] = (one_token > 1 / policy.verify(1), policy.length_for("model", 16))
+    assert chosen[10] == (True, 1)  # a long good run before the failure: one token pays
+    assert chosen[4] == (False, RAMP_START)  # a short one: no length up to RAMP_START pays, yet it drafts
+
+
 def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> None:
     """Measured in a run on Qwen 1.5B here: 4 rows cost what 3 do, 8 rows twice that. A 12+-token match
     kept in full at K=3 twenty times must be tried deeper, not held at 3 by the cheap step below 4."""

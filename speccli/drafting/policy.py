@@ -59,12 +59,13 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # (Gemma: a 22-token draft that kept 2 cost a quarter of a 48-token summary). So in each reply a draft
 # model drafts at most RAMP_START tokens, and then at most twice the run its last draft kept (one where it
 # kept none): long drafts are earned (as TCP's slow start earns its window, and halves it on a loss), at
-# the price of two or three more verifies where the guess was right. A draft that kept nothing is
-# followed by a one-token draft, not another RAMP_START (Qwen's summary after code: two 4-token drafts
-# kept nothing, each 2.7 target steps of cost for one token, 11% of a 48-token reply). Within a reply the same holds where the text's later
-# draft positions fare worse than the estimates from other text (Gemma's story: 16-token drafts kept 3,
-# while 4-token drafts kept nearly all). Lookups need no ramp: their keys are the length of the match
-# found in this very text, and ramping them measurably cost (Gemma rewrite: 3.6x against 5.5x).
+# the price of two or three more verifies where the guess was right. After a draft that kept nothing the
+# next is as short as pays (Qwen's summary after code: two 4-token drafts kept nothing, each 2.7 target
+# steps of cost for one token, 11% of a 48-token reply; now 4 then 2). Within a reply the same holds
+# where the text's later draft positions fare worse than the estimates from other text (Gemma's story:
+# 16-token drafts kept 3, while 4-token drafts kept nearly all). Lookups need no ramp: their keys are
+# the length of the match found in this very text, and ramping them measurably cost (Gemma rewrite:
+# 3.6x against 5.5x).
 RAMP_START = 4
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
@@ -216,7 +217,7 @@ class KeyHistory:
     unsure_judged: float = 0.0  # unsure draft tokens judged, and kept, weighted by recency
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
-    last_kept_in_reply: int | None = None  # how many tokens this key's last draft in this reply kept (None: no draft yet)
+    last_kept_in_reply: int | None = None  # tokens this key's last draft in this reply kept (None: none yet)
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -359,11 +360,16 @@ class AutoK:
     def _choice(self, history: KeyHistory, acceptance: list[float]) -> int:
         """The draft length that maximises expected tokens per second, within a draft model's ramp in
         this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
-        it is earned."""
-        best = self._best_length(history, acceptance)
-        if not history.is_draft_model:  # a lookup: no ramp (see RAMP_START)
+        it is earned. A ramp cut below RAMP_START by a failed draft may allow too short a draft to pay
+        (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
+        RAMP_START's where none does, so a cut never ends drafting for the rest of the reply."""
+        rates = self._rates(history, acceptance)
+        best = max(range(len(rates)), key=rates.__getitem__)
+        ramp = ramp_limit(history)
+        if not history.is_draft_model or best <= ramp:  # a lookup: no ramp (see RAMP_START)
             return best
-        return min(best, ramp_limit(history))
+        cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
+        return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
@@ -375,8 +381,12 @@ class AutoK:
             tokens += kept_so_far
         return tokens / (k * (history.token_seconds or 0.0) * self.verify.level + self.verify(k + 1))
 
+    def _rates(self, history: KeyHistory, acceptance: list[float]) -> list[float]:
+        """Expected tokens per second of each draft length, 0 (a plain step) included."""
+        return [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
+
     def _best_length(self, history: KeyHistory, acceptance: list[float]) -> int:
-        rates = [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
+        rates = self._rates(history, acceptance)
         return max(range(len(rates)), key=rates.__getitem__)
 
     def _worth_probing(self, history: KeyHistory, limit: int, first_ask: bool) -> bool:
