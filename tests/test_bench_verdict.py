@@ -104,3 +104,19 @@ def test_the_report_shows_k_chosen_and_prediction_not_applicable(mixed_report) -
     ngram = next(r for r in mixed_report.results if r.label == "ngram K=2")
     assert ngram.overall.prediction_not_applicable.startswith("ngram: n-gram drafts cost no model step")
     assert "pred. n/a" in text and "fastest" in text
+
+
+def test_the_task_table_shows_how_much_the_target_alone_moved_between_a_tasks_runs(mixed_report) -> None:
+    """The noise a task's speedups carry: half the target alone's tok/s range over the runs, per task;
+    none from a single run."""
+    assert all(line.rstrip().endswith("– │") for line in rendered(mixed_report).splitlines() if line.startswith("│ ") and "×" in line
+               and len(line.split("│")) == len(mixed_report.results) + 5)
+    noisy = mixed_report.model_copy(deep=True)
+    for result in noisy.results:
+        first, second = result.tasks
+        first.runs = second.runs = 3
+        first.baseline.wall_tokens_per_second = Spread(median=20.0, min=18.0, max=22.0)
+        second.baseline.wall_tokens_per_second = Spread(median=10.0, min=9.9, max=10.2)
+    rows = [line for line in rendered(noisy).splitlines() if line.startswith("│ ") and "×" in line
+            and len(line.split("│")) == len(noisy.results) + 5]
+    assert [row.split("│")[-2].strip() for row in rows] == ["±10%", "±2%"]

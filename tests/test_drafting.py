@@ -348,28 +348,31 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     assert failing_steps <= 20
 
 
-def test_auto_earns_a_draft_models_long_drafts_again_in_each_reply() -> None:
+def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
-    acceptance, and kept 2 of it. A new reply starts a draft model at RAMP_START tokens and lets it
-    draft at most twice what its last draft kept (one token after a draft that kept none). A lookup's key is the length of a match in this
-    very text: it keeps its long drafts."""
+    acceptance, and kept 2 of it; a table reply began with a 21-token lookup that kept 2, then 11 that
+    kept none. A new reply starts every source at RAMP_START tokens and lets it draft at most twice
+    what its last draft kept; after a draft that kept nothing, a draft model one token (where that
+    pays), a lookup RAMP_START (its failed drafts cost verify rows, no decodes)."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
-    learn(policy, "ngram:12+", 16, 16, 30)
+    learn(policy, "ngram:12+", 16, 16, 30, token_cost=0.0004)  # a lookup takes microseconds, not nothing
     assert policy.length_for("model", 24) == 24  # within the reply that earned them, long drafts go on
+    assert policy.length_for("ngram:12+", 24) == 24
     rate_earned = policy.best_rate("model", 24)
     policy.begin_reply()
     assert policy.best_rate("model", 24) < rate_earned  # a chain weighs the model's ramped draft
-    assert policy.length_for("ngram:12+", 24) == 24
-    lengths = []
-    for _ in range(3):
-        lengths.append(policy.length_for("model", 24))
-        learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
-    assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
-    learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
-    assert policy.length_for("model", 24) <= 6  # a long draft that kept 3: twice that, at most
-    learn(policy, "model", 6, 0, 1, token_cost=0.55)
+    for key, token_cost in (("model", 0.55), ("ngram:12+", 0.0004)):
+        lengths = []
+        for _ in range(3):
+            lengths.append(policy.length_for(key, 24))
+            learn(policy, key, lengths[-1], lengths[-1], 1, token_cost=token_cost)
+        assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START], key
+        learn(policy, key, policy.length_for(key, 24), 3, 1, token_cost=token_cost)
+        assert policy.length_for(key, 24) <= 6, key  # a long draft that kept 3: twice that, at most
+        learn(policy, key, 6, 0, 1, token_cost=token_cost)
     assert policy.length_for("model", 24) == 1  # one that kept nothing: one token next, not RAMP_START
+    assert policy.length_for("ngram:12+", 24) == RAMP_START
     learn(policy, "model", 1, 1, 1, token_cost=0.55)
     assert policy.length_for("model", 24) == 2
 
@@ -403,13 +406,13 @@ def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> N
 
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     cheap = calibrated(COMPUTE_BOUND, {})
-    learn(cheap, "ngram:1-2", 2, 0, 30)
+    learn(cheap, "ngram:1-2", 2, 0, 30, token_cost=0.0004)  # a lookup takes microseconds: still no draft model
     probes = []
     for index in range(500):
         k = cheap.length_for("ngram:1-2", 8)
         if k:
             probes.append(index)
-            learn(cheap, "ngram:1-2", k, 0, 1)  # the re-check fails too
+            learn(cheap, "ngram:1-2", k, 0, 1, token_cost=0.0004)  # the re-check fails too
     gaps = np.diff(probes)
     assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:])), probes
     costly = calibrated(COMPUTE_BOUND, {"model": 0.68})

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speccli.bench.report import BenchReport, Best, ConfigResult, GreedyCheck, Settings, Spread, Summary, TimeSplit
+from speccli.bench.report import BenchReport, Best, ConfigResult, GreedyCheck, Settings, Spread, Summary, TaskSummary, TimeSplit
 from speccli.util.format import format_size
 
 _COLUMNS = (
@@ -90,7 +90,9 @@ def render_report(report: BenchReport, console: Console) -> None:
         "[dim]tok/s: decode phase, wall-clock, median (min–max) over runs; speedup: median of per-round ratios. "
         "tok/verify counts the target's correction/bonus token; mean K chosen counts steps that drafted nothing. "
         "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
-        "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted.[/dim]"
+        "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted. "
+        "target alone ±: half the range of the target alone's tok/s over a task's runs, the noise that task's "
+        "speedups carry on this machine.[/dim]"
     )
     render_check(report.greedy_check, console)
 
@@ -200,20 +202,30 @@ def render_sweep(results: Sequence[ConfigResult], best: Best | None, console: Co
 
 
 def render_task_table(results: Sequence[ConfigResult]) -> Table:
-    """Median speedup by task and configuration, and which configuration wins each task."""
+    """Median speedup by task and configuration, which configuration wins each task, and how much the
+    target alone's own speed moved between that task's runs: the noise its speedups carry here."""
     tasks = Table(title="speedup by task and configuration (median)", title_justify="left", header_style="bold")
     tasks.add_column("task")
     for result in results:
         tasks.add_column(result.label, justify="right")
     tasks.add_column("fastest", justify="left")
+    tasks.add_column("target alone ±", justify="right")
     for i, task in enumerate(results[0].tasks):
         speedups = [r.tasks[i].speedup.median if r.tasks[i].speedup else None for r in results]
         scored = [(s, r.label) for s, r in zip(speedups, results) if s is not None]
         winner = max(scored)[1] if scored else "–"
         if scored and max(scored)[0] < 1:
             winner = "target alone"
-        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner)
+        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner, noise_text(task))
     return tasks
+
+
+def noise_text(task: TaskSummary) -> str:
+    """Half the range of the target alone's tok/s over the task's runs, relative to its median."""
+    speed = task.baseline.wall_tokens_per_second
+    if speed is None or task.runs < 2 or not speed.median:
+        return "–"
+    return f"±{(speed.max - speed.min) / 2 / speed.median:.0%}"
 
 
 def render_chart(results: Sequence[ConfigResult], width: int = 40) -> str:

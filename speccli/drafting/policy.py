@@ -19,8 +19,8 @@ V(n) is the target's measured cost of a decode with n logit rows plus the per-ro
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
 curve and d, the curve's shape per size: see VerifyCosts).
 
-Each reply starts cautiously: a draft model's acceptance learned on the last reply's text is a guess
-for this one, so its long drafts are earned again in each reply (see RAMP_START).
+Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
+this one, so its long drafts are earned again in each reply (see RAMP_START).
 
 Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
 have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
@@ -63,9 +63,10 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # next is as short as pays (Qwen's summary after code: two 4-token drafts kept nothing, each 2.7 target
 # steps of cost for one token, 11% of a 48-token reply; now 4 then 2). Within a reply the same holds
 # where the text's later draft positions fare worse than the estimates from other text (Gemma's story:
-# 16-token drafts kept 3, while 4-token drafts kept nearly all). Lookups need no ramp: their keys are
-# the length of the match found in this very text, and ramping them measurably cost (Gemma rewrite:
-# 3.6x against 5.5x).
+# 16-token drafts kept 3, while 4-token drafts kept nearly all). Lookups are ramped too, though their
+# keys are the length of a match in this very text: unramped, a Gemma table reply began with a 21-token
+# lookup that kept 2 and an 11-token one that kept none (the chain 1.81x against 1.83x ramped, A/B). A
+# lookup's failed draft costs verify rows but no decodes, so its ramp is never cut below RAMP_START.
 RAMP_START = 4
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
@@ -207,6 +208,7 @@ class KeyHistory:
     judged_at: list[float] = field(default_factory=list)
     kept_at: list[float] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token, at the verify curve's level 1 (load slows both)
+    decodes: bool = False  # its drafter reported a decode cost per token (a draft model; a lookup reports none)
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     idle_replies: int = 0  # replies in a row, before this one, in which this key drafted nothing
     asked_in_reply: bool = False
@@ -243,8 +245,10 @@ class KeyHistory:
 
     @property
     def is_draft_model(self) -> bool:
-        """A source that costs decodes per token, and decodes the context it drafts from (a lookup costs none)."""
-        return bool(self.token_seconds)
+        """A source that costs decodes per token, and decodes the context it drafts from. Not told by its
+        measured cost: a lookup's steps take microseconds, not nothing, and were taken for a draft model's
+        (ramped, and re-checked only at a reply's start)."""
+        return self.decodes
 
     def unsure_tokens_pay(self) -> bool:
         return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR) >= UNSURE_STOP_BELOW
@@ -267,11 +271,11 @@ class KeyHistory:
 
 
 def ramp_limit(history: KeyHistory) -> int:
-    """The longest draft a draft model may make now in this reply: RAMP_START at first, then twice
-    what its last draft kept, one at least (see RAMP_START)."""
+    """The longest draft a source may make now in this reply: RAMP_START at first, then twice what its
+    last draft kept, at least one for a draft model and RAMP_START for a lookup (see RAMP_START)."""
     if history.last_kept_in_reply is None:
         return RAMP_START
-    return max(1, 2 * history.last_kept_in_reply)
+    return max(1 if history.is_draft_model else RAMP_START, 2 * history.last_kept_in_reply)
 
 
 def shrunk(kept: float, judged: float, prior: float) -> float:
@@ -296,7 +300,9 @@ class AutoK:
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         self.verify.decode_seconds.update(verify_seconds)
         for key, seconds in token_costs.items():
-            self._history(key).token_seconds = seconds / self.verify.level
+            history = self._history(key)
+            history.token_seconds = seconds / self.verify.level
+            history.decodes = True
 
     def begin_reply(self) -> None:
         for history in self.keys.values():
@@ -358,16 +364,18 @@ class AutoK:
         return self._rate(history, acceptance, self._choice(history, acceptance))
 
     def _choice(self, history: KeyHistory, acceptance: list[float]) -> int:
-        """The draft length that maximises expected tokens per second, within a draft model's ramp in
+        """The draft length that maximises expected tokens per second, within the source's ramp in
         this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
-        it is earned. A ramp cut below RAMP_START by a failed draft may allow too short a draft to pay
-        (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
-        RAMP_START's where none does, so a cut never ends drafting for the rest of the reply."""
+        it is earned. A draft model's ramp cut below RAMP_START by a failed draft may allow too short a
+        draft to pay (one token on a compute-bound target): then the shortest length up to RAMP_START
+        that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
         rates = self._rates(history, acceptance)
         best = max(range(len(rates)), key=rates.__getitem__)
         ramp = ramp_limit(history)
-        if not history.is_draft_model or best <= ramp:  # a lookup: no ramp (see RAMP_START)
+        if best <= ramp:
             return best
+        if not history.is_draft_model:
+            return ramp
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
