@@ -2,13 +2,24 @@
 typed report (nothing here measures or reads files)."""
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speccli.bench.report import BenchReport, Best, ConfigResult, GreedyCheck, Settings, Spread, Summary, TaskSummary, TimeSplit
+from speccli.bench.report import (
+    BenchReport,
+    Best,
+    ConfigResult,
+    GreedyCheck,
+    Measurement,
+    Settings,
+    Spread,
+    Summary,
+    TimeSplit,
+)
 from speccli.util.format import format_size
 
 _COLUMNS = (
@@ -83,7 +94,7 @@ def render_report(report: BenchReport, console: Console) -> None:
     if len(report.results) == 1:
         render_single(report.results[0], console)
     else:
-        render_sweep(report.results, report.best, console)
+        render_sweep(report.results, report.best, report.measurements, console)
     if report.cannot_pay:
         console.print(f"[bold yellow]{escape(report.cannot_pay)}[/bold yellow]", soft_wrap=True)
     console.print(
@@ -186,10 +197,12 @@ def render_details(result: ConfigResult, console: Console) -> None:
         console.print(f"  prediction n/a: {overall.prediction_not_applicable}")
 
 
-def render_sweep(results: Sequence[ConfigResult], best: Best | None, console: Console) -> None:
+def render_sweep(
+    results: Sequence[ConfigResult], best: Best | None, measurements: Sequence[Measurement], console: Console
+) -> None:
     rows = [_figures_row(r.label, r.overall, bold=best is not None and r.label == best.label) for r in results]
     console.print(_figures_table("overall, by configuration  (A = target only, B = speculative)", "configuration", rows))
-    console.print(render_task_table(results))
+    console.print(render_task_table(results, target_spread_by_task(measurements)))
     console.print(render_chart(results))
     if best:
         console.print(f"[bold green]best: {escape(best.label)}[/bold green]: {escape(best.reason)}")
@@ -201,7 +214,7 @@ def render_sweep(results: Sequence[ConfigResult], best: Best | None, console: Co
             )
 
 
-def render_task_table(results: Sequence[ConfigResult]) -> Table:
+def render_task_table(results: Sequence[ConfigResult], target_spread: dict[str, float]) -> Table:
     """Median speedup by task and configuration, which configuration wins each task, and how much the
     target alone's own speed moved between that task's runs: the noise its speedups carry here."""
     tasks = Table(title="speedup by task and configuration (median)", title_justify="left", header_style="bold")
@@ -216,16 +229,23 @@ def render_task_table(results: Sequence[ConfigResult]) -> Table:
         winner = max(scored)[1] if scored else "–"
         if scored and max(scored)[0] < 1:
             winner = "target alone"
-        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner, noise_text(task))
+        spread = target_spread.get(task.task)
+        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner, "–" if spread is None else f"±{spread:.0%}")
     return tasks
 
 
-def noise_text(task: TaskSummary) -> str:
-    """Half the range of the target alone's tok/s over the task's runs, relative to its median."""
-    speed = task.baseline.wall_tokens_per_second
-    if speed is None or task.runs < 2 or not speed.median:
-        return "–"
-    return f"±{(speed.max - speed.min) / 2 / speed.median:.0%}"
+def target_spread_by_task(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """Per task, half the range of the target alone's tok/s over the runs of each of its prompts,
+    relative to their median (the median over its prompts); tasks measured once are left out."""
+    speeds: dict[tuple[str, int], list[float]] = {}
+    for m in measurements:
+        if m.mode == "target":
+            speeds.setdefault((m.task, m.prompt_index), []).append(m.wall_tokens_per_second)
+    by_task: dict[str, list[float]] = {}
+    for (task, _), values in speeds.items():
+        if len(values) > 1 and statistics.median(values) > 0:
+            by_task.setdefault(task, []).append((max(values) - min(values)) / 2 / statistics.median(values))
+    return {task: statistics.median(spreads) for task, spreads in by_task.items()}
 
 
 def render_chart(results: Sequence[ConfigResult], width: int = 40) -> str:
