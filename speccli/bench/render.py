@@ -243,8 +243,9 @@ def target_spread_by_task(measurements: Sequence[Measurement]) -> dict[str, floa
             speeds.setdefault((m.task, m.prompt_index), []).append(m.wall_tokens_per_second)
     by_task: dict[str, list[float]] = {}
     for (task, _), values in speeds.items():
-        if len(values) > 1 and statistics.median(values) > 0:
-            by_task.setdefault(task, []).append((max(values) - min(values)) / 2 / statistics.median(values))
+        median = statistics.median(values)
+        if len(values) > 1 and median > 0:
+            by_task.setdefault(task, []).append((max(values) - min(values)) / 2 / median)
     return {task: statistics.median(spreads) for task, spreads in by_task.items()}
 
 

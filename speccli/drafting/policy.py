@@ -208,7 +208,10 @@ class KeyHistory:
     judged_at: list[float] = field(default_factory=list)
     kept_at: list[float] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token, at the verify curve's level 1 (load slows both)
-    decodes: bool = False  # its drafter reported a decode cost per token (a draft model; a lookup reports none)
+    # Its drafter reported a decode cost per token at calibration (a lookup reports none). Not told by a
+    # measured cost: a lookup's steps take microseconds, not nothing, and were once taken for a draft
+    # model's (ramped, and re-checked only at a reply's start).
+    is_draft_model: bool = False
     idle_steps: int = 0  # steps in a row that drafted nothing from this key
     idle_replies: int = 0  # replies in a row, before this one, in which this key drafted nothing
     asked_in_reply: bool = False
@@ -243,13 +246,6 @@ class KeyHistory:
         self.unsure_judged *= weight
         self.unsure_kept *= weight
 
-    @property
-    def is_draft_model(self) -> bool:
-        """A source that costs decodes per token, and decodes the context it drafts from. Not told by its
-        measured cost: a lookup's steps take microseconds, not nothing, and were taken for a draft model's
-        (ramped, and re-checked only at a reply's start)."""
-        return self.decodes
-
     def unsure_tokens_pay(self) -> bool:
         return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR) >= UNSURE_STOP_BELOW
 
@@ -278,6 +274,11 @@ def ramp_limit(history: KeyHistory) -> int:
     return max(1 if history.is_draft_model else RAMP_START, 2 * history.last_kept_in_reply)
 
 
+def fastest(rates: list[float]) -> int:
+    """The draft length with the highest expected rate (the shortest among equals)."""
+    return max(range(len(rates)), key=rates.__getitem__)
+
+
 def shrunk(kept: float, judged: float, prior: float) -> float:
     """kept / judged, pulled towards `prior` as if PRIOR_WEIGHT more drafts had been judged at that rate."""
     return (kept + PRIOR_WEIGHT * prior) / (judged + PRIOR_WEIGHT)
@@ -302,7 +303,7 @@ class AutoK:
         for key, seconds in token_costs.items():
             history = self._history(key)
             history.token_seconds = seconds / self.verify.level
-            history.decodes = True
+            history.is_draft_model = True
 
     def begin_reply(self) -> None:
         for history in self.keys.values():
@@ -370,7 +371,7 @@ class AutoK:
         draft to pay (one token on a compute-bound target): then the shortest length up to RAMP_START
         that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
         rates = self._rates(history, acceptance)
-        best = max(range(len(rates)), key=rates.__getitem__)
+        best = fastest(rates)
         ramp = ramp_limit(history)
         if best <= ramp:
             return best
@@ -394,8 +395,7 @@ class AutoK:
         return [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
 
     def _best_length(self, history: KeyHistory, acceptance: list[float]) -> int:
-        rates = self._rates(history, acceptance)
-        return max(range(len(rates)), key=rates.__getitem__)
+        return fastest(self._rates(history, acceptance))
 
     def _worth_probing(self, history: KeyHistory, limit: int, first_ask: bool) -> bool:
         """Re-check a key the estimates have ruled out, now and then, but only if drafting could pay
