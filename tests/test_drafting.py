@@ -253,6 +253,19 @@ def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups
     assert len(lookup.observed) == len(model.observed) == 54  # every step reaches every source
 
 
+def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
+    """A new prompt (a chat turn, the next bench prompt): the last one's stretches say nothing of it,
+    so its sources are weighed by their estimates again until its own steps are realized."""
+    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
+    realized_steps(chain, "model", 9, 0.25)
+    realized_steps(chain, "ngram", 6, 0.1)
+    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # the model passed over
+    chain.sync([1, 2, 3])
+    assert chain.propose(request([1, 2, 3], best_rate=estimates)).source == "model"
+
+
 def test_chain_under_a_fixed_k_asks_the_next_source_whatever_was_realized() -> None:
     lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
