@@ -9,6 +9,7 @@ from typing import NamedTuple
 import pytest
 
 from speccli.core.stats import StepEvent
+from speccli.drafting.base import Draft
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
 
@@ -30,10 +31,10 @@ class MemoryBoundAutoK(AutoK):
         )
         self.verify.update = lambda *timings: None  # keep the pretended curve; acceptance still adapts
 
-    def observe(self, key: str, step: StepEvent) -> None:
-        super().observe(key, step)
-        if key in self.keys and self.keys[key].token_seconds:  # a draft model: keep its pretended cost
-            self.keys[key].token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
+    def observe(self, draft: Draft, step: StepEvent) -> None:
+        super().observe(draft, step)
+        if draft.key in self.keys and self.keys[draft.key].token_seconds:  # a draft model: keep its pretended cost
+            self.keys[draft.key].token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
 
 
 class TinyPair(NamedTuple):

@@ -420,6 +420,18 @@ def test_alpha_is_one_when_every_draft_is_kept_even_a_shorter_last_one() -> None
     assert stats.positions.judged == 7 and stats.by_source["model"].judged == 7
 
 
+def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
+    """2 model tokens, then 3 a lookup continued them with: 4 kept; then one whose model part failed,
+    so the lookup's tokens were drafted but never judged."""
+    stats = RunStats()
+    stats.add(StepEvent(5, 4, 0.0, 0.0, 0.0, "model", continuation=("ngram", 3)))
+    stats.add(StepEvent(5, 1, 0.0, 0.0, 0.0, "model", continuation=("ngram", 3)))
+    model, ngram = stats.by_source["model"], stats.by_source["ngram"]
+    assert (model.drafted, model.accepted, model.judged, model.accepted_at) == (4, 3, 4, [2, 1])
+    assert (ngram.drafted, ngram.accepted, ngram.judged, ngram.drafted_at) == (6, 2, 3, [2, 2, 2])
+    assert (stats.drafted, stats.accepted, stats.positions.judged) == (10, 5, 7)
+
+
 def test_builtin_prompts_cover_the_task_kinds() -> None:
     prompts = load_prompt_set(None)
     assert prompts.tasks == BUILTIN_TASKS

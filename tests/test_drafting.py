@@ -9,7 +9,7 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.base import Draft, DraftRequest, no_take_over
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -28,8 +28,11 @@ def request(
     length_for=lambda key, available: available,
     best_rate=lambda key, available: None,
     keep_drafting=lambda key, confidence: True,
+    take_over=no_take_over,
 ) -> DraftRequest:
-    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting)
+    return DraftRequest(
+        list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting, take_over
+    )
 
 
 # --- n-gram lookup ---------------------------------------------------------------------------------
@@ -146,12 +149,32 @@ def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -
     assert nothing.tokens == [] and nothing.key == "model" and nothing.source == ""  # the policy still learns
 
 
+def test_model_drafter_hands_its_draft_over_where_the_requester_takes_it(tiny_pair) -> None:
+    prompt = list(range(3, 40))
+    asked = []
+
+    def after_two(drafted):
+        asked.append(list(drafted))
+        return Draft("ngram", "ngram:3-5", [90, 91], None) if len(drafted) == 2 else Draft.nothing()
+
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        full = drafter.propose(request(prompt, length_for=lambda key, available: 5))
+        drafter.forget(len(prompt) - 1)
+        handed = drafter.propose(request(prompt, length_for=lambda key, available: 5, take_over=after_two))
+    assert full.continuation is None and len(full.tokens) == 5
+    assert asked == [full.tokens[:1], full.tokens[:2]]
+    assert handed.tokens == full.tokens[:2] and handed.continuation.tokens == [90, 91]
+    assert handed.proposed == full.tokens[:2] + [90, 91]
+
+
 def unsure_draft_steps(policy: AutoK, kept: bool, times: int) -> None:
     """`times` steps asking the draft model for a token it is unsure of (top probability 0.4)."""
     for _ in range(times):
         policy.length_for("model", 8)
         drafted = int(policy.keep_drafting("model", lambda: 0.4))
-        policy.observe("model", step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
+        policy.observe(drafted_by("model", drafted), step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
 
 
 def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rejected() -> None:
@@ -161,7 +184,7 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
     assert smaller_model.keep_drafting("model", lambda: 0.9) and not smaller_model.keep_drafting("model", lambda: 0.4)
     stopped_steps = 1
     while not smaller_model.keep_drafting("model", lambda: 0.4) and stopped_steps < 100:  # the evidence fades...
-        smaller_model.observe("model", step(1, 1, 0.0075, smaller_model.verify(2)))
+        smaller_model.observe(drafted_by("model", 1), step(1, 1, 0.0075, smaller_model.verify(2)))
         smaller_model.length_for("model", 8)
         stopped_steps += 1
     assert 5 <= stopped_steps <= 15  # ...and unsure tokens are drafted again, to be measured anew
@@ -178,17 +201,31 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
     assert policy.length_for("model", 8) > 2
     assert policy.keep_drafting("model", lambda: 0.9) and policy.keep_drafting("model", lambda: 0.9)
     assert not policy.keep_drafting("model", lambda: 0.5)
-    policy.observe("model", step(2, 2, 0.015, policy.verify(3)))  # stopped after 2, both kept
+    policy.observe(drafted_by("model", 2), step(2, 2, 0.015, policy.verify(3)))  # stopped after 2, both kept
     assert history.judged_at == [1, 1, 1] and history.kept_at == [1, 1, 0]
     policy.length_for("model", 8)
     policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.5)
-    policy.observe("model", step(2, 0, 0.015, policy.verify(3)))  # stopped after 2, the first rejected
+    policy.observe(drafted_by("model", 2), step(2, 0, 0.015, policy.verify(3)))  # stopped after 2, the first rejected
     assert history.judged_at == pytest.approx([1.9, 0.9, 0.9]) and history.kept_at == pytest.approx([0.9, 0.9, 0])
+
+
+def test_auto_learns_a_taken_over_draft_by_source_and_ramps_by_every_token_it_led_to() -> None:
+    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
+    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None)
+    handed = Draft("model", "model", [0, 0], None, continuation=lookup_tokens)
+    policy.observe(handed, StepEvent(7, 6, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
+    model, lookup = policy.keys["model"], policy.keys["ngram:6-11"]
+    assert model.judged_at == [1, 1] and model.kept_at == [1, 1]  # its own two tokens, both kept
+    assert lookup.judged_at == [1, 1, 1, 1, 1] and lookup.kept_at == [1, 1, 1, 1, 0]  # four kept, the fifth not
+    assert model.last_kept_in_reply == 6  # its draft led to six kept tokens: its ramp grows by them all
+    policy.observe(handed, StepEvent(7, 1, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
+    assert model.judged_at == pytest.approx([1.9, 1.9]) and model.kept_at == pytest.approx([1.9, 0.9])
+    assert lookup.judged_at == [1, 1, 1, 1, 1]  # never reached: the lookup's tokens were not judged
 
 
 def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.5})
-    policy.observe("model", StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5), other_seconds=0.0,
+    policy.observe(drafted_by("model", 4), StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5), other_seconds=0.0,
                                       source="model", catch_up_seconds=0.3))
     assert policy.keys["model"].token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
 
@@ -266,6 +303,37 @@ def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
     assert chain.propose(request([1, 2, 3], best_rate=estimates)).source == "model"
 
 
+class ScriptedModel(Fixed):
+    """Drafts its tokens one by one, offering the draft to be taken over after each, as ModelDrafter does."""
+
+    def propose(self, request: DraftRequest) -> Draft:
+        for i in range(1, len(self.tokens) + 1):
+            continuation = request.take_over(self.tokens[:i])
+            if continuation.tokens:
+                return Draft(self.name, self.name, self.tokens[:i], None, continuation=continuation)
+        return Draft(self.name, self.name, self.tokens, None)
+
+
+def test_chain_lets_the_lookup_take_a_model_draft_over_where_it_is_expected_to_do_better() -> None:
+    """The context's last token (2) never occurred before: no lookup draft. The model's first token (7)
+    did, followed by 4 5: from there the lookup continues, if its rate is at least that of more model
+    tokens; and it drops what it took in of the model's tokens again."""
+    context = [7, 4, 5, 1, 2]
+    rates = {"model": 1.0, "ngram:1-2": 2.0}
+    lookup, model = NgramDrafter(), ScriptedModel("model", [7, 8, 9])
+    chain = ChainDrafter([lookup, model])
+    chain.sync(context)
+    estimates = lambda key, available: rates[key]  # noqa: E731
+    lengths = lambda key, available: min(available, 3)  # noqa: E731
+    draft = chain.propose(request(context, length_for=lengths, best_rate=estimates))
+    assert draft.tokens == [7] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2"
+    assert lookup.propose(request(context, length_for=lengths)).tokens == []  # its index holds the context only
+    rates["ngram:1-2"] = 0.5
+    assert chain.propose(request(context, length_for=lengths, best_rate=estimates)).proposed == [7, 8, 9]
+    # A fixed K: K tokens from the first source that proposes, none taken over.
+    assert chain.propose(request(context, length_for=lengths)).proposed == [7, 8, 9]
+
+
 def test_chain_under_a_fixed_k_asks_the_next_source_whatever_was_realized() -> None:
     lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
@@ -285,6 +353,10 @@ def test_chain_uses_the_first_source_that_proposes() -> None:
 
 
 # --- K policies -------------------------------------------------------------------------------------
+
+
+def drafted_by(key: str, tokens: int) -> Draft:
+    return Draft(key, key, [0] * tokens, None)
 
 
 def step(drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.01) -> StepEvent:
@@ -310,7 +382,7 @@ def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
 def learn(policy: AutoK, key: str, drafted: int, accepted: int, times: int, token_cost: float = 0.0) -> None:
     """`times` steps of `key` drafting `drafted` tokens and keeping `accepted`, timed as calibrated."""
     for _ in range(times):
-        policy.observe(key, step(drafted, accepted, drafted * 0.025 * token_cost, policy.verify(drafted + 1)))
+        policy.observe(drafted_by(key, drafted), step(drafted, accepted, drafted * 0.025 * token_cost, policy.verify(drafted + 1)))
 
 
 def test_auto_never_drafts_with_a_model_that_cannot_pay() -> None:

@@ -2,10 +2,11 @@
 
 The exact joint distribution of the first two generated tokens is computed from the target's own
 logits (one decode per first token); thousands of speculative generations are compared with it by
-a chi-square test: with a draft model, with n-gram drafts (no q), and with both under `--k auto`,
-whose draft lengths change as it learns. Broken rules, run the same way, must fail it: verification
-against the raw draft logits while drafting from processed ones, resampling from p instead of the
-residual, and (n-gram) resampling from p without removing the rejected token.
+a chi-square test: with a draft model, with n-gram drafts (no q), with both under `--k auto`,
+whose draft lengths change as it learns, and with model drafts the lookup takes over. Broken rules,
+run the same way, must fail it: verification against the raw draft logits while drafting from
+processed ones, resampling from p instead of the residual, and (n-gram, and a lookup taking a model's
+draft over) resampling from p without removing the rejected token.
 """
 from __future__ import annotations
 
@@ -172,6 +173,70 @@ def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> Non
     assert set(stats.by_source) == {"ngram", "model"}, stats.by_source
     p_value = chi_square_p_value(pairs, expected)
     assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def prompt_the_lookup_continues(target: Model, draft: Model) -> list[int]:
+    """PROMPT after every token the draft may sample at its end, each followed by the token the target
+    likes best after it there: the lookup has no match at PROMPT's last token, but has one once the
+    draft's first token is appended, so it takes the model's draft over, with tokens the target
+    both keeps and rejects."""
+    base = target.tokenizer.tokenize(PROMPT)
+    follows: dict[int, int] = {}
+    for _ in range(20):
+        prompt = [token for candidate in sorted(follows) for token in (candidate, follows[candidate])] + base
+        draft.reset()
+        sampled_there = set(np.flatnonzero(probabilities(draft.decode(prompt), SETTINGS)[0] > 0).tolist())
+        draft.reset()
+        if follows and sampled_there <= set(follows):
+            assert base[-1] not in prompt[:-1], "the lookup would match PROMPT's end: pick another PROMPT"
+            return prompt
+        for candidate in sampled_there | set(follows):
+            target.reset()
+            liked = int(target.decode(prompt + [candidate]).argmax())
+            follows[candidate] = liked if liked != base[-1] else base[0]
+        target.reset()
+    raise AssertionError("the draft's next tokens keep changing with the prompt: pick another PROMPT")
+
+
+class LookupFavouredK(FixedK):
+    """K=3, with estimates that favour lookup drafts, so a chain lets the lookup take a model draft over
+    wherever it has a match; counts the steps where it did."""
+
+    def __init__(self) -> None:
+        super().__init__(3)
+        self.taken_over = 0
+
+    def best_rate(self, key: str, available: int) -> float | None:
+        return 2.0 if key.startswith("ngram") else 1.0
+
+    def observe(self, draft: Draft, step) -> None:
+        self.taken_over += draft.continuation is not None
+
+
+def test_model_drafts_a_lookup_takes_over_match_the_target_distribution(pair) -> None:
+    target, draft = pair
+    prompt = prompt_the_lookup_continues(target, draft)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
+    policy = LookupFavouredK()
+    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=24)
+    pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
+    target.reset(), draft.reset()
+    assert policy.taken_over >= SAMPLES, f"the lookup should take over every first draft: {policy.taken_over}"
+    ngram = stats.by_source["ngram"]
+    assert 0 < ngram.accepted < ngram.judged, ngram  # its tokens were both kept and rejected
+    p_value = chi_square_p_value(pairs, expected)
+    assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def test_a_taken_over_draft_verified_without_removing_a_rejected_lookup_token_is_detected(pair, monkeypatch) -> None:
+    target, draft = pair
+    prompt = prompt_the_lookup_continues(target, draft)
+    expected = exact_two_token_distribution(target, prompt, SETTINGS)
+    monkeypatch.setattr(verify_module, "without_token", lambda p, token: p / p.sum())
+    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, LookupFavouredK(), seed=25)
+    p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
+    target.reset(), draft.reset()
+    assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
 
 
 def test_ngram_resampling_that_keeps_the_rejected_token_is_detected(pair, monkeypatch) -> None:

@@ -1,10 +1,11 @@
 """Exact (analytic) proof for drafts without q (n-gram lookup), and for draft lengths chosen per step.
 
-A deterministic draft proposes x with certainty; `verify_deterministic` accepts it with probability
-p(x) and, at a rejection, draws from p with x removed. Here the output distribution is computed by
-enumeration through the real functions, with scripted uniforms, and must equal the target's to 1e-12:
-for one position, for a whole step, and for several steps whose draft source and length are chosen
-from the tokens so far (as `--k auto` and the n-gram + model chain do).
+A deterministic draft proposes x with certainty; `verify_sampled` (without q rows for it) accepts it
+with probability p(x) and, at a rejection, draws from p with x removed. Here the output distribution
+is computed by enumeration through the real functions, with scripted uniforms, and must equal the
+target's to 1e-12: for one position, for a whole step, and for several steps whose draft source and
+length are chosen from the tokens so far (as `--k auto` and the n-gram + model chain do), including
+steps where a lookup takes a draft model's draft over after tokens the model sampled.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from speccli.core.verify import (
     Verdict,
     acceptance_probabilities,
     residual_distribution,
-    verify_deterministic,
     verify_sampled,
     without_token,
 )
@@ -48,7 +48,7 @@ def test_the_check_detects_a_residual_that_keeps_the_rejected_token() -> None:
 
 def test_a_certain_proposal_with_p_one_is_always_kept() -> None:
     p = np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
-    verdict = verify_deterministic(np.array([1]), p, ScriptedUniforms(np.array([0.999999]), 0.1))
+    verdict = verify_sampled(np.array([1]), None, p, ScriptedUniforms(np.array([0.999999]), 0.1))
     assert verdict == Verdict(1, 0)  # kept; the bonus drawn from row 1 at uniform 0.1
 
 
@@ -60,34 +60,31 @@ def test_rounding_that_leaves_no_mass_falls_back_to_p() -> None:
 def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: tuple[int, ...], q_rows):
     """Every outcome of one verify step through the real rule: yields (emitted tokens, probability).
 
-    q_rows None: a deterministic proposal (verify_deterministic); else rows drafted was drawn from
-    (verify_sampled; the caller weights by the probability of drawing `drafted`)."""
-    k = len(drafted)
+    q_rows: the rows the first len(q_rows) drafted tokens were drawn from (the caller weights by the
+    probability of drawing them); the rest, or all where q_rows is None, were proposed with certainty."""
+    k, drawn = len(drafted), 0 if q_rows is None else len(q_rows)
     p_rows = np.array([target(prefix + drafted[:i]) for i in range(k + 1)])
     chosen = np.array(drafted, dtype=np.int64)
-    if q_rows is None:
-        accept = p_rows[np.arange(k), chosen]
-    else:
-        accept = acceptance_probabilities(p_rows[np.arange(k), chosen], q_rows[np.arange(k), chosen])
+    accept = np.array([
+        acceptance_probabilities(p_rows[i, token], q_rows[i, token]) if i < drawn else p_rows[i, token]
+        for i, token in enumerate(chosen)
+    ])
     for n_accepted in range(k + 1):
         outcome = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
         if outcome == 0:
             continue
         if n_accepted == k:
             emit_from = p_rows[k]
-        elif q_rows is None:
-            emit_from = without_token(p_rows[n_accepted], drafted[n_accepted])
-        else:
+        elif n_accepted < drawn:
             emit_from = residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
+        else:
+            emit_from = without_token(p_rows[n_accepted], drafted[n_accepted])
         uniforms = np.where(np.arange(k) < n_accepted, 0.0, 1.0 - 1e-12)
         cumulative = np.cumsum(emit_from)
         for token in np.flatnonzero(emit_from > 0):
             middle = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
             script = ScriptedUniforms(uniforms, middle)
-            if q_rows is None:
-                verdict = verify_deterministic(chosen, p_rows, script)
-            else:
-                verdict = verify_sampled(chosen, q_rows, p_rows, script)
+            verdict = verify_sampled(chosen, q_rows, p_rows, script)
             assert verdict == Verdict(n_accepted, int(token))
             yield drafted[:n_accepted] + (int(token),), outcome * emit_from[token]
 
@@ -107,9 +104,16 @@ class LookupDrafter:
 
 def choose_step(prefix: tuple[int, ...]) -> tuple[str, int]:
     """Source and draft length from the past only, varied enough to exercise every branch:
-    plain target decodes, deterministic drafts and sampled drafts of several lengths."""
-    code = (sum(prefix) * 7 + len(prefix) * 3) % 6
-    return [("none", 0), ("lookup", 1), ("lookup", 3), ("model", 1), ("model", 2), ("lookup", 2)][code]
+    plain target decodes, deterministic drafts, sampled drafts of several lengths, and sampled drafts
+    a lookup takes over (how many model tokens; how far the lookup goes depends on what they were)."""
+    code = (sum(prefix) * 7 + len(prefix) * 3) % 8
+    return [("none", 0), ("lookup", 1), ("lookup", 3), ("model", 1), ("model", 2), ("lookup", 2),
+            ("model+lookup", 1), ("model+lookup", 2)][code]
+
+
+def taken_over(prefix: tuple[int, ...], drafted: tuple[int, ...]) -> tuple[int, ...]:
+    """The lookup's continuation of a model's sampled tokens: its length, 1 or 2, depends on them."""
+    return LookupDrafter()(prefix + drafted, 1 + drafted[-1] % 2)
 
 
 def speculative_joint(target, draft_model, prefix: tuple[int, ...], length: int) -> dict[tuple[int, ...], float]:
@@ -120,12 +124,13 @@ def speculative_joint(target, draft_model, prefix: tuple[int, ...], length: int)
     source, k = choose_step(prefix)
     k = min(k, length - len(prefix))
     outcomes: list[tuple[tuple[int, ...], float]] = []
-    if source == "model" and k:
+    if source.startswith("model") and k:
         for drafted in np.ndindex(*(draft_model.vocab,) * k):
             q_rows = np.array([draft_model(prefix + drafted[:i]) for i in range(k)])
             drawn = np.prod(q_rows[np.arange(k), list(drafted)])
+            proposed = drafted + (taken_over(prefix, drafted) if source == "model+lookup" else ())
             if drawn:
-                outcomes += [(e, drawn * w) for e, w in enumerate_step(target, prefix, tuple(drafted), q_rows)]
+                outcomes += [(e, drawn * w) for e, w in enumerate_step(target, prefix, proposed, q_rows)]
     else:
         drafted = LookupDrafter()(prefix, k if source == "lookup" else 0)
         outcomes = list(enumerate_step(target, prefix, drafted, None))

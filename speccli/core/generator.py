@@ -19,7 +19,7 @@ import numpy as np
 from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
-from speccli.core.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
+from speccli.core.verify import Verdict, verify_greedy, verify_sampled
 from speccli.drafting.base import Draft, DraftRequest, Drafter
 from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
 from speccli.errors import SpeccliError
@@ -172,36 +172,38 @@ class Generator:
                 )
             )
         draft_seconds = time.perf_counter() - started
-        k = len(draft.tokens)
+        proposed = draft.proposed
+        k = len(proposed)
         target_started = time.perf_counter()
-        target_logits = self.target.decode(self.tokens[self.target.n_past :] + draft.tokens, n_logit_rows=k + 1)
+        target_logits = self.target.decode(self.tokens[self.target.n_past :] + proposed, n_logit_rows=k + 1)
         target_seconds = time.perf_counter() - target_started
-        verdict = self._verify(draft, target_logits)
-        new_tokens = draft.tokens[: verdict.n_accepted] + [verdict.next_token]
+        verdict = self._verify(proposed, draft.q, target_logits)
+        new_tokens = proposed[: verdict.n_accepted] + [verdict.next_token]
         self.tokens += new_tokens
         # Forget the rejected drafts; the new last token stays pending for the next step.
         self._forget(len(self.tokens) - 1)
         sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
+        taken_over = draft.continuation
         step = StepEvent(
-            k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None, draft.catch_up_seconds
+            k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None, draft.catch_up_seconds,
+            (taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:
-            self.policy.observe(draft.key, step)
+            self.policy.observe(draft, step)
             self.drafter.observe(step)
         return new_tokens, sources, step
 
-    def _verify(self, draft: Draft, target_logits: np.ndarray) -> Verdict:
-        drafted = np.array(draft.tokens, dtype=np.int64)
+    def _verify(self, proposed: list[int], q: np.ndarray | None, target_logits: np.ndarray) -> Verdict:
+        """q: the rows the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
+        drafted = np.array(proposed, dtype=np.int64)
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
         p = RowProbabilities(target_logits, self.sampling, self._target_row)
         if not len(drafted):
             return Verdict(0, sample(p[0], self.rng))
-        if draft.q is None:
-            return verify_deterministic(drafted, p, self.rng)
-        q = draft.q
-        if q.shape[1] != target_logits.shape[1]:  # vocabularies of different sizes (a padded one): compare on the union
+        if q is not None and q.shape[1] != target_logits.shape[1]:
+            # Vocabularies of different sizes (a padded one): compare on the union.
             width = max(q.shape[1], target_logits.shape[1])
             q = np.pad(q, ((0, 0), (0, width - q.shape[1])))
             p = [np.pad(p[i], (0, width - target_logits.shape[1])) for i in range(len(p))]

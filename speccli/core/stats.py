@@ -30,6 +30,29 @@ class StepEvent:
     other_seconds: float
     source: str | None = None  # the draft source ("model", "ngram"); None when nothing was drafted
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
+    # The last `tokens` of the draft came from `source` taking the first source's draft over.
+    continuation: tuple[str, int] | None = None
+
+    def parts(self) -> list[SourcePart]:
+        """Each source's share of the draft, in order."""
+        if self.source is None:
+            return []
+        if self.continuation is None:
+            return [SourcePart(self.source, self.drafted, self.accepted, judged=True)]
+        source, tokens = self.continuation
+        first = self.drafted - tokens
+        return [
+            SourcePart(self.source, first, min(self.accepted, first), judged=True),
+            SourcePart(source, tokens, max(self.accepted - first, 0), judged=self.accepted >= first),
+        ]
+
+
+@dataclass(frozen=True)
+class SourcePart:
+    source: str
+    drafted: int
+    accepted: int
+    judged: bool  # False: a token before these was rejected, so the target never judged any of them
 
 
 @dataclass(frozen=True)
@@ -56,10 +79,12 @@ class PositionCounts:
     drafted_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
 
-    def add(self, drafted: int, accepted: int) -> None:
+    def add(self, drafted: int, accepted: int, reached: bool = True) -> None:
+        """One step's draft: `drafted` tokens, the first `accepted` kept; `reached` False where the
+        target judged none of them (another source's tokens before them were rejected)."""
         self.drafted += drafted
         self.accepted += accepted
-        self.judged += accepted + (accepted < drafted)
+        self.judged += (accepted + (accepted < drafted)) if reached else 0
         self._grow(drafted)
         for position in range(drafted):
             self.drafted_at[position] += 1
@@ -108,8 +133,8 @@ class RunStats:
     def add(self, step: StepEvent) -> None:
         self.steps += 1
         self.positions.add(step.drafted, step.accepted)
-        if step.source is not None:
-            self.by_source.setdefault(step.source, PositionCounts()).add(step.drafted, step.accepted)
+        for part in step.parts():
+            self.by_source.setdefault(part.source, PositionCounts()).add(part.drafted, part.accepted, part.judged)
         self.draft_lengths[step.drafted] = self.draft_lengths.get(step.drafted, 0) + 1
         self.draft_seconds += step.draft_seconds
         self.target_seconds += step.target_seconds

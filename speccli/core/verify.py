@@ -21,7 +21,9 @@ The same rule then reads
 and each emitted token is again distributed as p_i: P(x) = p(x) from acceptance, and for y != x,
 (1 - p(x)) * p(y) / (1 - p(x)) = p(y). How many tokens are drafted may depend on anything known
 before verification (the context, the draft's own samples, past acceptance): it decides only at
-which positions the rule runs, never what it emits there.
+which positions the rule runs, never what it emits there. So may where each token comes from: a
+draft model's first tokens, then a lookup continuing them (each position's q is what proposed its
+token, given the tokens before it), is verified position by position by the same rule.
 """
 from __future__ import annotations
 
@@ -56,23 +58,20 @@ def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return residual / mass if mass > 0 else p / p.sum()
 
 
-def verify_sampled(drafted: np.ndarray, q: np.ndarray, p: Sequence[np.ndarray], rng: np.random.Generator) -> Verdict:
-    """drafted (K,) ids, q (K, V) draft probabilities, p: K+1 target probability rows (p[i] is row i;
-    rows after the first rejection are never read, so they need not be computed)."""
-    k = len(drafted)
+def verify_sampled(
+    drafted: np.ndarray, q: np.ndarray | None, p: Sequence[np.ndarray], rng: np.random.Generator
+) -> Verdict:
+    """drafted (K,) ids; q: the draft probability rows the first len(q) of them were drawn from (K rows
+    for a draft model's draft; None for a lookup's), the rest proposed with certainty; p: K+1 target
+    probability rows (p[i] is row i; rows after the first rejection are never read, so they need not
+    be computed)."""
+    k, drawn = len(drafted), 0 if q is None else len(q)
     uniforms = rng.random(k)
     for i, token in enumerate(drafted):
-        if not uniforms[i] < acceptance_probabilities(p[i][token], q[i][token]):
-            return Verdict(i, sample(residual_distribution(p[i], q[i]), rng))
-    return Verdict(k, sample(p[k], rng))
-
-
-def verify_deterministic(drafted: np.ndarray, p: Sequence[np.ndarray], rng: np.random.Generator) -> Verdict:
-    """drafted (K,) ids proposed with certainty (no q), p: K+1 target probability rows, as above."""
-    k = len(drafted)
-    uniforms = rng.random(k)
-    for i, token in enumerate(drafted):
-        if not uniforms[i] < p[i][token]:
+        if i < drawn:
+            if not uniforms[i] < acceptance_probabilities(p[i][token], q[i][token]):
+                return Verdict(i, sample(residual_distribution(p[i], q[i]), rng))
+        elif not uniforms[i] < p[i][token]:
             return Verdict(i, sample(without_token(p[i], token), rng))
     return Verdict(k, sample(p[k], rng))
 

@@ -5,9 +5,11 @@ it yet), proposes up to some number of tokens, and is told when the context is c
 proposes is asked of the K policy through `DraftRequest.length_for`, with a key naming what kind of
 proposal it is about to make (a draft model, a long or short n-gram match), so the policy can keep
 acceptance and costs apart per kind; a draft model also asks it, token by token, whether to go on
-when it grows unsure (`keep_drafting`). Nothing here may look at the target's verdict on this step:
-the number and kind of tokens depend on the past and the draft's own probabilities only, which is
-what keeps the output exact.
+when it grows unsure (`keep_drafting`), and asks whoever made the request (a chain) whether a cheaper
+source takes its draft over from there (`take_over`: a lookup that finds the text being copied once the
+model's tokens are appended). Nothing here may look at the target's verdict on this step: the number
+and kind of tokens depend on the past and the draft's own tokens and probabilities only, which is what
+keeps the output exact.
 """
 from __future__ import annotations
 
@@ -24,6 +26,13 @@ RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available
 # (proposal key, the source's own confidence in its next token) -> draft it? The confidence is a function,
 # computed only if asked: a fixed K never asks, and a greedy draft would otherwise pay a pass over its row.
 KeepDrafting = Callable[[str, Callable[[], float]], bool]
+# (the tokens a draft model has drafted so far this step) -> another source's draft continuing them, which
+# ends the model's own; an empty one where none takes over.
+TakeOver = Callable[[Sequence[int]], "Draft"]
+
+
+def no_take_over(drafted: Sequence[int]) -> Draft:
+    return Draft.nothing()
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class DraftRequest:
     length_for: LengthFor
     best_rate: RateOf  # side-effect free: lets a chain weigh one source's draft against the next's
     keep_drafting: KeepDrafting  # a draft model may stop short of the length asked when it grows unsure
+    take_over: TakeOver = no_take_over
 
 
 @dataclass(frozen=True)
@@ -46,10 +56,18 @@ class Draft:
     # Seconds spent taking in context the source had not seen (lookup drafts were used meanwhile):
     # part of this step's drafting time, but not a cost of the tokens drafted.
     catch_up_seconds: float = 0.0
+    # Another source's draft that took over after these tokens (see `TakeOver`): verified with them in
+    # the same step, with certainty where it has no q rows; its source and key are counted apart.
+    continuation: Draft | None = None
 
     @staticmethod
     def nothing() -> Draft:
         return Draft("", "", [], None)
+
+    @property
+    def proposed(self) -> list[int]:
+        """Every token this step verifies: these, then the continuation's."""
+        return self.tokens + self.continuation.tokens if self.continuation else self.tokens
 
 
 class Drafter(Protocol):

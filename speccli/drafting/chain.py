@@ -15,12 +15,21 @@ but theirs is: when the copying stops, their rate falls back to plain steps' and
 again. Those rates are kept per prompt (a chat turn, a bench prompt): a stretch that copied the last
 reply says nothing of this one, and carried over it kept the model passed over through the next
 reply's prose (Gemma, the bench's tasks in a row under one fixed cost model: 1.92 tokens per target
-step's cost, geometric mean, against 2.00 with rates kept per prompt). Under a fixed K (no estimates)
-the first source that proposes wins.
+step's cost, geometric mean, against 2.00 with rates kept per prompt).
+
+A costlier source's draft may also be taken over: after each token it drafts, the sources before it
+are asked to continue from there, and the first whose draft is expected to pay at least as well as
+more of the costlier source's would ends it (Drafter `take_over`). Where a reply starts to copy, the
+lookup finds no match at the reply's own last token, but does one or two model tokens later: the draft
+model's tokens lead the lookup into the text being copied, instead of drafting it at a decode per
+token (Gemma, the tasks in a row under one fixed cost model: 1.97 -> 2.13 tokens per target step's
+cost, geometric mean; qa 2.13 -> 2.44, summarize 1.63 -> 1.92).
+
+Under a fixed K (no estimates) the first source that proposes wins, and drafts all K tokens.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from speccli.core.stats import StepEvent
@@ -55,14 +64,32 @@ class ChainDrafter:
 
     def propose(self, request: DraftRequest) -> Draft:
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
-            draft = drafter.propose(request)
+            draft = drafter.propose(self._offering_take_over(position, request))
             following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
             if following_rate is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._promises_more(following_rate, draft, request):
                 return draft
         # The last source's draft, even an empty one: its key still tells the policy what it was asked.
-        return self.drafters[-1].propose(request)
+        return self.drafters[-1].propose(self._offering_take_over(len(self.drafters) - 1, request))
+
+    def _offering_take_over(self, position: int, request: DraftRequest) -> DraftRequest:
+        """`request` for the source at `position`, whose draft the sources before it may take over."""
+        drafting = self.drafters[position].name
+        if not position or request.best_rate(drafting, request.limit) is None:  # first, or a fixed K
+            return request
+
+        def take_over(drafted: Sequence[int]) -> Draft:
+            extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted))
+            rate_of_more = request.best_rate(drafting, extended.limit)
+            for source in self.drafters[:position]:
+                draft = source.propose(extended)
+                source.forget(len(request.context))  # what it took in of the drafted tokens
+                if draft.tokens and not self._promises_more(rate_of_more, draft, extended):
+                    return draft
+            return Draft.nothing()
+
+        return replace(request, take_over=take_over)
 
     def observe(self, step: StepEvent) -> None:
         source = step.source if step.source in self._realized else self.drafters[0].name

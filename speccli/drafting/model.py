@@ -33,6 +33,7 @@ class ModelDrafter:
             return Draft.nothing()
         q_rows = self._q_rows.take(k, model.n_vocab)
         drafted: list[int] = []
+        continuation = Draft.nothing()
         # The pending token, and the previous bonus token if the draft never decoded it.
         pending = self.visible(request.context[model.n_past :])
         catch_up_seconds = 0.0
@@ -58,11 +59,15 @@ class ModelDrafter:
                 break
             drafted.append(token)
             pending = [token]
+            if i + 1 < k:
+                continuation = request.take_over(drafted)
+                if continuation.tokens:
+                    break
         if not drafted:  # nothing to verify, but the policy learns what asking this source cost
             return Draft("", self.name, [], None, catch_up_seconds)
         # The last draft token is not decoded here: if all pass, the next step catches up.
         q_drawn = None if request.sampling.greedy else q_rows[: len(drafted)]
-        return Draft(self.name, self.name, drafted, q_drawn, catch_up_seconds)
+        return Draft(self.name, self.name, drafted, q_drawn, catch_up_seconds, continuation if continuation.tokens else None)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from speccli.core.stats import StepEvent
+from speccli.drafting.base import Draft
 
 # Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
 # (1 MB at Gemma's 262k-token vocabulary, kept at its largest size), and past ~24 the extra tokens a
@@ -106,7 +107,8 @@ class KPolicy(Protocol):
 
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None: ...
 
-    def observe(self, key: str, step: StepEvent) -> None: ...
+    def observe(self, draft: Draft, step: StepEvent) -> None:
+        """What `draft` (this step's, verified) yielded and cost."""
 
     def best_rate(self, key: str, available: int) -> float | None:
         """Expected tokens per second of the draft length `length_for` would choose for `key` now,
@@ -134,7 +136,7 @@ class FixedK:
     def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
         pass
 
-    def observe(self, key: str, step: StepEvent) -> None:
+    def observe(self, draft: Draft, step: StepEvent) -> None:
         pass
 
     def best_rate(self, key: str, available: int) -> float | None:
@@ -339,20 +341,30 @@ class AutoK:
         history.confidences.append(sure)
         return True
 
-    def observe(self, key: str, step: StepEvent) -> None:
-        rows = step.drafted + 1
-        self.verify.update(rows, step.target_seconds, step.other_seconds)
+    def observe(self, draft: Draft, step: StepEvent) -> None:
+        self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
+        own = len(draft.tokens)
+        # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
+        # them all, while its acceptance counts its own tokens only.
+        self._learn(draft.key, own, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
+        taken_over = draft.continuation
+        if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
+            accepted = step.accepted - own
+            self._learn(taken_over.key, len(taken_over.tokens), accepted, 0.0, accepted)
+
+    def _learn(self, key: str, tokens: int, accepted: int, seconds: float, kept_run: int) -> None:
+        """One source's share of a step: `tokens` drafted in `seconds`, the first `accepted` kept."""
         if not key:
             return
         history = self._history(key)
         # A token decoded but withheld (the source was unsure) counts as drafted and, where every token
         # before it was kept, as rejected: that is what stopping there yielded, and what it cost.
-        drafted = step.drafted + history.stopped_short
+        drafted = tokens + history.stopped_short
         if not drafted:
             return
-        history.add(drafted, step.accepted)
-        history.last_kept_in_reply = step.accepted
-        per_token = (step.draft_seconds - step.catch_up_seconds) / drafted / self.verify.level
+        history.add(drafted, accepted)
+        history.last_kept_in_reply = kept_run
+        per_token = seconds / drafted / self.verify.level
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
         if history.probing:
