@@ -22,8 +22,8 @@ are asked to continue from there, and the first whose draft is expected to pay a
 more of the costlier source's would ends it (Drafter `take_over`). Where a reply starts to copy, the
 lookup finds no match at the reply's own last token, but does one or two model tokens later: the draft
 model's tokens lead the lookup into the text being copied, instead of drafting it at a decode per
-token (Gemma, the tasks in a row under one fixed cost model: 1.97 -> 2.13 tokens per target step's
-cost, geometric mean; qa 2.13 -> 2.44, summarize 1.63 -> 1.92).
+token (Gemma, the tasks in a row under one fixed cost model, three times each way: 1.74 -> 1.97 tokens
+per target step's cost, geometric mean; summarize 1.49 -> 1.94, qa 1.87 -> 2.28).
 
 Under a fixed K (no estimates) the first source that proposes wins, and drafts all K tokens.
 """
