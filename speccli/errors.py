@@ -13,6 +13,9 @@ class SpeccliError(Exception):
     exit_code = 1
 
 
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
+
+
 class UnreadableFileError(SpeccliError):
     """A model or config file that is missing, not readable, or not what it claims to be."""
 

@@ -15,14 +15,13 @@ from typer.core import TyperGroup
 
 from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
-from speccli.errors import SpeccliError
+from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
 # is one of them either way, so its bases are the classes to catch.
 _CLICK_EXCEPTION = next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
 
 USAGE_ERROR = 2
-INTERRUPTED = 130
 READER_GONE = 141
 
 
@@ -45,7 +44,7 @@ class SpeccliGroup(TyperGroup):
             typer.echo(f"error: {message}", err=True)
             sys.exit(error.exit_code)
         except typer.Abort:  # Click's Ctrl-C at a prompt; a Ctrl-C elsewhere Typer turns into exit 130 itself
-            sys.exit(INTERRUPTED)
+            sys.exit(INTERRUPTED_EXIT_CODE)
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
     def invoke(self, ctx: typer.Context) -> Any:

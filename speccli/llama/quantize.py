@@ -10,7 +10,7 @@ from pathlib import Path
 
 import llama_cpp
 
-from speccli.errors import SpeccliError
+from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
 from speccli.util.interrupts import ctrl_c_as_flag
 
@@ -54,14 +54,11 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
         while worker.is_alive():
             worker.join(0.1)
             if interrupted():
-                atexit.register(_exit_before_finalizing, INTERRUPTED)  # runs first: registered last
+                atexit.register(_exit_before_finalizing, INTERRUPTED_EXIT_CODE)  # runs first: registered last
                 raise KeyboardInterrupt
     status = outcome[0] if outcome else -1
     if status != 0:
         raise SpeccliError(f"{source}: llama.cpp could not convert it to {file_type}{last_llama_error()}")
-
-
-INTERRUPTED = 130  # the exit status of a Ctrl-C (as the CLI's)
 
 
 def _exit_before_finalizing(status: int) -> None:
