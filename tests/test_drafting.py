@@ -94,6 +94,14 @@ def test_ngram_respects_the_limit_and_the_policy() -> None:
     assert draft.tokens == [3] and asked == [("ngram:1-2", 5)]  # 3 4 5 1 2 follow the match
 
 
+def test_ngram_hands_a_match_it_is_told_not_to_draft_on_as_a_shadow() -> None:
+    context = [1, 2, 3, 4, 5, 1, 2]
+    draft = NgramDrafter().propose(request(context, length_for=lambda key, available: 0))
+    assert draft.tokens == [] and draft.key == ""  # nothing verified, nothing learnt as a draft
+    assert draft.shadow.tokens == [3, 4, 5, 1, 2] and draft.shadow.key == "ngram:1-2"
+    assert NgramDrafter().propose(request(context)).shadow is None  # drafted: judged by verifying it
+
+
 def test_ngram_index_after_forget_equals_a_fresh_index() -> None:
     rng = np.random.default_rng(1)
     context = [int(x) for x in rng.integers(0, 6, size=300)]
@@ -270,6 +278,21 @@ def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None
 def realized_steps(chain: ChainDrafter, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
     for _ in range(steps):
         chain.observe(StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source))
+
+
+def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> None:
+    lookup, model = NgramDrafter(), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    context = [1, 2, 3, 4, 5, 1, 2]
+    chain.sync(context)
+    rates = {"ngram:1-2": 1.1, "model": 1.3}
+    draft = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
+    assert draft.tokens == [6, 7] and draft.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
+    not_drafted = chain.propose(request(context, length_for=lambda key, available: 0, best_rate=lambda key, available: rates[key]))
+    assert not_drafted.tokens == [6, 7] and not_drafted.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
+    rates["ngram:1-2"] = 2.0
+    drafted = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
+    assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.shadow is None
 
 
 def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups() -> None:
@@ -487,6 +510,39 @@ def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> N
     policy = calibrated({1: 1.0, 2: 1.35, 3: 1.76, 4: 1.77, 8: 3.42, 16: 6.24, 32: 6.47}, {})
     learn(policy, "ngram:12+", 3, 3, 20)
     assert policy.length_for("ngram:12+", 32) > 3
+
+
+def test_auto_judges_a_proposal_it_did_not_verify_against_what_the_step_yielded() -> None:
+    policy = AutoK()
+    shadow = Draft("ngram", "ngram:3-5", [5, 6, 7], None)
+    policy.observe_unverified(shadow, [5, 6, 9])  # two kept, the third rejected
+    policy.observe_unverified(shadow, [5])  # a plain step's token: the first kept, the rest not judged
+    policy.observe_unverified(shadow, [4, 6, 7])  # the first rejected: the rest not judged
+    history = policy.keys["ngram:3-5"]
+    # Each step weighs the ones before it by RECENCY (0.9).
+    assert history.judged_at == pytest.approx([0.81 + 0.9 + 1, 0.81, 0.81])
+    assert history.kept_at == pytest.approx([0.81 + 0.9, 0.81, 0])
+
+
+def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposals() -> None:
+    """A lookup ruled out by failed drafts comes back as soon as its proposals start matching what the
+    target yields (a reply starts copying), long before a re-check is due; and one whose proposals keep
+    missing is ruled out without drafting them (prose after a copied passage)."""
+    policy = calibrated(COMPUTE_BOUND, {})
+    learn(policy, "ngram:3-5", 3, 0, 20)
+    assert policy.length_for("ngram:3-5", 8) == 0
+    copying = Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None)
+    for step_index in range(1, 6):
+        policy.observe_unverified(copying, [1, 2])  # a model draft kept one, the target yielded one more
+        if policy.length_for("ngram:3-5", 8):
+            break
+    assert step_index < 6
+    fresh = calibrated(COMPUTE_BOUND, {})
+    learn(fresh, "ngram:3-5", 3, 3, 10)
+    assert fresh.length_for("ngram:3-5", 8) > 0
+    for _ in range(15):  # plain steps whose token the lookup got wrong (ten kept drafts fade by then)
+        fresh.observe_unverified(copying, [7])
+    assert fresh.length_for("ngram:3-5", 8) == 0
 
 
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:

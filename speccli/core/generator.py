@@ -191,6 +191,8 @@ class Generator:
         )
         if self.drafter is not None:
             self.policy.observe(draft, step)
+            if draft.shadow is not None:
+                self.policy.observe_unverified(draft.shadow, new_tokens)
             self.drafter.observe(step)
         return new_tokens, sources, step
 

@@ -59,6 +59,10 @@ class Draft:
     # Another source's draft that took over after these tokens (see `TakeOver`): verified with them in
     # the same step, with certainty where it has no q rows; its source and key are counted apart.
     continuation: Draft | None = None
+    # A free source's proposal this step did not verify (the policy chose no tokens of it, or a chain
+    # preferred another source): the K policy judges it against what the step yielded instead, which is
+    # how verifying it would have judged it. So a lookup's estimates follow the text at no cost.
+    shadow: Draft | None = None
 
     @staticmethod
     def nothing() -> Draft:

@@ -63,6 +63,7 @@ class ChainDrafter:
         self._realized = self._no_steps_yet()
 
     def propose(self, request: DraftRequest) -> Draft:
+        passed_over = None  # a cheaper source's proposal, judged all the same (see `Draft.shadow`)
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
@@ -70,8 +71,10 @@ class ChainDrafter:
                 return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._promises_more(following_rate, draft, request):
                 return draft
+            passed_over = passed_over or (draft if draft.tokens else draft.shadow)
         # The last source's draft, even an empty one: its key still tells the policy what it was asked.
-        return self.drafters[-1].propose(self._offering_take_over(len(self.drafters) - 1, request))
+        last = self.drafters[-1].propose(self._offering_take_over(len(self.drafters) - 1, request))
+        return replace(last, shadow=passed_over)
 
     def _offering_take_over(self, position: int, request: DraftRequest) -> DraftRequest:
         """`request` for the source at `position`, whose draft the sources before it may take over."""

@@ -14,17 +14,22 @@ policy learns each kind apart.
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
 
 from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.policy import AUTO_MAX_K
 
 MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
+# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.shadow`): a
+# step yields at most the longest draft `auto` makes and one more.
+SHADOW_TOKENS = AUTO_MAX_K + 1
 
 
 class NgramDrafter:
@@ -53,8 +58,8 @@ class NgramDrafter:
         key = next(name for shortest, name in MATCH_LENGTH_KEYS if length >= shortest)
         available = min(len(context) - end, request.limit)
         k = request.length_for(key, available)
-        if k <= 0:
-            return Draft.nothing()
+        if k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
+            return replace(Draft.nothing(), shadow=Draft(self.name, key, list(context[end : end + min(available, SHADOW_TOKENS)]), None))
         return Draft(self.name, key, list(context[end : end + k]), None)
 
     def forget(self, n_tokens: int) -> None:

@@ -19,6 +19,15 @@ V(n) is the target's measured cost of a decode with n logit rows plus the per-ro
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
 curve and d, the curve's shape per size: see VerifyCosts).
 
+A lookup's proposal is judged even where it is not drafted (the estimates chose no tokens of it, or
+a chain preferred the draft model): a token proposed with certainty is kept with the probability that
+the target yields it there, so comparing the proposal with what the step yielded counts for its key
+as verifying it would have, at no cost (`Draft.shadow`). Its estimates then follow the text while it
+is not drafting: a key ruled out by failed drafts comes back as soon as its proposals match what the
+reply copies, and one whose proposals keep missing is ruled out without paying for verifying them.
+(The bench prompts replayed with fixed costs, tests/benchmarks/replay.py: `ngram+model` 1.32 -> 1.38
+tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.26 -> 1.34 on Qwen.)
+
 Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
 this one, so its long drafts are earned again in each reply (see RAMP_START).
 
@@ -27,7 +36,7 @@ have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejec
 estimates.
 
 Everything these choices use is known before the step's verification: counts and timings of earlier
-steps, how much the draft source has to offer, and the draft model's own probabilities. None of it
+steps (and what they yielded), how much the draft source has to offer, and the draft model's own probabilities. None of it
 depends on the target's verdict on this step's tokens, so the output distribution stays the
 target's (tests/test_verify_deterministic.py proves the rule exact for any such choice;
 tests/test_engine_distribution.py checks it on real models, the confidence stop included).
@@ -36,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft
@@ -110,6 +119,10 @@ class KPolicy(Protocol):
     def observe(self, draft: Draft, step: StepEvent) -> None:
         """What `draft` (this step's, verified) yielded and cost."""
 
+    def observe_unverified(self, shadow: Draft, yielded: Sequence[int]) -> None:
+        """A free source's proposal this step did not verify (`Draft.shadow`), and the tokens the step
+        yielded (kept drafts, then the target's own)."""
+
     def best_rate(self, key: str, available: int) -> float | None:
         """Expected tokens per second of the draft length `length_for` would choose for `key` now,
         without choosing it; None where the policy keeps no estimates (a fixed K)."""
@@ -137,6 +150,9 @@ class FixedK:
         pass
 
     def observe(self, draft: Draft, step: StepEvent) -> None:
+        pass
+
+    def observe_unverified(self, shadow: Draft, yielded: Sequence[int]) -> None:
         pass
 
     def best_rate(self, key: str, available: int) -> float | None:
@@ -351,6 +367,14 @@ class AutoK:
         if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
             accepted = step.accepted - own
             self._learn(taken_over.key, len(taken_over.tokens), accepted, 0.0, accepted)
+
+    def observe_unverified(self, shadow: Draft, yielded: Sequence[int]) -> None:
+        # A proposal made with certainty is kept, token by token, with the probability that the target
+        # yields that token there (p(x), the verify rule for a certain draft): comparing it with what
+        # the step yielded judges it as verifying it would have, one yielded token at a time.
+        compared = min(len(shadow.tokens), len(yielded))
+        kept = next((i for i in range(compared) if shadow.tokens[i] != yielded[i]), compared)
+        self._history(shadow.key).add(compared, kept)
 
     def _learn(self, key: str, tokens: int, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: `tokens` drafted in `seconds`, the first `accepted` kept."""

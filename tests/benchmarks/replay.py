@@ -1,0 +1,211 @@
+"""Benchmark (not a test): draft policies replayed on recorded model outputs, deterministically.
+
+    .venv/bin/python tests/benchmarks/replay.py qwen2.5-coder-1.5b --costs 0.479:1.51,1.63,3.02,3.33 \\
+        --recording /tmp/qwen.json --spec ngram+model,model,ngram --rounds 2
+
+`fixed_cost_model.py` prices real runs, but `auto` still chooses from the run's own timings, so two runs
+of the same code differ by more than most policy changes (a task by 10-20%). Here nothing is timed.
+The models run once, to record, for each bench prompt, the target's greedy reply and, at each of its
+positions, the draft model's greedy continuation with its confidences (to a few tokens past its first
+miss). Then each spec's real drafters, chain and `auto` policy step through the replies with their
+costs fixed (c per draft-model decode, V(n) per verify of n rows): a draft is kept up to its first
+token that differs from the recorded reply. The same code and costs give the same figures, in seconds.
+
+What it leaves out: llama.cpp's batched logits may part from the recorded single-token reply at a
+near-tie (the real run then goes on differently); a draft model's catch-up on context it skipped is
+not priced; its tokens past the recorded depth are taken as misses with confidence 0.5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from speccli.bench.prompts import load_prompt_set
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.sampling import SamplingParams, top_probability
+from speccli.core.stats import StepEvent, TokenEvent
+from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.policy import PROFILED_SIZES, AutoK, VerifyCosts
+from speccli.llama.model import LoadOptions, Model
+from speccli.models.config import load_registry
+from speccli.models.resolve import resolve_pair
+
+GREEDY = SamplingParams(temperature=0.0)
+PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply
+MAX_DEPTH = 25
+UNIT = 0.01  # seconds of a target 1-token decode, as the policy is told
+
+
+@dataclass
+class Reply:
+    task: str
+    prompt: list[int]
+    tokens: list[int]  # the target's greedy reply
+    drafts: list[list[tuple[int, float]]]  # at each position: the draft model's (token, confidence) continuation
+
+
+def record(pair: str, n_predict: int) -> list[Reply]:
+    files = resolve_pair(pair, None, None, load_registry(), quiet=True)
+    options = LoadOptions(n_ctx=2048)
+    replies = []
+    with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
+        scratch = np.empty(draft.n_vocab, dtype=np.float32)
+        for bench_prompt in load_prompt_set(None).prompts:
+            prompt = target.tokenizer.tokenize(bench_prompt.prompt)
+            target.reset()
+            events = Generator(target, None, GREEDY).generate(prompt, GenerationLimits(max_tokens=n_predict))
+            tokens = [event.token for event in events if isinstance(event, TokenEvent)]
+            draft.reset()
+            draft.decode(prompt[:-1], n_logit_rows=0)
+            continuations = []
+            for t in range(len(tokens)):
+                context = prompt + tokens[:t]
+                logits = draft.decode(context[-1:], n_logit_rows=1)  # the cache now holds the context
+                continuation, missed_at = [], None
+                while len(continuation) < MAX_DEPTH:
+                    token = int(logits[0].argmax())
+                    continuation.append((token, top_probability(logits[0], out=scratch)))
+                    position = t + len(continuation) - 1
+                    if missed_at is None and (position >= len(tokens) or tokens[position] != token):
+                        missed_at = len(continuation)
+                    if missed_at is not None and len(continuation) >= missed_at + PAST_FIRST_MISS:
+                        break
+                    logits = draft.decode([token], n_logit_rows=1)
+                draft.truncate(len(context))
+                continuations.append(continuation)
+            replies.append(Reply(bench_prompt.task, prompt, tokens, continuations))
+            print(f"recorded {bench_prompt.task}: {len(tokens)} tokens", flush=True)
+    return replies
+
+
+class ReplayedModel:
+    """The draft model as ModelDrafter drafts, its tokens and confidences read from the recording."""
+
+    name = "model"
+
+    def __init__(self) -> None:
+        self.reply: Reply | None = None
+        self.decodes = 0  # draft decodes this step, a withheld token's included
+
+    def propose(self, request: DraftRequest) -> Draft:
+        t = len(request.context) - len(self.reply.prompt)
+        recorded = self.reply.drafts[t]
+        k = request.length_for(self.name, request.limit)
+        drafted: list[int] = []
+        continuation = Draft.nothing()
+        self.decodes = 0
+        for i in range(k):
+            token, confidence = recorded[i] if i < len(recorded) else (-1, 0.5)
+            self.decodes += 1
+            if not request.keep_drafting(self.name, lambda: confidence):
+                break
+            drafted.append(token)
+            if i + 1 < k:
+                continuation = request.take_over(drafted)
+                if continuation.tokens:
+                    break
+        if not drafted:
+            return Draft("", self.name, [], None)
+        return Draft(self.name, self.name, drafted, None, continuation=continuation if continuation.tokens else None)
+
+    def sync(self, context: Sequence[int]) -> None:
+        pass
+
+    def forget(self, n_tokens: int) -> None:
+        pass
+
+    def observe(self, step: StepEvent) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
+        return {}  # told at calibration
+
+
+def replay(replies: list[Reply], spec: str, rounds: int, c: float, verify: VerifyCosts, trace: Sequence[str] = ()) -> dict[str, list[float]]:
+    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds."""
+    model = ReplayedModel()
+    sources = {"model": [model], "ngram": [NgramDrafter()], "ngram+model": [NgramDrafter(), model]}[spec]
+    drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
+    policy = AutoK()
+    policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, {"model": c * UNIT} if "model" in spec else {})
+    rng = np.random.default_rng(0)
+    speedups: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for reply in replies:
+            model.reply = reply
+            policy.begin_reply()
+            drafter.forget(0)
+            drafter.sync(reply.prompt)
+            context, cost, t, steps = list(reply.prompt), 0.0, 0, []
+            while t < len(reply.tokens):
+                limit = len(reply.tokens) - t - 1
+                model.decodes = 0
+                draft = Draft.nothing()
+                if limit > 0:
+                    request = DraftRequest(context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting)
+                    draft = drafter.propose(request)
+                proposed = draft.proposed
+                truth = reply.tokens[t:]
+                accepted = next((i for i, token in enumerate(proposed) if token != truth[i]), len(proposed))
+                new_tokens = truth[: accepted + 1]
+                decodes = model.decodes if draft.key == "model" else 0
+                step = StepEvent(
+                    len(proposed), accepted, decodes * c * UNIT, verify.decode(len(proposed) + 1) * UNIT, 0.0,
+                    draft.source or None, 0.0,
+                    (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
+                )
+                policy.observe(draft, step)
+                if draft.shadow is not None:
+                    policy.observe_unverified(draft.shadow, new_tokens)
+                drafter.observe(step)
+                cost += decodes * c + verify.decode(len(proposed) + 1)
+                steps.append(f"{(step.source or '-')[0]}{step.drafted}/{step.accepted}" + (f"(+{step.continuation[1]})" if step.continuation else ""))
+                context += new_tokens
+                drafter.forget(len(context) - 1)
+                t += len(new_tokens)
+            speedups.setdefault(reply.task, []).append(len(reply.tokens) / cost)
+            if reply.task in trace:
+                print(f"{spec} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
+    return speedups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pair")
+    parser.add_argument("--costs", required=True, help="C:V2,V4,V8,V16 in target 1-token decodes")
+    parser.add_argument("--recording", type=Path, required=True, help="JSON file: written if missing, else replayed")
+    parser.add_argument("--spec", default="ngram+model,model,ngram")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("-n", "--n-predict", type=int, default=48)
+    parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
+    args = parser.parse_args()
+    if not args.recording.exists():
+        replies = record(args.pair, args.n_predict)
+        args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
+    replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
+    c_text, v_text = args.costs.split(":")
+    c = float(c_text)
+    verify = VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
+    specs = args.spec.split(",")
+    results = {spec: replay(replies, spec, args.rounds, c, verify, args.trace.split(",")) for spec in specs}
+    tasks = list(results[specs[0]])
+    print(f"{'task':<10}" + "".join(f"{spec:>13}" for spec in specs))
+    for task in tasks:
+        print(f"{task:<10}" + "".join(f"{statistics.mean(results[spec][task]):>12.3f}x" for spec in specs))
+    means = [statistics.geometric_mean([statistics.mean(results[spec][task]) for task in tasks]) for spec in specs]
+    print(f"{'geomean':<10}" + "".join(f"{mean:>12.3f}x" for mean in means))
+
+
+if __name__ == "__main__":
+    main()
