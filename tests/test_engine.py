@@ -9,8 +9,10 @@ from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams
+from speccli.drafting.base import DraftRequest
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.policy import FixedK
+from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.policy import AutoK, FixedK
 from tests.conftest import loaded_related_pair
 
 GREEDY = SamplingParams(temperature=0)
@@ -157,3 +159,54 @@ def test_a_target_with_extra_vocabulary_runs_with_a_smaller_draft(tmp_path) -> N
     padding_emitted = [t.token for t in tokens if t.token >= 512]
     assert padding_emitted, "the test must exercise ids the draft lacks"
     assert done.reason in ("max_tokens", "eog")
+
+
+def request_at(context):
+    """A request for `context` under which a lookup drafts nothing (so it hands its match on as a shadow)."""
+    return DraftRequest(context, 64, GREEDY, None, lambda key, available: 0, lambda key, available: None, lambda key, c: True)
+
+
+class LookupsNeverDrafted(AutoK):
+    """`auto` that drafts none of a lookup's matches, and records each proposal it judges instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.judged: list[tuple[list[int], list[int]]] = []
+
+    def length_for(self, key: str, available: int) -> int:
+        return 0 if key.startswith("ngram") else super().length_for(key, available)
+
+    def observe_unverified(self, shadow, yielded) -> None:
+        self.judged.append((list(shadow.tokens), list(yielded)))
+        super().observe_unverified(shadow, yielded)
+
+
+class LookupRecordingWhere(NgramDrafter):
+    """The n-gram lookup, noting the context's length at each proposal it hands on as a shadow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shadowed_at: list[int] = []
+
+    def propose(self, request):
+        draft = super().propose(request)
+        if draft.shadow is not None:
+            self.shadowed_at.append(len(request.context))
+        return draft
+
+
+def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielded(models) -> None:
+    target, _ = models
+    policy, lookup = LookupsNeverDrafted(), LookupRecordingWhere()
+    generator = Generator(target, lookup, GREEDY, policy)
+    generator.reset()
+    prompt = target.tokenizer.tokenize("a b c d a b c d a b c d a b")
+    tokens, steps, done = run(generator, prompt, max_tokens=16)
+    assert done.stats.drafted == 0 and policy.judged  # nothing verified, yet the lookup's matches were judged
+    # Every step was plain: each proposal was judged against the one token the target yielded after the
+    # context it was proposed for (an end-of-generation token, never shown, included).
+    assert len(policy.judged) == len(lookup.shadowed_at)
+    for (proposal, tokens_yielded), at in zip(policy.judged, lookup.shadowed_at):
+        assert tokens_yielded == [generator.tokens[at]]
+        assert proposal and NgramDrafter().propose(request_at(generator.tokens[:at])).shadow.tokens[: len(proposal)] == proposal
+    assert sum(history.judged_at[0] for key, history in policy.keys.items() if key.startswith("ngram")) > 0

@@ -33,7 +33,8 @@ from speccli.core.stats import StepEvent, TokenEvent
 from speccli.drafting.base import Draft, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import PROFILED_SIZES, AutoK, VerifyCosts
+from speccli.drafting.policy import PROFILED_SIZES, VerifyCosts
+from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
@@ -132,12 +133,15 @@ class ReplayedModel:
         return {}  # told at calibration
 
 
-def replay(replies: list[Reply], spec: str, rounds: int, c: float, verify: VerifyCosts, trace: Sequence[str] = ()) -> dict[str, list[float]]:
-    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds."""
+def replay(
+    replies: list[Reply], spec: str, k: int | None, rounds: int, c: float, verify: VerifyCosts, trace: Sequence[str] = ()
+) -> dict[str, list[float]]:
+    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds;
+    K chosen by `auto` where `k` is None."""
     model = ReplayedModel()
     sources = {"model": [model], "ngram": [NgramDrafter()], "ngram+model": [NgramDrafter(), model]}[spec]
     drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
-    policy = AutoK()
+    policy = make_policy(k)
     policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, {"model": c * UNIT} if "model" in spec else {})
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
@@ -176,7 +180,7 @@ def replay(replies: list[Reply], spec: str, rounds: int, c: float, verify: Verif
                 t += len(new_tokens)
             speedups.setdefault(reply.task, []).append(len(reply.tokens) / cost)
             if reply.task in trace:
-                print(f"{spec} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
+                print(f"{spec} {k or 'auto'} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
     return speedups
 
 
@@ -186,6 +190,7 @@ def main() -> None:
     parser.add_argument("--costs", required=True, help="C:V2,V4,V8,V16 in target 1-token decodes")
     parser.add_argument("--recording", type=Path, required=True, help="JSON file: written if missing, else replayed")
     parser.add_argument("--spec", default="ngram+model,model,ngram")
+    parser.add_argument("--k", default="auto", help="comma list of K: auto or a number (each with each spec)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
@@ -197,14 +202,18 @@ def main() -> None:
     c_text, v_text = args.costs.split(":")
     c = float(c_text)
     verify = VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
-    specs = args.spec.split(",")
-    results = {spec: replay(replies, spec, args.rounds, c, verify, args.trace.split(",")) for spec in specs}
+    configurations = [(spec, None if k == "auto" else int(k)) for spec in args.spec.split(",") for k in args.k.split(",")]
+    results = {
+        f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","))
+        for spec, k in configurations
+    }
+    specs = list(results)
     tasks = list(results[specs[0]])
-    print(f"{'task':<10}" + "".join(f"{spec:>13}" for spec in specs))
+    print(f"{'task':<10}" + "".join(f"{spec:>15}" for spec in specs))
     for task in tasks:
-        print(f"{task:<10}" + "".join(f"{statistics.mean(results[spec][task]):>12.3f}x" for spec in specs))
+        print(f"{task:<10}" + "".join(f"{statistics.mean(results[spec][task]):>14.3f}x" for spec in specs))
     means = [statistics.geometric_mean([statistics.mean(results[spec][task]) for task in tasks]) for spec in specs]
-    print(f"{'geomean':<10}" + "".join(f"{mean:>12.3f}x" for mean in means))
+    print(f"{'geomean':<10}" + "".join(f"{mean:>14.3f}x" for mean in means))
 
 
 if __name__ == "__main__":
