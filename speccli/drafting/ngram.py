@@ -59,7 +59,8 @@ class NgramDrafter:
         available = min(len(context) - end, request.limit)
         k = request.length_for(key, available)
         if k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
-            return replace(Draft.nothing(), shadow=Draft(self.name, key, list(context[end : end + min(available, SHADOW_TOKENS)]), None))
+            proposal = list(context[end : end + min(available, SHADOW_TOKENS)])
+            return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None))
         return Draft(self.name, key, list(context[end : end + k]), None)
 
     def forget(self, n_tokens: int) -> None:

@@ -26,7 +26,7 @@ as verifying it would have, at no cost (`Draft.shadow`). Its estimates then foll
 is not drafting: a key ruled out by failed drafts comes back as soon as its proposals match what the
 reply copies, and one whose proposals keep missing is ruled out without paying for verifying them.
 (The bench prompts replayed with fixed costs, tests/benchmarks/replay.py: `ngram+model` 1.32 -> 1.38
-tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.26 -> 1.34 on Qwen.)
+tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.23 -> 1.35 on Qwen.)
 
 Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
 this one, so its long drafts are earned again in each reply (see RAMP_START).
@@ -36,10 +36,10 @@ have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejec
 estimates.
 
 Everything these choices use is known before the step's verification: counts and timings of earlier
-steps (and what they yielded), how much the draft source has to offer, and the draft model's own probabilities. None of it
-depends on the target's verdict on this step's tokens, so the output distribution stays the
-target's (tests/test_verify_deterministic.py proves the rule exact for any such choice;
-tests/test_engine_distribution.py checks it on real models, the confidence stop included).
+steps and what they yielded, how much the draft source has to offer, and the draft model's own
+probabilities. None of it depends on the target's verdict on this step's tokens, so the output
+distribution stays the target's (tests/test_verify_deterministic.py proves the rule exact for any
+such choice; tests/test_engine_distribution.py checks it on real models, the confidence stop included).
 """
 from __future__ import annotations
 

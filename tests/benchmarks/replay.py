@@ -163,7 +163,7 @@ def replay(
                 truth = reply.tokens[t:]
                 accepted = next((i for i, token in enumerate(proposed) if token != truth[i]), len(proposed))
                 new_tokens = truth[: accepted + 1]
-                decodes = model.decodes if draft.key == "model" else 0
+                decodes = model.decodes if draft.key == "model" else 0  # a model draft withheld whole still decoded
                 step = StepEvent(
                     len(proposed), accepted, decodes * c * UNIT, verify.decode(len(proposed) + 1) * UNIT, 0.0,
                     draft.source or None, 0.0,
@@ -174,7 +174,7 @@ def replay(
                     policy.observe_unverified(draft.shadow, new_tokens)
                 drafter.observe(step)
                 cost += decodes * c + verify.decode(len(proposed) + 1)
-                steps.append(f"{(step.source or '-')[0]}{step.drafted}/{step.accepted}" + (f"(+{step.continuation[1]})" if step.continuation else ""))
+                steps.append(step_text(step))
                 context += new_tokens
                 drafter.forget(len(context) - 1)
                 t += len(new_tokens)
@@ -182,6 +182,12 @@ def replay(
             if reply.task in trace:
                 print(f"{spec} {k or 'auto'} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
     return speedups
+
+
+def step_text(step: StepEvent) -> str:
+    """"m5/3(+2)": a model draft of 5 tokens, 3 kept, its last 2 the lookup's; "-0/0": a plain step."""
+    taken_over = f"(+{step.continuation[1]})" if step.continuation else ""
+    return f"{(step.source or '-')[0]}{step.drafted}/{step.accepted}{taken_over}"
 
 
 def main() -> None:
@@ -207,12 +213,12 @@ def main() -> None:
         f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","))
         for spec, k in configurations
     }
-    specs = list(results)
-    tasks = list(results[specs[0]])
-    print(f"{'task':<10}" + "".join(f"{spec:>15}" for spec in specs))
+    labels = list(results)
+    tasks = list(results[labels[0]])
+    print(f"{'task':<10}" + "".join(f"{label:>15}" for label in labels))
     for task in tasks:
-        print(f"{task:<10}" + "".join(f"{statistics.mean(results[spec][task]):>14.3f}x" for spec in specs))
-    means = [statistics.geometric_mean([statistics.mean(results[spec][task]) for task in tasks]) for spec in specs]
+        print(f"{task:<10}" + "".join(f"{statistics.mean(results[label][task]):>14.3f}x" for label in labels))
+    means = [statistics.geometric_mean([statistics.mean(results[label][task]) for task in tasks]) for label in labels]
     print(f"{'geomean':<10}" + "".join(f"{mean:>14.3f}x" for mean in means))
 
 
