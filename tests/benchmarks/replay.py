@@ -11,9 +11,12 @@ miss). Then each spec's real drafters, chain and `auto` policy step through the 
 costs fixed (c per draft-model decode, V(n) per verify of n rows): a draft is kept up to its first
 token that differs from the recorded reply. The same code and costs give the same figures, in seconds.
 
-What it leaves out: llama.cpp's batched logits may part from the recorded single-token reply at a
-near-tie (the real run then goes on differently); a draft model's catch-up on context it skipped is
-not priced; its tokens past the recorded depth are taken as misses with confidence 0.5.
+What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
+near-tie a real run may pick the other token, the target (batched verification against the recorded
+single-token reply) or the draft (on Gemma `summarize`, the first draft keeps 2 of 4 tokens here and 4
+of 4 in a real run, whose draft cache kept the previous prompt's first token); a draft model's
+catch-up on context it skipped is not priced; its tokens past the recorded depth are taken as misses
+with confidence 0.5.
 """
 from __future__ import annotations
 
