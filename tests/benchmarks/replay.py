@@ -56,37 +56,33 @@ class Reply:
     drafts: list[list[tuple[int, float]]]  # at each position: the draft model's (token, confidence) continuation
 
 
-def record(pair: str, n_predict: int) -> list[Reply]:
-    files = resolve_pair(pair, None, None, load_registry(), quiet=True)
-    options = LoadOptions(n_ctx=2048)
+def record(target: Model, draft: Model, prompts: Sequence[tuple[str, list[int]]], n_predict: int) -> list[Reply]:
+    """For each (task, prompt): the target's greedy reply and the draft's continuation at each position."""
+    scratch = np.empty(draft.n_vocab, dtype=np.float32)
     replies = []
-    with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
-        scratch = np.empty(draft.n_vocab, dtype=np.float32)
-        for bench_prompt in load_prompt_set(None).prompts:
-            prompt = target.tokenizer.tokenize(bench_prompt.prompt)
-            target.reset()
-            events = Generator(target, None, GREEDY).generate(prompt, GenerationLimits(max_tokens=n_predict))
-            tokens = [event.token for event in events if isinstance(event, TokenEvent)]
-            draft.reset()
-            draft.decode(prompt[:-1], n_logit_rows=0)
-            continuations = []
-            for t in range(len(tokens)):
-                context = prompt + tokens[:t]
-                logits = draft.decode(context[-1:], n_logit_rows=1)  # the cache now holds the context
-                continuation, missed_at = [], None
-                while len(continuation) < MAX_DEPTH:
-                    token = int(logits[0].argmax())
-                    continuation.append((token, top_probability(logits[0], out=scratch)))
-                    position = t + len(continuation) - 1
-                    if missed_at is None and (position >= len(tokens) or tokens[position] != token):
-                        missed_at = len(continuation)
-                    if missed_at is not None and len(continuation) >= missed_at + PAST_FIRST_MISS:
-                        break
-                    logits = draft.decode([token], n_logit_rows=1)
-                draft.truncate(len(context))
-                continuations.append(continuation)
-            replies.append(Reply(bench_prompt.task, prompt, tokens, continuations))
-            print(f"recorded {bench_prompt.task}: {len(tokens)} tokens", flush=True)
+    for task, prompt in prompts:
+        target.reset()
+        events = Generator(target, None, GREEDY).generate(prompt, GenerationLimits(max_tokens=n_predict))
+        tokens = [event.token for event in events if isinstance(event, TokenEvent)]
+        draft.reset()
+        draft.decode(prompt[:-1], n_logit_rows=0)
+        continuations = []
+        for t in range(len(tokens)):
+            context = prompt + tokens[:t]
+            logits = draft.decode(context[-1:], n_logit_rows=1)  # the cache now holds the context
+            continuation, missed_at = [], None
+            while len(continuation) < MAX_DEPTH:
+                token = int(logits[0].argmax())
+                continuation.append((token, top_probability(logits[0], out=scratch)))
+                position = t + len(continuation) - 1
+                if missed_at is None and (position >= len(tokens) or tokens[position] != token):
+                    missed_at = len(continuation)
+                if missed_at is not None and len(continuation) >= missed_at + PAST_FIRST_MISS:
+                    break
+                logits = draft.decode([token], n_logit_rows=1)
+            draft.truncate(len(context))
+            continuations.append(continuation)
+        replies.append(Reply(task, prompt, tokens, continuations))
     return replies
 
 
@@ -205,7 +201,11 @@ def main() -> None:
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
     args = parser.parse_args()
     if not args.recording.exists():
-        replies = record(args.pair, args.n_predict)
+        files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
+        options = LoadOptions(n_ctx=2048)
+        with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
+            prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in load_prompt_set(None).prompts]
+            replies = record(target, draft, prompts, args.n_predict)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     c_text, v_text = args.costs.split(":")
