@@ -9,11 +9,11 @@ from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.base import DraftRequest
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
 from tests.conftest import loaded_related_pair
+from tests.test_drafting import request
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -161,11 +161,6 @@ def test_a_target_with_extra_vocabulary_runs_with_a_smaller_draft(tmp_path) -> N
     assert done.reason in ("max_tokens", "eog")
 
 
-def request_at(context):
-    """A request for `context` under which a lookup drafts nothing (so it hands its match on as a shadow)."""
-    return DraftRequest(context, 64, GREEDY, None, lambda key, available: 0, lambda key, available: None, lambda key, c: True)
-
-
 class LookupsNeverDrafted(AutoK):
     """`auto` that drafts none of a lookup's matches, and records each proposal it judges instead."""
 
@@ -208,5 +203,6 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
     assert len(policy.judged) == len(lookup.shadowed_at)
     for (proposal, tokens_yielded), at in zip(policy.judged, lookup.shadowed_at):
         assert tokens_yielded == [generator.tokens[at]]
-        assert proposal and NgramDrafter().propose(request_at(generator.tokens[:at])).shadow.tokens[: len(proposal)] == proposal
+        not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available: 0)
+        assert proposal and NgramDrafter().propose(not_drafted).shadow.tokens[: len(proposal)] == proposal
     assert sum(history.judged_at[0] for key, history in policy.keys.items() if key.startswith("ngram")) > 0

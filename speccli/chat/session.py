@@ -31,7 +31,7 @@ from speccli.llama.model import Model
 from speccli.llama.tokenizer import Tokenizer
 from speccli.chat.template import ChatFormat, Message, chat_format_for
 from speccli.chat.view import Display, Mode
-from speccli.core.generator import GenerationLimits, Generator, common_prefix_length
+from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
@@ -39,6 +39,7 @@ from speccli.models.pair import PairRequest, open_pair
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import AUTO_K, MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag
+from speccli.util.sequences import common_prefix_length
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",

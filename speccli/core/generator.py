@@ -25,6 +25,7 @@ from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.settings import check_max_tokens
+from speccli.util.sequences import common_prefix_length
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,6 @@ class GenerationLimits:
 
     def validate(self) -> None:
         check_max_tokens(self.max_tokens, "max tokens")
-
-
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 class Generator:

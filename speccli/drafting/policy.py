@@ -49,6 +49,7 @@ from typing import Callable, Protocol, Sequence
 
 from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft
+from speccli.util.sequences import common_prefix_length
 
 # Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
 # (1 MB at Gemma's 262k-token vocabulary, kept at its largest size), and past ~24 the extra tokens a
@@ -373,8 +374,7 @@ class AutoK:
         # yields that token there (p(x), the verify rule for a certain draft): comparing it with what
         # the step yielded judges it as verifying it would have, one yielded token at a time.
         compared = min(len(shadow.tokens), len(yielded))
-        kept = next((i for i in range(compared) if shadow.tokens[i] != yielded[i]), compared)
-        self._history(shadow.key).add(compared, kept)
+        self._history(shadow.key).add(compared, common_prefix_length(shadow.tokens, yielded))
 
     def _learn(self, key: str, tokens: int, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: `tokens` drafted in `seconds`, the first `accepted` kept."""

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speccli.core.generator import GenerationLimits, Generator, common_prefix_length
+from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, RunStats, StepEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.server.metrics import Metrics
+from speccli.util.sequences import common_prefix_length
 
 log = logging.getLogger("speccli.server")
 

@@ -31,6 +31,8 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 
+from replay import parse_costs  # a sibling script: this one is run as a script too
+
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -59,9 +61,7 @@ def main() -> None:
     with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
         prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in load_prompt_set(None).prompts]
         if args.costs:
-            c_text, v_text = args.costs.split(":")
-            c = float(c_text)
-            verify = VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
+            c, verify = parse_costs(args.costs)
         else:
             c, verify = profiled_costs(target, draft, prompts[0][1])
         print(f"{args.pair}: --costs {c:.3f}:" + ",".join(f"{verify.decode(n):.2f}" for n in (2, 4, 8, 16)))

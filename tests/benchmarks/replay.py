@@ -41,6 +41,7 @@ from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
+from speccli.util.sequences import common_prefix_length
 
 GREEDY = SamplingParams(temperature=0.0)
 PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply
@@ -160,7 +161,7 @@ def replay(
                     draft = drafter.propose(request)
                 proposed = draft.proposed
                 truth = reply.tokens[t:]
-                accepted = next((i for i, token in enumerate(proposed) if token != truth[i]), len(proposed))
+                accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
                 new_tokens = truth[: accepted + 1]
                 decodes = model.decodes if draft.key == "model" else 0  # a model draft withheld whole still decoded
                 step = StepEvent(
@@ -181,6 +182,12 @@ def replay(
             if reply.task in trace:
                 print(f"{spec} {k or 'auto'} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
     return speedups
+
+
+def parse_costs(text: str) -> tuple[float, VerifyCosts]:
+    """"C:V2,V4,V8,V16" (target 1-token decodes) -> c, and V(n) through those points."""
+    c_text, v_text = text.split(":")
+    return float(c_text), VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
 
 
 def step_text(step: StepEvent) -> str:
@@ -208,9 +215,7 @@ def main() -> None:
             replies = record(target, draft, prompts, args.n_predict)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
-    c_text, v_text = args.costs.split(":")
-    c = float(c_text)
-    verify = VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
+    c, verify = parse_costs(args.costs)
     configurations = [(spec, None if k == "auto" else int(k)) for spec in args.spec.split(",") for k in args.k.split(",")]
     results = {
         f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","))
