@@ -29,11 +29,7 @@ reply copies, and one whose proposals keep missing is ruled out without paying f
 tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.23 -> 1.35 on Qwen.)
 
 Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
-this one, so its long drafts are earned again in each reply (see RAMP_START). And each reply keeps an
-account of what its drafts have saved or lost against the target alone, by the cost model: a draft is
-made only if, kept nowhere, it would leave the reply at most LOSS_ALLOWANCE_STEPS target steps (or
-LOSS_ALLOWANCE_SHARE of its time, whichever is more) behind. So however the estimates misjudge a reply,
-what it loses is bounded, and the riskiest drafts are paid for by what its drafts have saved.
+this one, so its long drafts are earned again in each reply (see RAMP_START).
 
 Within the step, a draft model may stop short of k at a token it is unsure of, where unsure tokens
 have been mostly rejected (see UNSURE_BELOW); the token withheld counts as rejected in the key's
@@ -83,22 +79,6 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # lookup that kept 2 and an 11-token one that kept none (the chain 1.81x against 1.83x ramped, A/B). A
 # lookup's failed draft costs verify rows but no decodes, so its ramp is never cut below RAMP_START.
 RAMP_START = 4
-# However the estimates misjudge a reply (a text unlike the last ones), it falls behind the target alone
-# by at most LOSS_ALLOWANCE_STEPS target steps, or LOSS_ALLOWANCE_SHARE of the time the target alone would
-# have taken for its tokens, whichever is more (priced by the cost model; a draft model's catch-up and the
-# rows a take-over adds are entered after the step, not foreseen): a draft that would leave it further
-# behind, were none of its tokens kept, is not made. A reply that has lost its allowance drafts again as
-# its share grows (past 133 tokens) or not at all: a loss is not won back by more risk. A bound tight
-# enough to keep a 48-token reply within 3% (1.5 steps) also forbids the long drafts that pay most at a
-# reply's start; this one is there for the replies the estimates misjudge. Replayed with fixed costs
-# (tests/benchmarks/replay.py, the built-in tasks and 12 held-out prompts, 3 rounds): the default chain's
-# worst Qwen task rose from 0.89 to 0.93 of the target alone's speed (built-in) and from 0.93 to 0.95
-# (held out), its geometric means 1% up on both pairs; `--spec model` lost 3% (Qwen, built-in) and 2%
-# (Gemma, held out). Bounds of 1.5 and 2 steps held every Qwen task at 0.95 or above but cost the Gemma
-# chain 2-9% (2 rounds). In wall-clock A/B runs on Qwen (README) the chain's story rose from 0.82-0.83x to
-# 0.88-0.92x and its overall figure by 2%, and `--spec model` fell 5%; Gemma's stayed within the noise.
-LOSS_ALLOWANCE_STEPS = 4.0
-LOSS_ALLOWANCE_SHARE = 0.03
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
 # while its re-checks fail: one costs some 3% of a short reply, and a chat that turns to code should
@@ -305,23 +285,6 @@ class KeyHistory:
         return rates
 
 
-@dataclass
-class ReplyAccount:
-    """What this reply's drafts have saved against the target alone, in target steps (a plain step's
-    cost, V(1)), by the cost model: a step that yields t tokens at cost c saves t - c / V(1)."""
-
-    ahead: float = 0.0  # negative: behind
-    tokens: int = 0  # tokens the reply has yielded
-
-    def record(self, tokens: int, steps_cost: float) -> None:
-        self.tokens += tokens
-        self.ahead += tokens - steps_cost
-
-    def allowance(self) -> float:
-        """Target steps a draft may lose now, were none of its tokens kept (see LOSS_ALLOWANCE_STEPS)."""
-        return max(LOSS_ALLOWANCE_STEPS, LOSS_ALLOWANCE_SHARE * self.tokens) + self.ahead
-
-
 def ramp_limit(history: KeyHistory) -> int:
     """The longest draft a source may make now in this reply: RAMP_START at first, then twice what its
     last draft kept, at least one for a draft model and RAMP_START for a lookup (see RAMP_START)."""
@@ -349,7 +312,6 @@ class AutoK:
         self.max_k = max_k
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
-        self.account = ReplyAccount()
 
     @property
     def needs_costs(self) -> bool:
@@ -367,7 +329,6 @@ class AutoK:
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
             history.last_kept_in_reply = None
-        self.account = ReplyAccount()
 
     def length_for(self, key: str, available: int) -> int:
         history = self._history(key)
@@ -398,7 +359,6 @@ class AutoK:
         return True
 
     def observe(self, draft: Draft, step: StepEvent) -> None:
-        self._charge(draft, step)
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
         own = len(draft.tokens)
         # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
@@ -415,22 +375,6 @@ class AutoK:
         # the step yielded judges it as verifying it would have, one yielded token at a time.
         compared = min(len(shadow.tokens), len(yielded))
         self._history(shadow.key).add(compared, common_prefix_length(shadow.tokens, yielded))
-
-    def _charge(self, draft: Draft, step: StepEvent) -> None:
-        """Enter the step in the reply's account, priced by the cost model as the choice was (timing
-        noise then neither fills nor drains it), plus the draft model's measured catch-up."""
-        seconds = self.verify(step.drafted + 1) + step.catch_up_seconds
-        if draft.key:  # its tokens, and one it decoded but withheld (see `keep_drafting`)
-            history = self._history(draft.key)
-            seconds += (len(draft.tokens) + history.stopped_short) * self._token_seconds(history)
-        self.account.record(step.accepted + 1, seconds / self.verify(1))
-
-    def _worst_loss(self, history: KeyHistory, k: int) -> float:
-        """Target steps a draft of k tokens loses if none of them is kept (the step still yields one)."""
-        return (k * self._token_seconds(history) + self.verify(k + 1)) / self.verify(1) - 1
-
-    def _token_seconds(self, history: KeyHistory) -> float:
-        return (history.token_seconds or 0.0) * self.verify.level
 
     def _learn(self, key: str, tokens: int, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: `tokens` drafted in `seconds`, the first `accepted` kept."""
@@ -457,16 +401,12 @@ class AutoK:
         return self._rate(history, acceptance, self._choice(history, acceptance))
 
     def _choice(self, history: KeyHistory, acceptance: list[float]) -> int:
-        """The draft length that maximises expected tokens per second, within what the reply's account
-        allows and the source's ramp in this reply. Where the best length is past the ramp, the ramp's
-        length is drafted: that is how it is earned. A draft model's ramp cut below RAMP_START by a failed
-        draft may allow too short a draft to pay (one token on a compute-bound target): then the shortest
-        length up to RAMP_START that pays, or RAMP_START's where none does, so a cut never ends drafting
-        for the reply (the account still can)."""
-        longest, allowance = len(acceptance), self.account.allowance()
-        while longest and self._worst_loss(history, longest) > allowance:
-            longest -= 1
-        rates = self._rates(history, acceptance[:longest])
+        """The draft length that maximises expected tokens per second, within the source's ramp in
+        this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
+        it is earned. A draft model's ramp cut below RAMP_START by a failed draft may allow too short a
+        draft to pay (one token on a compute-bound target): then the shortest length up to RAMP_START
+        that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
+        rates = self._rates(history, acceptance)
         best = fastest(rates)
         ramp = ramp_limit(history)
         if best <= ramp:
@@ -484,7 +424,7 @@ class AutoK:
         for rate in acceptance[:k]:
             kept_so_far *= rate
             tokens += kept_so_far
-        return tokens / (k * self._token_seconds(history) + self.verify(k + 1))
+        return tokens / (k * (history.token_seconds or 0.0) * self.verify.level + self.verify(k + 1))
 
     def _rates(self, history: KeyHistory, acceptance: list[float]) -> list[float]:
         """Expected tokens per second of each draft length, 0 (a plain step) included."""
@@ -510,5 +450,4 @@ class AutoK:
         if not due:
             return False
         certain = [1.0] * limit
-        affordable = self._worst_loss(history, 2) <= self.account.allowance()
-        return affordable and self._best_length(history, certain) > 0
+        return self._best_length(history, certain) > 0

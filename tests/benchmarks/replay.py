@@ -10,7 +10,8 @@ positions, the draft model's greedy continuation with its confidences (to a few 
 miss). Then each spec's real drafters, chain and `auto` policy step through the replies with their
 costs fixed (c per draft-model decode, V(n) per verify of n rows): a draft is kept up to its first
 token that differs from the recorded reply. The same code and costs give the same figures, in seconds.
-`--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on.
+`--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
+`--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
 
 What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
 near-tie a real run may pick the other token, the target (batched verification against the recorded
