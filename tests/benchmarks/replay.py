@@ -208,13 +208,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
-    parser.add_argument("--prompts", type=Path, help="prompts to record (bench's format; default: the built-in set)")
+    parser.add_argument("--prompts", type=Path, help="prompts to record where --recording is missing (bench's format)")
     args = parser.parse_args()
     if not args.recording.exists():
         files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
         options = LoadOptions(n_ctx=2048)
         with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
-            prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in load_prompt_set(args.prompts).prompts]
+            prompt_set = load_prompt_set(args.prompts)  # the built-in set where none is given
+            prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in prompt_set.prompts]
             replies = record(target, draft, prompts, args.n_predict)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
