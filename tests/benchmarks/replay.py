@@ -175,7 +175,7 @@ def replay(
                 if draft.shadow is not None:
                     policy.observe_unverified(draft.shadow, new_tokens)
                 drafter.observe(step)
-                cost += decodes * c + verify.decode(len(proposed) + 1)
+                cost += (step.draft_seconds + step.target_seconds) / UNIT
                 steps.append(step_text(step))
                 context += new_tokens
                 drafter.forget(len(context) - 1)
@@ -227,11 +227,12 @@ def main() -> None:
     }
     labels = list(results)
     tasks = list(results[labels[0]])
-    print(f"{'task':<10}" + "".join(f"{label:>15}" for label in labels))
+    width = max(10, *(len(task) + 1 for task in tasks))  # a prompt file's task names may be longer
+    print(f"{'task':<{width}}" + "".join(f"{label:>15}" for label in labels))
     for task in tasks:
-        print(f"{task:<10}" + "".join(f"{statistics.mean(results[label][task]):>14.3f}x" for label in labels))
+        print(f"{task:<{width}}" + "".join(f"{statistics.mean(results[label][task]):>14.3f}x" for label in labels))
     means = [statistics.geometric_mean([statistics.mean(results[label][task]) for task in tasks]) for label in labels]
-    print(f"{'geomean':<10}" + "".join(f"{mean:>14.3f}x" for mean in means))
+    print(f"{'geomean':<{width}}" + "".join(f"{mean:>14.3f}x" for mean in means))
 
 
 if __name__ == "__main__":
