@@ -3,6 +3,7 @@ source, which K `auto` chooses for given costs and acceptance, and how --spec/--
 from __future__ import annotations
 
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -43,18 +44,27 @@ def test_ngram_proposes_what_followed_the_longest_earlier_match() -> None:
     context = [1, 5, 6, 9, 9, 4, 5, 6, 7, 8, 2, 4, 5, 6]
     draft = NgramDrafter().propose(request(context))
     assert draft.tokens == [7, 8, 2, 4, 5, 6] and draft.q is None and draft.source == "ngram"
-    assert draft.key == "ngram:3-5"  # matched "4 5 6": three tokens
+    assert draft.key == "ngram:3-5/once"  # matched "4 5 6": three tokens, which occurred once before
 
 
 def test_ngram_takes_the_most_recent_occurrence_of_an_equally_long_match() -> None:
     draft = NgramDrafter().propose(request([3, 1, 2, 3, 7, 3]))
     assert draft.tokens == [7, 3]  # "3" last occurred before 7, not before 1
+    assert draft.key == "ngram:1-2/varied"
+
+
+def test_ngram_key_tells_how_the_match_went_on_where_it_occurred_before() -> None:
+    """"1 2" occurred twice before the end: followed by 3 both times, or by 3 and then 4."""
+    same = NgramDrafter().propose(request([1, 2, 3, 9, 1, 2, 3, 8, 1, 2]))
+    assert same.tokens == [3, 8, 1, 2] and same.key == "ngram:1-2/same"
+    varied = NgramDrafter().propose(request([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]))
+    assert varied.tokens == [4, 8, 1, 2] and varied.key == "ngram:1-2/varied"
 
 
 def test_ngram_match_length_counts_past_twelve_tokens() -> None:
     phrase = list(range(100, 130))
     draft = NgramDrafter().propose(request(phrase + [1, 2] + phrase, limit=4))
-    assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+"
+    assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+/once"
 
 
 def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -> None:
@@ -63,7 +73,7 @@ def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -
     phrase = list(range(20, 32))
     context = [1] + phrase + [7, 2, 3] + [5] + phrase[4:] + [8, 2] + phrase
     draft = NgramDrafter().propose(request(context, limit=1))
-    assert draft.tokens == [7] and draft.key == "ngram:12+"
+    assert draft.tokens == [7] and draft.key == "ngram:12+/once"
 
 
 def test_ngram_index_holds_a_few_bytes_per_token() -> None:
@@ -79,7 +89,7 @@ def test_ngram_index_holds_a_few_bytes_per_token() -> None:
     finally:
         tracemalloc.stop()
     assert held < 1_000_000
-    assert drafter.propose(request(context + context[:20])).key == "ngram:12+"
+    assert drafter.propose(request(context + context[:20])).key == "ngram:12+/once"
 
 
 def test_ngram_with_no_earlier_occurrence_proposes_nothing() -> None:
@@ -91,14 +101,14 @@ def test_ngram_respects_the_limit_and_the_policy() -> None:
     assert NgramDrafter().propose(request(context, limit=2)).tokens == [3, 4]
     asked = []
     draft = NgramDrafter().propose(request(context, length_for=lambda key, available: asked.append((key, available)) or 1))
-    assert draft.tokens == [3] and asked == [("ngram:1-2", 5)]  # 3 4 5 1 2 follow the match
+    assert draft.tokens == [3] and asked == [("ngram:1-2/once", 5)]  # 3 4 5 1 2 follow the match
 
 
 def test_ngram_hands_a_match_it_is_told_not_to_draft_on_as_a_shadow() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
     draft = NgramDrafter().propose(request(context, length_for=lambda key, available: 0))
     assert draft.tokens == [] and draft.key == ""  # nothing verified, nothing learnt as a draft
-    assert draft.shadow.tokens == [3, 4, 5, 1, 2] and draft.shadow.key == "ngram:1-2"
+    assert draft.shadow.tokens == [3, 4, 5, 1, 2] and draft.shadow.key == "ngram:1-2/once"
     assert NgramDrafter().propose(request(context)).shadow is None  # drafted: judged by verifying it
 
 
@@ -242,13 +252,18 @@ def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
 
 
 class Fixed:
-    """A drafter that always proposes the same tokens (or nothing)."""
+    """A drafter that always proposes the same tokens, or nothing: where `declined` is given, a
+    proposal it was told not to draft (a lookup's match the estimates chose no tokens of)."""
 
-    def __init__(self, name: str, tokens: list[int]) -> None:
-        self.name, self.tokens, self.forgotten, self.observed = name, tokens, [], []
+    def __init__(self, name: str, tokens: list[int], declined: list[int] | None = None) -> None:
+        self.name, self.tokens, self.declined, self.forgotten, self.observed = name, tokens, declined, [], []
 
     def propose(self, request: DraftRequest) -> Draft:
-        return Draft(self.name, self.name, self.tokens, None) if self.tokens else Draft.nothing()
+        if self.tokens:
+            return Draft(self.name, self.name, self.tokens, None)
+        if self.declined:
+            return replace(Draft.nothing(), shadow=Draft(self.name, self.name, self.declined, None))
+        return Draft.nothing()
 
     def sync(self, context) -> None:
         pass
@@ -285,29 +300,35 @@ def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> No
     chain = ChainDrafter([lookup, model])
     context = [1, 2, 3, 4, 5, 1, 2]
     chain.sync(context)
-    rates = {"ngram:1-2": 1.1, "model": 1.3}
+    rates = {"ngram:1-2/once": 1.1, "model": 1.3}
     draft = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
     assert draft.tokens == [6, 7] and draft.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
     not_drafted = chain.propose(request(context, length_for=lambda key, available: 0, best_rate=lambda key, available: rates[key]))
     assert not_drafted.tokens == [6, 7] and not_drafted.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
-    rates["ngram:1-2"] = 2.0
+    rates["ngram:1-2/once"] = 2.0
     drafted = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
     assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.shadow is None
 
 
 def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups() -> None:
-    """Copying text: the lookup's steps (plain ones included) yield 60 tokens/s, the model's 36. The
-    model is not asked, even where its one-step estimate beats the lookup's draft or there is none."""
-    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
+    """Copying text: the lookup's steps (plain ones included) yield 60 tokens/s, the model's 36. Where
+    the lookup has a match, the model is not asked, even where its one-step estimate beats the lookup's
+    draft or the lookup drafts none of it. Where the lookup has none, a plain step is the alternative:
+    the model's estimate weighs it."""
+    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
     estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
     assert chain.propose(request([1], best_rate=estimates)).source == "model"  # nothing realized yet
     realized_steps(chain, "model", 9, 0.25)  # 36 tokens/s
     realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
-    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # a plain step
+    plain = chain.propose(request([1], best_rate=estimates))
+    assert plain.tokens == [] and plain.shadow.tokens == [4, 5]  # a plain step; the match is judged all the same
     lookup.tokens = [4]
     assert chain.propose(request([1], best_rate=estimates)).source == "ngram"
+    lookup.tokens, lookup.declined = [], None
+    assert chain.propose(request([1], best_rate=estimates)).source == "model"  # no match: no copied tokens to take
     # The copying stops: plain steps (no source) count for the lookup's stretch, and its rate falls.
+    lookup.declined = [4, 5]
     realized_steps(chain, None, 1, 0.04, steps=30)  # 25 tokens/s
     assert chain.propose(request([1], best_rate=estimates)).source == "model"
     assert len(lookup.observed) == len(model.observed) == 54  # every step reaches every source
@@ -316,7 +337,7 @@ def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups
 def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
     """A new prompt (a chat turn, the next bench prompt): the last one's stretches say nothing of it,
     so its sources are weighed by their estimates again until its own steps are realized."""
-    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
+    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
     estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
     realized_steps(chain, "model", 9, 0.25)
@@ -342,16 +363,16 @@ def test_chain_lets_the_lookup_take_a_model_draft_over_where_it_is_expected_to_d
     did, followed by 4 5: from there the lookup continues, if its rate is at least that of more model
     tokens; and it drops what it took in of the model's tokens again."""
     context = [7, 4, 5, 1, 2]
-    rates = {"model": 1.0, "ngram:1-2": 2.0}
+    rates = {"model": 1.0, "ngram:1-2/once": 2.0}
     lookup, model = NgramDrafter(), ScriptedModel("model", [7, 8, 9])
     chain = ChainDrafter([lookup, model])
     chain.sync(context)
     estimates = lambda key, available: rates[key]  # noqa: E731
     lengths = lambda key, available: min(available, 3)  # noqa: E731
     draft = chain.propose(request(context, length_for=lengths, best_rate=estimates))
-    assert draft.tokens == [7] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2"
+    assert draft.tokens == [7] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2/once"
     assert lookup.propose(request(context, length_for=lengths)).tokens == []  # its index holds the context only
-    rates["ngram:1-2"] = 0.5
+    rates["ngram:1-2/once"] = 0.5
     assert chain.propose(request(context, length_for=lengths, best_rate=estimates)).proposed == [7, 8, 9]
     # A fixed K: K tokens from the first source that proposes, none taken over.
     assert chain.propose(request(context, length_for=lengths)).proposed == [7, 8, 9]

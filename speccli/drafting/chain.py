@@ -10,12 +10,20 @@ almost for free: on Gemma's qa task the model drafted wherever a lookup's match 
 runs the chain reached 1.5-2.0x where the lookup alone, plain steps in between, reached 2.0-2.4x. So
 the chain also keeps the realized rate of each source's steps (a step counts for the source that
 drafted it; a plain step for the first source, whose stretch it belongs to), and passes over a source
-whose steps have done no better than those of the sources before it. Its rate is then not refreshed,
-but theirs is: when the copying stops, their rate falls back to plain steps' and the source is asked
-again. Those rates are kept per prompt (a chat turn, a bench prompt): a stretch that copied the last
-reply says nothing of this one, and carried over it kept the model passed over through the next
-reply's prose (Gemma, the bench's tasks in a row under one fixed cost model: 1.92 tokens per target
-step's cost, geometric mean, against 2.00 with rates kept per prompt).
+whose steps have done no better than those of the sources before it, where one of those has a
+proposal (drafted or declined). Its rate is then not refreshed, but theirs is: when the copying stops,
+their rate falls back to plain steps' and the source is asked again. Those rates are kept per prompt
+(a chat turn, a bench prompt): a stretch that copied the last reply says nothing of this one, and
+carried over it kept the model passed over through the next reply's prose (Gemma, the bench's tasks in
+a row under one fixed cost model: 1.92 tokens per target step's cost, geometric mean, against 2.00
+with rates kept per prompt).
+
+Where no source before it has a proposal, the costlier source has no copied tokens to take: the
+alternative to its draft is a plain step, and its estimates weigh the two. Passed over there as well,
+one model draft on Gemma's `code` that kept 1 of 5 at the start of the reply kept the model out of
+the rest of it, plain steps yielding more than that one step (the bench's prompts replayed with fixed
+costs, tests/benchmarks/replay.py: `code` 1.34 -> 1.55 tokens per target step's cost, all eight 1.94
+-> 2.01; Qwen 1.42 either way).
 
 A costlier source's draft may also be taken over: after each token it drafts, the sources before it
 are asked to continue from there, and the first whose draft is expected to pay at least as well as
@@ -67,7 +75,8 @@ class ChainDrafter:
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
-            if following_rate is not None and self._did_no_better(following, position):
+            found = bool(draft.tokens) or draft.shadow is not None  # a proposal, drafted or not
+            if following_rate is not None and found and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._promises_more(following_rate, draft, request):
                 return draft
