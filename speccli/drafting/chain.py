@@ -1,6 +1,7 @@
 """Several draft sources in order, cheapest first: the first whose draft is expected to pay at least as
-well as the next source's best would, drafts this step, and a costlier source is asked at all only while
-the steps it drafted have yielded more tokens per second than the steps before it in the chain did.
+well as the next source's best would, drafts this step, and where a cheaper source has a proposal, a
+costlier one is asked at all only while the steps it drafted have yielded more tokens per second than
+the steps before it in the chain did.
 
 A lookup draft costs nothing to make, but a short or shaky match may promise less than the draft model
 would deliver here; the model's draft costs decodes, so it is weighed before it is made, from the K

@@ -14,8 +14,8 @@ The policy key says what kind of match it is, and the K policy learns each kind 
 occurred before (as llama.cpp's n-gram cache counts continuations): it occurred once, or each time
 with the token proposed now, or with different tokens. Their first tokens are kept at very different
 rates (1-2 token matches, the bench's prompts recorded on Qwen 1.5B: 0.51 once, 0.92 the same, 0.19
-varied; 12 prompts never tuned on: 0.46 / 0.77 / 0.12). A short match in prose is mostly a common word
-whose earlier occurrences went on differently, and its drafts were what made the lookup lose there.
+varied; 12 prompts never tuned on: 0.46 / 0.77 / 0.12): a short match in prose is mostly a common
+word whose earlier occurrences went on differently.
 """
 from __future__ import annotations
 

@@ -8,12 +8,13 @@ maximises expected tokens per second:
     k*   = argmax_k E(k) / T(k)
 
 a_j is the acceptance of draft position j given that 1..j-1 were kept, counted per proposal key
-(the draft model; n-gram matches by length), recent drafts weighing most, and shrunk towards the
-position before it while few have been seen. A position never judged yet takes the key's
-continuation rate: what positions past the first have kept, pooled (the geometric model behind
-speculative decoding's analysis). So a draft that is always kept grows past any depth it has tried,
-however steep the verify curve is there. d is the measured seconds per drafted token of that key
-(0 for n-gram lookup; a draft model's catch-up on context it skipped is not counted).
+(the draft model; n-gram matches by length and by how they went on before: see ngram.py), recent
+drafts weighing most, and shrunk towards the position before it while few have been seen. A position
+never judged yet takes the key's continuation rate: what positions past the first have kept, pooled
+(the geometric model behind speculative decoding's analysis). So a draft that is always kept grows
+past any depth it has tried, however steep the verify curve is there. d is the measured seconds per
+drafted token of that key (0 for n-gram lookup; a draft model's catch-up on context it skipped is not
+counted).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
