@@ -76,12 +76,12 @@ class ChainDrafter:
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
-            found = bool(draft.tokens) or draft.shadow is not None  # a proposal, drafted or not
-            if following_rate is not None and found and self._did_no_better(following, position):
+            proposal = draft if draft.tokens else draft.shadow  # drafted or not; None: no match at all
+            if following_rate is not None and proposal is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._promises_more(following_rate, draft, request):
                 return draft
-            passed_over = passed_over or (draft if draft.tokens else draft.shadow)
+            passed_over = passed_over or proposal
         # The last source's draft, even an empty one: its key still tells the policy what it was asked.
         last = self.drafters[-1].propose(self._offering_take_over(len(self.drafters) - 1, request))
         return replace(last, shadow=passed_over)
