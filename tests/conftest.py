@@ -9,7 +9,7 @@ from typing import NamedTuple
 import pytest
 
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft
+from speccli.drafting.base import Draft, DraftCosts
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
 
@@ -24,10 +24,10 @@ class MemoryBoundAutoK(AutoK):
     exercise. Timings never move them: a busy moment on the machine must not change what a test drafts
     (a slow first draft decode once made the tiny pair's auto test draft too little)."""
 
-    def calibrate(self, verify_seconds, token_costs):
+    def calibrate(self, verify_seconds, draft_costs):
         super().calibrate(
             {n: PRETENDED_DECODE_SECONDS * (1 + 0.02 * n) for n in verify_seconds},
-            {key: PRETENDED_DRAFT_TOKEN_SECONDS for key in token_costs},
+            {key: DraftCosts(PRETENDED_DRAFT_TOKEN_SECONDS, {}) for key in draft_costs},  # catch-ups free
         )
         self.verify.update = lambda *timings: None  # keep the pretended curve; acceptance still adapts
 

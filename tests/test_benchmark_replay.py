@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from speccli.drafting.policy import VerifyCosts
-from tests.benchmarks.replay import record, replay
+from tests.benchmarks.replay import Reply, record, replay
 from tests.conftest import loaded_related_pair
 
 COSTS = VerifyCosts({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.2, 16: 3.5})
@@ -40,3 +40,20 @@ def test_a_fixed_k_replay_prices_each_step_as_drafted_and_kept(replies) -> None:
 def test_the_same_recording_and_costs_give_the_same_figures(replies) -> None:
     for spec in ("ngram+model", "ngram", "model"):
         assert replay(replies, spec, None, 2, C, COSTS) == replay(replies, spec, None, 2, C, COSTS)
+
+
+def test_a_draft_models_catch_up_is_priced_where_it_skipped_the_lookups_steps() -> None:
+    """The reply copies the prompt's 3..8 (the lookup drafts it, K=2), then goes on with tokens never
+    seen, where the lookup has no match and the model drafts: it first takes in what it skipped."""
+    prompt, tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2], [3, 4, 5, 6, 7, 8, 90, 91, 92, 93, 94]
+    drafts = [[(token, 0.9) for token in tokens[t:]] or [(0, 0.9)] for t in range(len(tokens))]  # the model is always right
+    reply = Reply("copy", prompt, tokens, drafts)
+    free, priced = (replay([reply], "ngram+model", 2, 1, C, COSTS, catch_up=costs)["copy"] for costs in ((0, 0), (0.5, 0.25)))
+    # Lookup steps n2/2 n2/2, and n2/0 (8 went on with 1 2 in the prompt; the target yields 90). Then the
+    # model, 8 tokens behind (7 caught up, the pending one decoded with its first draft): m2/2, and a
+    # plain step for the last token.
+    cost = 3 * COSTS.decode(3) + 2 * C + COSTS.decode(3) + COSTS.decode(1)
+    assert free == [pytest.approx(len(tokens) / cost)]
+    assert priced == [pytest.approx(len(tokens) / (cost + (0.5 + 0.25 * 7) * C))]
+    # Drafting every step, the model alone never falls behind: nothing to catch up.
+    assert replay([reply], "model", 2, 1, C, COSTS, catch_up=(0.5, 0.25)) == replay([reply], "model", 2, 1, C, COSTS)

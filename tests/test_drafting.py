@@ -10,11 +10,11 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftRequest, no_take_over
+from speccli.drafting.base import Draft, DraftCosts, DraftRequest, no_take_over
 from speccli.drafting.chain import ChainDrafter
-from speccli.drafting.model import ModelDrafter
+from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, AutoK, FixedK, VerifyCosts
+from speccli.drafting.policy import MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, TIMING_WEIGHT, AutoK, FixedK, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
@@ -26,8 +26,8 @@ GREEDY = SamplingParams(temperature=0)
 def request(
     context,
     limit=16,
-    length_for=lambda key, available: available,
-    best_rate=lambda key, available: None,
+    length_for=lambda key, available, catch_up: available,
+    best_rate=lambda key, available, catch_up: None,
     keep_drafting=lambda key, confidence: True,
     take_over=no_take_over,
 ) -> DraftRequest:
@@ -100,13 +100,13 @@ def test_ngram_respects_the_limit_and_the_policy() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
     assert NgramDrafter().propose(request(context, limit=2)).tokens == [3, 4]
     asked = []
-    draft = NgramDrafter().propose(request(context, length_for=lambda key, available: asked.append((key, available)) or 1))
+    draft = NgramDrafter().propose(request(context, length_for=lambda key, available, catch_up: asked.append((key, available)) or 1))
     assert draft.tokens == [3] and asked == [("ngram:1-2/once", 5)]  # 3 4 5 1 2 follow the match
 
 
 def test_ngram_hands_a_match_it_is_told_not_to_draft_on_as_a_shadow() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
-    draft = NgramDrafter().propose(request(context, length_for=lambda key, available: 0))
+    draft = NgramDrafter().propose(request(context, length_for=lambda key, available, catch_up: 0))
     assert draft.tokens == [] and draft.key == ""  # nothing verified, nothing learnt as a draft
     assert draft.shadow.tokens == [3, 4, 5, 1, 2] and draft.shadow.key == "ngram:1-2/once"
     assert NgramDrafter().propose(request(context)).shadow is None  # drafted: judged by verifying it
@@ -136,12 +136,42 @@ def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_h
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        behind = drafter.propose(request(grown, length_for=lambda key, available: 3))
+        behind = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
         drafter.reset()
         drafter.sync(grown)
-        kept_up = drafter.propose(request(grown, length_for=lambda key, available: 3))
+        kept_up = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
     assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
     assert behind.catch_up_seconds > 0 and kept_up.catch_up_seconds == 0
+    # The pending token is decoded with the draft's first: the 12 unseen ones but the last are caught up.
+    assert behind.catch_up_tokens == 12 and kept_up.catch_up_tokens == 0
+
+
+def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(tiny_pair) -> None:
+    prompt = list(range(3, 40))
+    asked = []
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        record = lambda key, available, catch_up: asked.append(catch_up) or 2  # noqa: E731
+        drafted = drafter.propose(request(prompt, length_for=record)).tokens
+        assert drafter.catch_up_tokens(prompt) == 0  # only the pending token: decoded with the first draft
+        after_its_draft = prompt + drafted + [5]  # both kept, and a bonus token: what a step leaves behind
+        assert drafter.catch_up_tokens(after_its_draft) == 0
+        skipped = after_its_draft + [6, 7, 8]  # three tokens another source drafted, and its bonus
+        assert drafter.catch_up_tokens(skipped) == 4
+        drafter.propose(request(skipped, length_for=record))
+    assert asked == [0, 4]
+
+
+def test_model_drafter_times_a_token_and_catch_ups_and_leaves_its_cache_as_it_was(tiny_pair) -> None:
+    prompt = list(range(3, 40))
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        costs = drafter.costs(prompt)["model"]
+        assert model.n_past == len(prompt) - 1
+    assert costs.token_seconds > 0
+    assert sorted(costs.catch_up_seconds) == list(CATCH_UP_SIZES) and all(s > 0 for s in costs.catch_up_seconds.values())
 
 
 def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -> None:
@@ -155,14 +185,14 @@ def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        full = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=record))
+        full = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=record))
         assert len(full.tokens) == 6 and len(confidences) == 6 and all(0 < c <= 1 for c in confidences)
         cut = sorted(confidences)[3]  # a floor some of the six fall below
         first_below = next(i for i, c in enumerate(confidences) if c < cut)
         drafter.forget(len(prompt) - 1)
-        short = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: c() >= cut))
+        short = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: c() >= cut))
         drafter.forget(len(prompt) - 1)
-        nothing = drafter.propose(request(prompt, length_for=lambda key, available: 6, keep_drafting=lambda key, c: False))
+        nothing = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: False))
     assert short.tokens == full.tokens[:first_below]
     assert nothing.tokens == [] and nothing.key == "model" and nothing.source == ""  # the policy still learns
 
@@ -178,9 +208,9 @@ def test_model_drafter_hands_its_draft_over_where_the_requester_takes_it(tiny_pa
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        full = drafter.propose(request(prompt, length_for=lambda key, available: 5))
+        full = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 5))
         drafter.forget(len(prompt) - 1)
-        handed = drafter.propose(request(prompt, length_for=lambda key, available: 5, take_over=after_two))
+        handed = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 5, take_over=after_two))
     assert full.continuation is None and len(full.tokens) == 5
     assert asked == [full.tokens[:1], full.tokens[:2]]
     assert handed.tokens == full.tokens[:2] and handed.continuation.tokens == [90, 91]
@@ -257,6 +287,7 @@ class Fixed:
 
     def __init__(self, name: str, tokens: list[int], declined: list[int] | None = None) -> None:
         self.name, self.tokens, self.declined, self.forgotten, self.observed = name, tokens, declined, [], []
+        self.behind = 0  # tokens it says it must take in before drafting
 
     def propose(self, request: DraftRequest) -> Draft:
         if self.tokens:
@@ -277,17 +308,20 @@ class Fixed:
     def reset(self) -> None:
         pass
 
-    def token_costs(self, context) -> dict[str, float]:
-        return {self.name: 0.5}
+    def catch_up_tokens(self, context) -> int:
+        return self.behind
+
+    def costs(self, context) -> dict[str, DraftCosts]:
+        return {self.name: DraftCosts(0.5, {})}
 
 
 def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None:
     lookup, model = Fixed("ngram:1-2", [4]), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
     rates = {"ngram:1-2": 1.1, "model": 1.3}
-    assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "model"
+    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "model"
     rates["ngram:1-2"] = 2.0
-    assert chain.propose(request([1], best_rate=lambda key, available: rates[key])).source == "ngram:1-2"
+    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "ngram:1-2"
 
 
 def realized_steps(chain: ChainDrafter, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
@@ -301,12 +335,12 @@ def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> No
     context = [1, 2, 3, 4, 5, 1, 2]
     chain.sync(context)
     rates = {"ngram:1-2/once": 1.1, "model": 1.3}
-    draft = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
+    draft = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
     assert draft.tokens == [6, 7] and draft.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
-    not_drafted = chain.propose(request(context, length_for=lambda key, available: 0, best_rate=lambda key, available: rates[key]))
+    not_drafted = chain.propose(request(context, length_for=lambda key, available, catch_up: 0, best_rate=lambda key, available, catch_up: rates[key]))
     assert not_drafted.tokens == [6, 7] and not_drafted.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
     rates["ngram:1-2/once"] = 2.0
-    drafted = chain.propose(request(context, best_rate=lambda key, available: rates[key]))
+    drafted = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
     assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.shadow is None
 
 
@@ -317,7 +351,7 @@ def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups
     the model's estimate weighs it."""
     lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
-    estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
+    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
     assert chain.propose(request([1], best_rate=estimates)).source == "model"  # nothing realized yet
     realized_steps(chain, "model", 9, 0.25)  # 36 tokens/s
     realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
@@ -339,7 +373,7 @@ def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
     so its sources are weighed by their estimates again until its own steps are realized."""
     lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
     chain = ChainDrafter([lookup, model])
-    estimates = lambda key, available: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
+    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
     realized_steps(chain, "model", 9, 0.25)
     realized_steps(chain, "ngram", 6, 0.1)
     assert chain.propose(request([1], best_rate=estimates)).tokens == []  # the model passed over
@@ -367,8 +401,8 @@ def test_chain_lets_the_lookup_take_a_model_draft_over_where_it_is_expected_to_d
     lookup, model = NgramDrafter(), ScriptedModel("model", [7, 8, 9])
     chain = ChainDrafter([lookup, model])
     chain.sync(context)
-    estimates = lambda key, available: rates[key]  # noqa: E731
-    lengths = lambda key, available: min(available, 3)  # noqa: E731
+    estimates = lambda key, available, catch_up: rates[key]  # noqa: E731
+    lengths = lambda key, available, catch_up: min(available, 3)  # noqa: E731
     draft = chain.propose(request(context, length_for=lengths, best_rate=estimates))
     assert draft.tokens == [7] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2/once"
     assert lookup.propose(request(context, length_for=lengths)).tokens == []  # its index holds the context only
@@ -393,7 +427,7 @@ def test_chain_uses_the_first_source_that_proposes() -> None:
     assert chain.propose(request([1])).source == "b"
     chain.forget(3)
     assert empty.forgotten == second.forgotten == third.forgotten == [3]
-    assert chain.token_costs([1]) == {"a": 0.5, "b": 0.5, "c": 0.5}
+    assert chain.costs([1]) == {name: DraftCosts(0.5, {}) for name in "abc"}
 
 
 # --- K policies -------------------------------------------------------------------------------------
@@ -419,7 +453,7 @@ QWEN_PROFILED = {1: 1.0, 2: 1.44, 3: 1.87, 4: 1.62, 5: 2.02, 8: 2.92, 16: 3.43, 
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
     policy = AutoK()
-    policy.calibrate({n: 0.025 * units for n, units in curve.items()}, {k: 0.025 * c for k, c in costs.items()})
+    policy.calibrate({n: 0.025 * units for n, units in curve.items()}, {k: DraftCosts(0.025 * c, {}) for k, c in costs.items()})
     return policy
 
 
@@ -455,6 +489,36 @@ def test_auto_stops_drafting_a_source_that_is_always_rejected() -> None:
     assert policy.length_for("model", 8) > 0  # optimistic before it has seen anything
     learn(policy, "model", 2, 0, 30, token_cost=0.55)
     assert policy.length_for("model", 8) == 0
+
+
+def test_auto_prices_a_draft_models_catch_up_into_the_step_that_drafts() -> None:
+    """Qwen's 0.5B draft on this CPU: a token 0.49 of a target step; taking in 2 tokens it skipped costs
+    about a draft token, 16 about four (measured). A draft that pays a little when the model has kept up
+    does not pay after it missed 19 tokens."""
+    policy = AutoK()
+    token = 0.49 * 0.025
+    policy.calibrate({n: 0.025 * units for n, units in COMPUTE_BOUND.items()}, {"model": DraftCosts(token, {2: token, 16: 4 * token})})
+    model = policy.keys["model"]
+    assert model.catch_up_fixed == pytest.approx(token * 8 / 14) and model.catch_up_per_token == pytest.approx(token * 3 / 14)
+    learn(policy, "model", 4, 3, 12, token_cost=0.49)  # 3 of 4 kept: drafting pays a little
+    assert policy.length_for("model", 16, 0) > 0
+    assert policy.best_rate("model", 16, 19) < policy.best_rate("model", 16, 0)
+    assert policy.length_for("model", 16, 19) == 0
+    # A catch-up measured at twice the line moves the line a TIMING_WEIGHT of the way up.
+    seconds = (model.catch_up_fixed + 10 * model.catch_up_per_token) * policy.verify.level
+    before = model.catch_up_per_token
+    policy.observe(replace(drafted_by("model", 2), catch_up_tokens=10), replace(step(2, 2, token * 2), catch_up_seconds=2 * seconds))
+    assert model.catch_up_per_token == pytest.approx(before * (1 + TIMING_WEIGHT))
+
+
+def test_chain_weighs_the_next_source_with_what_it_must_catch_up_on() -> None:
+    lookup, model = Fixed("ngram:1-2", [4]), Fixed("model", [6, 7])
+    model.behind = 5
+    chain = ChainDrafter([lookup, model])
+    rates = {("ngram:1-2", 0): 1.2, ("model", 0): 1.5, ("model", 5): 1.1}
+    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "ngram:1-2"
+    model.behind = 0
+    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "model"
 
 
 def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None:

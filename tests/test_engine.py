@@ -168,8 +168,8 @@ class LookupsNeverDrafted(AutoK):
         super().__init__()
         self.judged: list[tuple[list[int], list[int]]] = []
 
-    def length_for(self, key: str, available: int) -> int:
-        return 0 if key.startswith("ngram") else super().length_for(key, available)
+    def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
+        return 0 if key.startswith("ngram") else super().length_for(key, available, catch_up)
 
     def observe_unverified(self, shadow, yielded) -> None:
         self.judged.append((list(shadow.tokens), list(yielded)))
@@ -203,6 +203,6 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
     assert len(policy.judged) == len(lookup.shadowed_at)
     for (proposal, tokens_yielded), at in zip(policy.judged, lookup.shadowed_at):
         assert tokens_yielded == [generator.tokens[at]]
-        not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available: 0)
+        not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available, catch_up: 0)
         assert proposal and NgramDrafter().propose(not_drafted).shadow.tokens[: len(proposal)] == proposal
     assert sum(history.judged_at[0] for key, history in policy.keys.items() if key.startswith("ngram")) > 0

@@ -206,7 +206,7 @@ class LookupFavouredK(FixedK):
         super().__init__(3)
         self.taken_over = 0
 
-    def best_rate(self, key: str, available: int) -> float | None:
+    def best_rate(self, key: str, available: int, catch_up: int = 0) -> float | None:
         return 2.0 if key.startswith("ngram") else 1.0
 
     def observe(self, draft: Draft, step) -> None:

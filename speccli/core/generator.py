@@ -134,7 +134,7 @@ class Generator:
             self.drafter.sync(prompt)
         self.tokens = list(prompt)
         if self.drafter is not None and self.policy.needs_costs:
-            self.policy.calibrate(self._profile_verify(), self.drafter.token_costs(self.tokens))
+            self.policy.calibrate(self._profile_verify(), self.drafter.costs(self.tokens))
         return time.perf_counter() - started
 
     def _profile_verify(self) -> dict[int, float]:

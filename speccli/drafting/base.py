@@ -21,8 +21,11 @@ import numpy as np
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
 
-LengthFor = Callable[[str, int], int]  # (proposal key, tokens available) -> tokens to draft
-RateOf = Callable[[str, int], "float | None"]  # (proposal key, tokens available) -> best expected tokens/s
+# (proposal key, tokens available, tokens the source must take in before it drafts) -> tokens to draft.
+# The last is a draft model's catch-up on context it skipped (steps another source drafted); 0 for a lookup.
+LengthFor = Callable[[str, int, int], int]
+# (proposal key, tokens available, tokens to take in first) -> best expected tokens/s
+RateOf = Callable[[str, int, int], "float | None"]
 # (proposal key, the source's own confidence in its next token) -> draft it? The confidence is a function,
 # computed only if asked: a fixed K never asks, and a greedy draft would otherwise pay a pass over its row.
 KeepDrafting = Callable[[str, Callable[[], float]], bool]
@@ -53,9 +56,10 @@ class Draft:
     key: str  # what the K policy learns from: the source, refined (e.g. "ngram:long")
     tokens: list[int]
     q: np.ndarray | None  # (len(tokens), V): the rows the tokens were drawn from; None: proposed with certainty
-    # Seconds spent taking in context the source had not seen (lookup drafts were used meanwhile):
-    # part of this step's drafting time, but not a cost of the tokens drafted.
+    # Seconds spent taking in context the source had not seen (lookup drafts were used meanwhile), and
+    # how many tokens: part of this step's drafting time, but not a cost of the tokens drafted.
     catch_up_seconds: float = 0.0
+    catch_up_tokens: int = 0
     # Another source's draft that took over after these tokens (see `TakeOver`): verified with them in
     # the same step, with certainty where it has no q rows; its source and key are counted apart.
     continuation: Draft | None = None
@@ -72,6 +76,13 @@ class Draft:
     def proposed(self) -> list[int]:
         """Every token this step verifies: these, then the continuation's."""
         return self.tokens + self.continuation.tokens if self.continuation else self.tokens
+
+
+@dataclass(frozen=True)
+class DraftCosts:
+    token_seconds: float  # one drafted token
+    # Seconds to take in n skipped tokens in one decode, by n (a draft model's catch-up); {} for none.
+    catch_up_seconds: dict[int, float]
 
 
 class Drafter(Protocol):
@@ -91,5 +102,9 @@ class Drafter(Protocol):
 
     def reset(self) -> None: ...
 
-    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
-        """Seconds per drafted token, by proposal key, measured now (a draft model decodes once)."""
+    def catch_up_tokens(self, context: Sequence[int]) -> int:
+        """Tokens of `context` this source must take in before it can draft at its end: what it skipped
+        while other sources drafted (0 for a lookup, whose index takes a token in microseconds)."""
+
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
+        """What drafting costs, by proposal key, measured now (a draft model decodes a few times)."""

@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftRequest, Drafter
+from speccli.drafting.base import Draft, DraftCosts, DraftRequest, Drafter
 
 REALIZED_WEIGHT = 0.1  # weight of the newest step in a source's realized rate (about the last 10 steps)
 
@@ -75,7 +75,8 @@ class ChainDrafter:
         passed_over = None  # a cheaper source's proposal, judged all the same (see `Draft.shadow`)
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
-            following_rate = request.best_rate(following.name, request.limit)  # None under a fixed K
+            # The next source's best, with what it must take in first; None under a fixed K.
+            following_rate = request.best_rate(following.name, request.limit, following.catch_up_tokens(request.context))
             proposal = draft if draft.tokens else draft.shadow  # drafted or not; None: no match at all
             if following_rate is not None and proposal is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
@@ -89,12 +90,12 @@ class ChainDrafter:
     def _offering_take_over(self, position: int, request: DraftRequest) -> DraftRequest:
         """`request` for the source at `position`, whose draft the sources before it may take over."""
         drafting = self.drafters[position].name
-        if not position or request.best_rate(drafting, request.limit) is None:  # first, or a fixed K
+        if not position or request.best_rate(drafting, request.limit, 0) is None:  # first, or a fixed K
             return request
 
         def take_over(drafted: Sequence[int]) -> Draft:
             extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted))
-            rate_of_more = request.best_rate(drafting, extended.limit)
+            rate_of_more = request.best_rate(drafting, extended.limit, 0)  # it is drafting: caught up
             for source in self.drafters[:position]:
                 draft = source.propose(extended)
                 source.forget(len(request.context))  # what it took in of the drafted tokens
@@ -121,7 +122,7 @@ class ChainDrafter:
     @staticmethod
     def _promises_more(following_rate: float | None, draft: Draft, request: DraftRequest) -> bool:
         """Is the next source's best expected rate above that of this draft?"""
-        this = request.best_rate(draft.key, len(draft.tokens))
+        this = request.best_rate(draft.key, len(draft.tokens), 0)
         return this is not None and following_rate is not None and following_rate > this
 
     def sync(self, context: Sequence[int]) -> None:
@@ -140,5 +141,8 @@ class ChainDrafter:
         for drafter in self.drafters:
             drafter.reset()
 
-    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
-        return {key: cost for drafter in self.drafters for key, cost in drafter.token_costs(context).items()}
+    def catch_up_tokens(self, context: Sequence[int]) -> int:
+        return self.drafters[0].catch_up_tokens(context)  # the first source is always asked
+
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
+        return {key: cost for drafter in self.drafters for key, cost in drafter.costs(context).items()}

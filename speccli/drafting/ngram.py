@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.base import Draft, DraftCosts, DraftRequest
 from speccli.drafting.policy import AUTO_MAX_K
 
 MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
@@ -63,7 +63,7 @@ class NgramDrafter:
         end, length, went_on = match
         key = next(name for shortest, name in MATCH_LENGTH_KEYS if length >= shortest) + "/" + went_on
         available = min(len(context) - end, request.limit)
-        k = request.length_for(key, available)
+        k = request.length_for(key, available, 0)
         if k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
             proposal = list(context[end : end + min(available, SHADOW_TOKENS)])
             return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None))
@@ -79,7 +79,10 @@ class NgramDrafter:
                 del self._positions[token]
         del self._tokens[n_tokens:]
 
-    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
+    def catch_up_tokens(self, context: Sequence[int]) -> int:
+        return 0  # `propose` indexes what it has not seen: microseconds
+
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {}  # a lookup costs microseconds: nothing the policy needs to weigh
 
     def _index(self, context: Sequence[int]) -> None:

@@ -4,8 +4,8 @@
 maximises expected tokens per second:
 
     E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        tokens a step yields (its correction/bonus included)
-    T(k) = k * d + V(k+1)                           seconds: k drafted tokens at d each, one verify of k+1 rows
-    k*   = argmax_k E(k) / T(k)
+    T(k) = C(m) + k * d + V(k+1)                    seconds: a catch-up, k drafted tokens at d each, a verify
+    k*   = argmax_k E(k) / T(k)                     (T(0) = V(1): a plain step catches nothing up)
 
 a_j is the acceptance of draft position j given that 1..j-1 were kept, counted per proposal key
 (the draft model; n-gram matches by length and by how they went on before: see ngram.py), recent
@@ -13,8 +13,12 @@ drafts weighing most, and shrunk towards the position before it while few have b
 never judged yet takes the key's continuation rate: what positions past the first have kept, pooled
 (the geometric model behind speculative decoding's analysis). So a draft that is always kept grows
 past any depth it has tried, however steep the verify curve is there. d is the measured seconds per
-drafted token of that key (0 for n-gram lookup; a draft model's catch-up on context it skipped is not
-counted).
+drafted token of that key (0 for n-gram lookup). C(m) is what a draft model pays first to take in the
+m tokens it skipped while other sources drafted: one batched decode, priced on the line through two
+catch-ups timed at calibration, which each real catch-up moves (see `_learn_catch_up`). Unpriced, a
+chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B here: 2 tokens cost 0.5 of
+a target step, 19 cost 2.4; the bench's prompts replayed with catch-ups priced: `ngram+model` 1.35 ->
+1.37 on Qwen, 1.93 -> 1.95 on Gemma).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
@@ -49,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft
+from speccli.drafting.base import Draft, DraftCosts
 from speccli.util.sequences import common_prefix_length
 
 # Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
@@ -111,12 +115,13 @@ class KPolicy(Protocol):
     def begin_reply(self) -> None:
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
 
-    def length_for(self, key: str, available: int) -> int: ...
+    def length_for(self, key: str, available: int, catch_up: int) -> int:
+        """Tokens to draft of `available`, where the source must first take in `catch_up` skipped tokens."""
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         """Whether a source that is this sure of its next token (`confidence()`) should still propose it."""
 
-    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None: ...
+    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None: ...
 
     def observe(self, draft: Draft, step: StepEvent) -> None:
         """What `draft` (this step's, verified) yielded and cost."""
@@ -125,7 +130,7 @@ class KPolicy(Protocol):
         """A free source's proposal this step did not verify (`Draft.shadow`), and the tokens the step
         yielded (kept drafts, then the target's own)."""
 
-    def best_rate(self, key: str, available: int) -> float | None:
+    def best_rate(self, key: str, available: int, catch_up: int) -> float | None:
         """Expected tokens per second of the draft length `length_for` would choose for `key` now,
         without choosing it; None where the policy keeps no estimates (a fixed K)."""
 
@@ -142,13 +147,13 @@ class FixedK:
     def begin_reply(self) -> None:
         pass
 
-    def length_for(self, key: str, available: int) -> int:
+    def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
         return min(self.k, available)
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         return True  # K tokens every step, as asked: the confidence is never computed
 
-    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
+    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None:
         pass
 
     def observe(self, draft: Draft, step: StepEvent) -> None:
@@ -157,7 +162,7 @@ class FixedK:
     def observe_unverified(self, shadow: Draft, yielded: Sequence[int]) -> None:
         pass
 
-    def best_rate(self, key: str, available: int) -> float | None:
+    def best_rate(self, key: str, available: int, catch_up: int = 0) -> float | None:
         return None
 
 
@@ -228,6 +233,9 @@ class KeyHistory:
     judged_at: list[float] = field(default_factory=list)
     kept_at: list[float] = field(default_factory=list)
     token_seconds: float | None = None  # seconds per drafted token, at the verify curve's level 1 (load slows both)
+    # Seconds to take in n skipped tokens, catch_up_fixed + catch_up_per_token * n, at level 1.
+    catch_up_fixed: float = 0.0
+    catch_up_per_token: float = 0.0
     # Its drafter reported a decode cost per token at calibration (a lookup reports none). Not told by a
     # measured cost: a lookup's steps take microseconds, not nothing, and were once taken for a draft
     # model's (ramped, and re-checked only at a reply's start).
@@ -318,12 +326,18 @@ class AutoK:
     def needs_costs(self) -> bool:
         return not self.verify.decode_seconds
 
-    def calibrate(self, verify_seconds: dict[int, float], token_costs: dict[str, float]) -> None:
+    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None:
         self.verify.decode_seconds.update(verify_seconds)
-        for key, seconds in token_costs.items():
+        for key, costs in draft_costs.items():
             history = self._history(key)
-            history.token_seconds = seconds / self.verify.level
+            history.token_seconds = costs.token_seconds / self.verify.level
             history.is_draft_model = True
+            points = sorted(costs.catch_up_seconds.items())
+            if points:  # the line through the smallest and largest sizes timed, or from 0 through one
+                (low, low_seconds), (high, high_seconds) = points[0] if len(points) > 1 else (0, 0.0), points[-1]
+                per_token = max(0.0, (high_seconds - low_seconds) / (high - low))
+                history.catch_up_per_token = per_token / self.verify.level
+                history.catch_up_fixed = max(0.0, low_seconds - per_token * low) / self.verify.level
 
     def begin_reply(self) -> None:
         for history in self.keys.values():
@@ -331,7 +345,7 @@ class AutoK:
             history.asked_in_reply = history.drafted_in_reply = False
             history.last_kept_in_reply = None
 
-    def length_for(self, key: str, available: int) -> int:
+    def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
         history = self._history(key)
         history.stopped_short = False
         history.confidences = []
@@ -340,7 +354,7 @@ class AutoK:
             return 0
         first_ask = not history.asked_in_reply
         history.asked_in_reply = True
-        best = self._choice(history, history.acceptance(limit))
+        best = self._choice(history, history.acceptance(limit), catch_up)
         history.probing = best == 0 and self._worth_probing(history, limit, first_ask)
         if history.probing:
             history.fade(RECHECK_CARRY)
@@ -365,6 +379,8 @@ class AutoK:
         # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
         # them all, while its acceptance counts its own tokens only.
         self._learn(draft.key, own, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
+        if draft.catch_up_tokens:
+            self._learn_catch_up(self._history(draft.key), draft.catch_up_tokens, step.catch_up_seconds)
         taken_over = draft.continuation
         if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
             accepted = step.accepted - own
@@ -396,18 +412,28 @@ class AutoK:
             pays = self._best_length(history, history.acceptance(self.max_k)) > 0
             history.failed_probes = 0 if pays else history.failed_probes + 1
 
-    def best_rate(self, key: str, available: int) -> float | None:
+    def best_rate(self, key: str, available: int, catch_up: int = 0) -> float | None:
         history = self._history(key)
         acceptance = history.acceptance(min(available, self.max_k))
-        return self._rate(history, acceptance, self._choice(history, acceptance))
+        choice = self._choice(history, acceptance, catch_up)
+        return self._rate(history, acceptance, choice, catch_up)
 
-    def _choice(self, history: KeyHistory, acceptance: list[float]) -> int:
+    def _learn_catch_up(self, history: KeyHistory, tokens: int, seconds: float) -> None:
+        """A catch-up of `tokens` took `seconds`: scale the line towards it, as a step's timing moves the
+        verify curve (bounded: clipped at twice what was expected)."""
+        expected = (history.catch_up_fixed + history.catch_up_per_token * tokens) * self.verify.level
+        if expected > 0:
+            scale = 1 + TIMING_WEIGHT * (min(seconds, 2 * expected) / expected - 1)
+            history.catch_up_fixed *= scale
+            history.catch_up_per_token *= scale
+
+    def _choice(self, history: KeyHistory, acceptance: list[float], catch_up: int = 0) -> int:
         """The draft length that maximises expected tokens per second, within the source's ramp in
         this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
         it is earned. A draft model's ramp cut below RAMP_START by a failed draft may allow too short a
         draft to pay (one token on a compute-bound target): then the shortest length up to RAMP_START
         that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
-        rates = self._rates(history, acceptance)
+        rates = self._rates(history, acceptance, catch_up)
         best = fastest(rates)
         ramp = ramp_limit(history)
         if best <= ramp:
@@ -420,16 +446,19 @@ class AutoK:
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
 
-    def _rate(self, history: KeyHistory, acceptance: list[float], k: int) -> float:
+    def _rate(self, history: KeyHistory, acceptance: list[float], k: int, catch_up: int = 0) -> float:
         tokens, kept_so_far = 1.0, 1.0
         for rate in acceptance[:k]:
             kept_so_far *= rate
             tokens += kept_so_far
-        return tokens / (k * (history.token_seconds or 0.0) * self.verify.level + self.verify(k + 1))
+        drafting = k * (history.token_seconds or 0.0)
+        if k and catch_up:  # a source that drafts must first take in what it skipped
+            drafting += history.catch_up_fixed + history.catch_up_per_token * catch_up
+        return tokens / (drafting * self.verify.level + self.verify(k + 1))
 
-    def _rates(self, history: KeyHistory, acceptance: list[float]) -> list[float]:
+    def _rates(self, history: KeyHistory, acceptance: list[float], catch_up: int = 0) -> list[float]:
         """Expected tokens per second of each draft length, 0 (a plain step) included."""
-        return [self._rate(history, acceptance, k) for k in range(len(acceptance) + 1)]
+        return [self._rate(history, acceptance, k, catch_up) for k in range(len(acceptance) + 1)]
 
     def _best_length(self, history: KeyHistory, acceptance: list[float]) -> int:
         return fastest(self._rates(history, acceptance))

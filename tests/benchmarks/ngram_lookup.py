@@ -43,7 +43,7 @@ def measure(context_tokens: int, steps: int = 2000) -> tuple[float, float]:
         end += int(rng.integers(1, 5))  # 1-4 tokens accepted per step
         request = DraftRequest(
             stream[:end], 32, sampling, rng,
-            lambda key, available: available, lambda key, available: None, lambda key, confidence: True,
+            lambda key, available, catch_up: available, lambda key, available, catch_up: None, lambda key, confidence: True,
         )
         began = time.perf_counter()
         drafter.propose(request)

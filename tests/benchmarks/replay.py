@@ -1,24 +1,25 @@
 """Benchmark (not a test): draft policies replayed on recorded model outputs, deterministically.
 
-    .venv/bin/python tests/benchmarks/replay.py qwen2.5-coder-1.5b --costs 0.479:1.51,1.63,3.02,3.33 \\
-        --recording /tmp/qwen.json --spec ngram+model,model,ngram --rounds 2
+    .venv/bin/python tests/benchmarks/replay.py qwen2.5-coder-1.5b --costs 0.479:1.48,1.59,3.15,4.08 \\
+        --catch-up 0.53,0.23 --recording /tmp/qwen.json --spec ngram+model,model,ngram --rounds 3
 
 `fixed_cost_model.py` prices real runs, but `auto` still chooses from the run's own timings, so two runs
 of the same code differ by more than most policy changes (a task by 10-20%). Here nothing is timed.
 The models run once, to record, for each bench prompt, the target's greedy reply and, at each of its
 positions, the draft model's greedy continuation with its confidences (to a few tokens past its first
 miss). Then each spec's real drafters, chain and `auto` policy step through the replies with their
-costs fixed (c per draft-model decode, V(n) per verify of n rows): a draft is kept up to its first
-token that differs from the recorded reply. The same code and costs give the same figures, in seconds.
+costs fixed (c per draft-model decode, V(n) per verify of n rows, A + B*m draft decodes for a draft
+model to take in m tokens it skipped while the lookup drafted; measured here: Qwen 0.53,0.23, Gemma
+0.24,0.12): a draft is kept up to its first token that differs from the recorded reply. The same code
+and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
 
 What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
 near-tie a real run may pick the other token, the target (batched verification against the recorded
 single-token reply) or the draft (on Gemma `summarize`, the first draft keeps 2 of 4 tokens here and 4
-of 4 in a real run, whose draft cache kept the previous prompt's first token); a draft model's
-catch-up on context it skipped is not priced; its tokens past the recorded depth are taken as misses
-with confidence 0.5.
+of 4 in a real run, whose draft cache kept the previous prompt's first token); the per-row work after
+a verify; a draft model's tokens past the recorded depth are taken as misses with confidence 0.5.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
-from speccli.drafting.base import Draft, DraftRequest
+from speccli.drafting.base import Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.model import CATCH_UP_SIZES
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import PROFILED_SIZES, VerifyCosts
 from speccli.drafting.specs import make_policy
@@ -94,20 +96,33 @@ class ReplayedModel:
 
     name = "model"
 
-    def __init__(self) -> None:
+    def __init__(self, catch_up: tuple[float, float] = (0.0, 0.0)) -> None:
         self.reply: Reply | None = None
         self.decodes = 0  # draft decodes this step, a withheld token's included
+        self.catch_up = catch_up  # (a, b): taking in m skipped tokens costs a + b * m draft decodes
+        self.catch_up_decodes = 0.0  # this step's catch-up, in draft decodes
+        self.held = 0  # context tokens the draft's cache holds, as ModelDrafter's would
 
     def propose(self, request: DraftRequest) -> Draft:
         t = len(request.context) - len(self.reply.prompt)
         recorded = self.reply.drafts[t]
-        k = request.length_for(self.name, request.limit)
+        catch_up = self.catch_up_tokens(request.context)
+        k = request.length_for(self.name, request.limit, catch_up)
         drafted: list[int] = []
         continuation = Draft.nothing()
         self.decodes = 0
+        self.catch_up_decodes = 0.0
+        if k <= 0:
+            return Draft.nothing()
+        pending = len(request.context) - self.held
+        if catch_up:
+            self.catch_up_decodes = self.catch_up_cost(catch_up)
+            pending = 1
+        self.held = len(request.context) - pending
         for i in range(k):
             token, confidence = recorded[i] if i < len(recorded) else (-1, 0.5)
             self.decodes += 1
+            self.held += pending if i == 0 else 1
             if not request.keep_drafting(self.name, lambda: confidence):
                 break
             drafted.append(token)
@@ -116,35 +131,53 @@ class ReplayedModel:
                 if continuation.tokens:
                     break
         if not drafted:
-            return Draft("", self.name, [], None)
-        return Draft(self.name, self.name, drafted, None, continuation=continuation if continuation.tokens else None)
+            return Draft("", self.name, [], None, catch_up_tokens=catch_up)
+        taken_over = continuation if continuation.tokens else None
+        return Draft(self.name, self.name, drafted, None, catch_up_tokens=catch_up, continuation=taken_over)
+
+    def catch_up_tokens(self, context: Sequence[int]) -> int:
+        pending = len(context) - self.held  # as ModelDrafter: more than a drafting step leaves behind
+        return pending - 1 if pending > 2 else 0
+
+    def catch_up_cost(self, tokens: int) -> float:
+        """Draft decodes of a catch-up of `tokens`."""
+        return self.catch_up[0] + self.catch_up[1] * tokens
 
     def sync(self, context: Sequence[int]) -> None:
-        pass
+        self.held = len(context) - 1
 
     def forget(self, n_tokens: int) -> None:
-        pass
+        self.held = min(self.held, n_tokens)
 
     def observe(self, step: StepEvent) -> None:
         pass
 
     def reset(self) -> None:
-        pass
+        self.held = 0
 
-    def token_costs(self, context: Sequence[int]) -> dict[str, float]:
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {}  # told at calibration
 
 
 def replay(
-    replies: list[Reply], spec: str, k: int | None, rounds: int, c: float, verify: VerifyCosts, trace: Sequence[str] = ()
+    replies: list[Reply],
+    spec: str,
+    k: int | None,
+    rounds: int,
+    c: float,
+    verify: VerifyCosts,
+    trace: Sequence[str] = (),
+    catch_up: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds;
     K chosen by `auto` where `k` is None."""
-    model = ReplayedModel()
+    model = ReplayedModel(catch_up)
     sources = {"model": [model], "ngram": [NgramDrafter()], "ngram+model": [NgramDrafter(), model]}[spec]
     drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
     policy = make_policy(k)
-    policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, {"model": c * UNIT} if "model" in spec else {})
+    catch_up_seconds = {n: model.catch_up_cost(n) * c * UNIT for n in CATCH_UP_SIZES}
+    draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if "model" in spec else {}
+    policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs)
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
     for _ in range(rounds):
@@ -165,10 +198,11 @@ def replay(
                 truth = reply.tokens[t:]
                 accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
                 new_tokens = truth[: accepted + 1]
-                decodes = model.decodes if draft.key == "model" else 0  # a model draft withheld whole still decoded
+                asked = draft.key == "model"  # a model draft withheld whole still decoded
+                decodes = model.decodes + model.catch_up_decodes if asked else 0
                 step = StepEvent(
                     len(proposed), accepted, decodes * c * UNIT, verify.decode(len(proposed) + 1) * UNIT, 0.0,
-                    draft.source or None, 0.0,
+                    draft.source or None, model.catch_up_decodes * c * UNIT if asked else 0.0,
                     (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
                 )
                 policy.observe(draft, step)
@@ -205,6 +239,9 @@ def main() -> None:
     parser.add_argument("--recording", type=Path, required=True, help="JSON file: written if missing, else replayed")
     parser.add_argument("--spec", default="ngram+model,model,ngram")
     parser.add_argument("--k", default="auto", help="comma list of K: auto or a number (each with each spec)")
+    parser.add_argument(
+        "--catch-up", required=True, help="A,B: a draft model taking in m tokens it skipped costs A + B*m draft decodes"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
@@ -220,9 +257,10 @@ def main() -> None:
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     c, verify = parse_costs(args.costs)
+    catch_up = tuple(map(float, args.catch_up.split(",")))
     configurations = [(spec, None if k == "auto" else int(k)) for spec in args.spec.split(",") for k in args.k.split(",")]
     results = {
-        f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","))
+        f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
         for spec, k in configurations
     }
     labels = list(results)
