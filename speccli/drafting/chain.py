@@ -23,8 +23,9 @@ Where no source before it has a proposal, the costlier source has no copied toke
 alternative to its draft is a plain step, and its estimates weigh the two. Passed over there as well
 (with the lookup's keys told apart by how a match went on), one model draft on Gemma's `code` that
 kept 1 of 5 at the start of the reply kept the model out of the rest of it, plain steps yielding more
-than that one step (the bench's prompts replayed with fixed costs, tests/benchmarks/replay.py: `code`
-1.34 -> 1.55 tokens per target step's cost, all eight 1.94 -> 2.01; Qwen 1.42 either way).
+than that one step (the bench's prompts replayed with fixed costs, tests/benchmarks/replay.py, before it
+priced catch-ups: `code` 1.34 -> 1.55 tokens per target step's cost, all eight 1.94 -> 2.01; Qwen 1.42
+either way).
 
 A costlier source's draft may also be taken over: after each token it drafts, the sources before it
 are asked to continue from there, and the first whose draft is expected to pay at least as well as

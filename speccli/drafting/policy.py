@@ -16,9 +16,9 @@ past any depth it has tried, however steep the verify curve is there. d is the m
 drafted token of that key (0 for n-gram lookup). C(m) is what a draft model pays first to take in the
 m tokens it skipped while other sources drafted: one batched decode, priced on the line through two
 catch-ups timed at calibration, which each real catch-up moves (see `_learn_catch_up`). Unpriced, a
-chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B here: 2 tokens cost 0.5 of
-a target step, 19 cost 2.4; the bench's prompts replayed with catch-ups priced: `ngram+model` 1.35 ->
-1.37 on Qwen, 1.93 -> 1.95 on Gemma).
+chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B in bench runs here: 2 tokens
+cost 0.5 of a target step, 19 cost 2.4; the bench's prompts replayed, the replay pricing catch-ups:
+`ngram+model` 1.356 -> 1.363 on Qwen, 1.953 -> 1.963 on Gemma).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
@@ -30,7 +30,7 @@ the target yields it there, so comparing the proposal with what the step yielded
 as verifying it would have, at no cost (`Draft.shadow`). Its estimates then follow the text while it
 is not drafting: a key ruled out by failed drafts comes back as soon as its proposals match what the
 reply copies, and one whose proposals keep missing is ruled out without paying for verifying them.
-(The bench prompts replayed with fixed costs, tests/benchmarks/replay.py: `ngram+model` 1.32 -> 1.38
+(The bench prompts replayed with fixed costs, catch-ups not yet priced: `ngram+model` 1.32 -> 1.38
 tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.23 -> 1.35 on Qwen.)
 
 Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
