@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 import speccli.bench.measure as measure
 import speccli.models.pair as pair_module
 from speccli.bench.prompts import load_prompt_set
-from speccli.bench.report import report_schema
+from speccli.bench.render import _split_text, by_source_text
+from speccli.bench.report import Summary, report_schema
 from speccli.bench.settings import BenchRequest, BenchSettings
+from speccli.bench.summary import _by_source, _time_split
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.stats import RunStats, StepEvent
@@ -105,7 +107,7 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     assert [(r["spec"], r["k"], r["label"]) for r in report["results"]] == [("model", 3, "model K=3")]
     assert report["command"].startswith("speccli bench --target ")
     assert "--spec model --k 3 --n-predict 12 --temp 0 --top-k 0 --top-p 1 --min-p 0" in report["command"]
-    assert report["best"] is None and report["schema_version"] == 3
+    assert report["best"] is None and report["schema_version"] == 4
     result_k = report["results"][0]
     assert_complete(result_k["overall"], 3)
     assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == BUILTIN_TASKS
@@ -430,6 +432,26 @@ def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
     assert (model.drafted, model.accepted, model.judged, model.accepted_at) == (4, 3, 4, [2, 1])
     assert (ngram.drafted, ngram.accepted, ngram.judged, ngram.drafted_at) == (6, 2, 3, [2, 2, 2])
     assert (stats.drafted, stats.accepted, stats.positions.judged) == (10, 5, 7)
+
+
+def test_take_overs_and_catch_ups_are_counted_and_shown() -> None:
+    """Two steps in which a lookup took the model's draft over (2 model tokens, then 3), summed over two
+    runs, and one model draft after a catch-up of 0.02 s."""
+    first, second = RunStats(), RunStats()
+    first.add(StepEvent(5, 4, 0.02, 0.1, 0.0, "model", continuation=("ngram", 3)))
+    second.add(StepEvent(3, 3, 0.05, 0.1, 0.0, "model", catch_up_seconds=0.02))
+    second.add(StepEvent(5, 5, 0.02, 0.1, 0.0, "model", continuation=("ngram", 3)))
+    stats = first + second
+    assert stats.take_overs == {"ngram": 2} and stats.catch_up_seconds == pytest.approx(0.02)
+    sources = Summary.model_construct(by_source=_by_source(stats))
+    assert by_source_text(sources) == (
+        "model 1.00 (7/7 kept in 3 steps, α 1.00) · ngram 0.83 (5/6 kept in 2 steps, 2 of them taking a draft over, α 0.83)"
+    )
+    split = _time_split(stats, wall_seconds=0.4)  # 0.09 s drafting, 0.3 s verifying, 0.01 s between steps
+    assert _split_text(split, True) == (
+        "draft 22% (catch-up 5%) · target 75% · other 0% · between steps 2%"
+    )
+    assert _split_text(split, False) == "target 75% · other 0% · between steps 2%"
 
 
 def test_builtin_prompts_cover_the_task_kinds() -> None:

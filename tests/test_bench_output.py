@@ -80,7 +80,7 @@ def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_re
     document = json.loads(tiny_report_file.read_text())
     jsonschema.Draft202012Validator.check_schema(report_schema())
     validate(document)
-    assert document["schema_version"] == SCHEMA_VERSION == 3 and document["settings"]["k"] == [4]
+    assert document["schema_version"] == SCHEMA_VERSION == 4 and document["settings"]["k"] == [4]
     assert document["settings"]["spec"] == ["ngram+model"] and document["results"][0]["label"] == "ngram+model K=4"
     # the schema requires every field the types write, nested ones included
     for name in ("results", "measurements", "greedy_check"):
@@ -224,12 +224,12 @@ def _compare(a: Path, b: Path):
         (lambda d: d["results"][0].update(k="four"), "not a valid bench report: results.0.k: Input should be a valid integer"),
         (lambda d: d["settings"].update(temperature="hot"), "not a valid bench report: settings.temperature: Input should be a valid number"),
         (lambda d: d.update(results={}), "not a valid bench report: results: Input should be a valid array"),
-        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 3; it was written by an older speccli"),
-        (lambda d: d.update(schema_version=2), "bench report schema version 2, this speccli reads only version 3; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 4; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 4; it was written by an older speccli"),
         (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
     ],
-    ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-2",
+    ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-3",
          "missing-spec", "kind"],
 )
 def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:

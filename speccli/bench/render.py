@@ -103,7 +103,8 @@ def render_report(report: BenchReport, console: Console) -> None:
         "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
         "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted. "
         "target alone ±: half the range of the target alone's tok/s over a task's runs, the noise that task's "
-        "speedups carry on this machine.[/dim]"
+        "speedups carry on this machine. catch-up: the part of drafting a draft model spent taking in tokens it "
+        "skipped while the lookup drafted.[/dim]"
     )
     render_check(report.greedy_check, console)
 
@@ -149,9 +150,13 @@ def render_single(result: ConfigResult, console: Console) -> None:
 
 
 def _split_text(split: TimeSplit, with_draft: bool) -> str:
-    parts = [("draft", split.draft_fraction)] if with_draft else []
-    parts += [("target", split.target_fraction), ("other", split.other_fraction), ("between steps", split.between_steps_fraction)]
-    return " · ".join(f"{name} {share:.0%}" for name, share in parts)
+    parts = []
+    if with_draft:
+        catch_up = f" (catch-up {split.catch_up_fraction:.0%})" if split.catch_up_seconds else ""
+        parts.append(f"draft {split.draft_fraction:.0%}{catch_up}")
+    parts += [f"target {split.target_fraction:.0%}", f"other {split.other_fraction:.0%}"]
+    parts.append(f"between steps {split.between_steps_fraction:.0%}")
+    return " · ".join(parts)
 
 
 def draft_lengths_text(summary: Summary) -> str:
@@ -164,7 +169,8 @@ def by_source_text(summary: Summary) -> str:
     if not summary.by_source:
         return "nothing drafted"
     return " · ".join(
-        f"{s.source} {number(s.acceptance_rate)} ({s.accepted}/{s.drafted} kept in {s.steps} steps, α {number(s.alpha)})"
+        f"{s.source} {number(s.acceptance_rate)} ({s.accepted}/{s.drafted} kept in {s.steps} steps"
+        f"{f', {s.took_over} of them taking a draft over' if s.took_over else ''}, α {number(s.alpha)})"
         for s in summary.by_source
     )
 

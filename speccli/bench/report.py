@@ -18,7 +18,7 @@ from speccli.core.stats import RunStats
 
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 KIND = "speccli-bench"
 
 
@@ -63,13 +63,15 @@ class Spread(Part):
 
 class TimeSplit(Part):
     """Where the decode phase's wall-clock time went: the per-step timers, and the rest ("between
-    steps"). Fractions are of the wall-clock time and add up to 1."""
+    steps"). Fractions are of the wall-clock time and add up to 1; catch-up is a part of drafting."""
 
     draft_seconds: float
+    catch_up_seconds: float  # of draft_seconds: a draft model taking in tokens it skipped
     target_seconds: float
     other_seconds: float
     between_steps_seconds: float
     draft_fraction: float
+    catch_up_fraction: float
     target_fraction: float
     other_fraction: float
     between_steps_fraction: float
@@ -109,6 +111,7 @@ class SourceAcceptance(Part):
 
     source: str
     steps: int  # steps this source drafted
+    took_over: int  # of those, steps in which it took another source's draft over
     drafted: int
     accepted: int
     judged: int
@@ -283,7 +286,7 @@ NOTES = {
 class BenchReport(Part):
     """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
 
-    schema_version: Literal[3]
+    schema_version: Literal[4]
     kind: Literal["speccli-bench"]
     created: str  # ISO 8601, UTC
     command: str  # the command line that repeats the measurement

@@ -103,12 +103,14 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
 
 
 def _by_source(stats: RunStats) -> list[SourceAcceptance]:
-    """Acceptance per draft source; a source's steps are those that drafted a first token from it."""
+    """Acceptance per draft source; a source's steps are those that drafted a token from it (a first
+    token, or one after another source's, taking that draft over)."""
     figures = []
     for source, counts in sorted(stats.by_source.items()):
         figures.append(SourceAcceptance(
             source=source,
             steps=counts.drafted_at[0] if counts.drafted_at else 0,
+            took_over=stats.take_overs.get(source, 0),
             drafted=counts.drafted,
             accepted=counts.accepted,
             judged=counts.judged,
@@ -138,10 +140,12 @@ def _time_split(stats: RunStats, wall_seconds: float) -> TimeSplit:
 
     return TimeSplit(
         draft_seconds=stats.draft_seconds,
+        catch_up_seconds=stats.catch_up_seconds,
         target_seconds=stats.target_seconds,
         other_seconds=stats.other_seconds,
         between_steps_seconds=between,
         draft_fraction=fraction(stats.draft_seconds),
+        catch_up_fraction=fraction(stats.catch_up_seconds),
         target_fraction=fraction(stats.target_seconds),
         other_fraction=fraction(stats.other_seconds),
         between_steps_fraction=fraction(between),

@@ -124,11 +124,13 @@ class RunStats:
     generated: int = 0  # tokens emitted to the caller (end-of-generation tokens not counted)
     steps: int = 0  # target decodes in the decode phase
     draft_seconds: float = 0.0  # drafting: draft-model decodes and sampling, n-gram lookups
+    catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in tokens it skipped
     target_seconds: float = 0.0  # target decodes (verification)
     other_seconds: float = 0.0  # the rest of each step: probabilities, verification rule, bookkeeping
     positions: PositionCounts = field(default_factory=PositionCounts)  # all sources together
     by_source: dict[str, PositionCounts] = field(default_factory=dict)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # steps by tokens drafted (the K chosen), 0 included
+    take_overs: dict[str, int] = field(default_factory=dict)  # steps by the source that took a draft over
 
     def add(self, step: StepEvent) -> None:
         self.steps += 1
@@ -136,7 +138,10 @@ class RunStats:
         for part in step.parts():
             self.by_source.setdefault(part.source, PositionCounts()).add(part.drafted, part.accepted, part.judged)
         self.draft_lengths[step.drafted] = self.draft_lengths.get(step.drafted, 0) + 1
+        if step.continuation is not None:
+            self.take_overs[step.continuation[0]] = self.take_overs.get(step.continuation[0], 0) + 1
         self.draft_seconds += step.draft_seconds
+        self.catch_up_seconds += step.catch_up_seconds
         self.target_seconds += step.target_seconds
         self.other_seconds += step.other_seconds
 
@@ -146,17 +151,21 @@ class RunStats:
             lengths[length] = lengths.get(length, 0) + count
         sources = {name: self.by_source.get(name, PositionCounts()) + other.by_source.get(name, PositionCounts())
                    for name in {**self.by_source, **other.by_source}}
+        take_overs = {name: self.take_overs.get(name, 0) + other.take_overs.get(name, 0)
+                      for name in {**self.take_overs, **other.take_overs}}
         return RunStats(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             prefill_seconds=self.prefill_seconds + other.prefill_seconds,
             generated=self.generated + other.generated,
             steps=self.steps + other.steps,
             draft_seconds=self.draft_seconds + other.draft_seconds,
+            catch_up_seconds=self.catch_up_seconds + other.catch_up_seconds,
             target_seconds=self.target_seconds + other.target_seconds,
             other_seconds=self.other_seconds + other.other_seconds,
             positions=self.positions + other.positions,
             by_source=sources,
             draft_lengths=dict(sorted(lengths.items())),
+            take_overs=take_overs,
         )
 
     @property
