@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from speccli.core.stats import RunStats
 
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
-# fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K).
+# fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
+# catch-up time and the steps a source took another's draft over.
 SCHEMA_VERSION = 4
 KIND = "speccli-bench"
 

@@ -11,7 +11,8 @@ from speccli.llama.model import Model
 
 
 # Catch-up sizes timed at calibration: the policy prices a catch-up of n tokens on the line through them
-# (measured here, Qwen 0.5B: 41 ms for 2 tokens, 75 for 5, 126 for 10, 202 for 19; one draft token 41).
+# (catch-ups in bench runs here, Qwen 0.5B: 41 ms for 2 tokens, 75 for 5, 126 for 10, 202 for 19, where
+# a drafted token took 41 ms: within 8% of a line).
 CATCH_UP_SIZES = (2, 16)
 
 
