@@ -9,6 +9,7 @@ from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams
+from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
@@ -206,3 +207,30 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
         not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available, catch_up: 0)
         assert proposal and NgramDrafter().propose(not_drafted).shadow.tokens[: len(proposal)] == proposal
     assert sum(history.judged_at[0] for key, history in policy.keys.items() if key.startswith("ngram")) > 0
+
+
+def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up(models) -> None:
+    """A draft model not asked for some steps falls behind: the generator's calibration hands `auto` the
+    line through the model's timed catch-ups, and each catch-up in the run is learnt from."""
+
+    class PlainStepsAtFirst(AutoK):  # 4 plain steps, then 2-token drafts, whatever the estimates say
+        asked = 0
+
+        def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
+            super().length_for(key, available, catch_up)
+            self.asked += 1
+            return 0 if self.asked <= 4 else min(available, 2)
+
+    target, draft = models
+    policy = PlainStepsAtFirst()
+    generator = Generator(target, ModelDrafter(draft), GREEDY, policy)
+    generator.reset()
+    calibrated, learned = [], []
+    calibrate, learn = policy.calibrate, policy._learn_catch_up
+    policy.calibrate = lambda *costs: (calibrate(*costs), calibrated.append(dict(vars(policy.keys["model"]))))
+    policy._learn_catch_up = lambda history, tokens, seconds: (learned.append((tokens, seconds)), learn(history, tokens, seconds))
+    run(generator, target.tokenizer.tokenize("a b c d e f"), max_tokens=12)
+    assert calibrated[0]["catch_up_per_token"] > 0 and calibrated[0]["catch_up_fixed"] >= 0
+    # After 4 plain steps the model lacks the prompt's last token and their 4: it takes in all but the last
+    # in one decode (the last goes with its first draft token).
+    assert [tokens for tokens, _ in learned] == [4] and learned[0][1] > 0
