@@ -1,7 +1,7 @@
 """Benchmark (not a test): draft policies replayed on recorded model outputs, deterministically.
 
     .venv/bin/python tests/benchmarks/replay.py qwen2.5-coder-1.5b --costs 0.479:1.48,1.59,3.15,4.08 \\
-        --catch-up 0.53,0.23 --recording /tmp/qwen.json --spec ngram+model,model,ngram --rounds 3
+        --catch-up 0.55,0.178 --recording /tmp/qwen.json --spec ngram+model,model,ngram --rounds 3
 
 `fixed_cost_model.py` prices real runs, but `auto` still chooses from the run's own timings, so two runs
 of the same code differ by more than most policy changes (a task by 10-20%). Here nothing is timed.
@@ -9,9 +9,9 @@ The models run once, to record, for each bench prompt, the target's greedy reply
 positions, the draft model's greedy continuation with its confidences (to a few tokens past its first
 miss). Then each spec's real drafters, chain and `auto` policy step through the replies with their
 costs fixed (c per draft-model decode, V(n) per verify of n rows, A + B*m draft decodes for a draft
-model to take in m tokens it skipped while the lookup drafted; measured here: Qwen 0.53,0.23, Gemma
-0.24,0.12): a draft is kept up to its first token that differs from the recorded reply. The same code
-and costs give the same figures, in seconds.
+model to take in m tokens it skipped while the lookup drafted; catch_up_costs.py measures them, here
+Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token that differs from the
+recorded reply. The same code and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
 
