@@ -23,7 +23,7 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.chat.session import ChatSession, Conversation
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
-from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel
+from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel, stats_record
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
@@ -429,3 +429,10 @@ def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
     Console(file=console_file, width=100).print(stats_panel(stats, target_token_seconds=0.02, title="t"))
     text = console_file.getvalue()
     assert "model 50% of 2 · ngram 100% of 4" in text and "mean 2.0 · 0×1 2×1 4×1" in text
+    assert "catch-up" not in text and "take-overs" not in text  # neither happened
+    stats.add(StepEvent(5, 5, 0.03, 0.02, 0.0, "model", catch_up_seconds=0.01, continuation=("ngram", 3)))
+    assert stats_record(stats, 0.02)["take_overs"] == {"ngram": 1} and stats_record(stats, 0.02)["catch_up_seconds"] == 0.01
+    console_file = io.StringIO()
+    Console(file=console_file, width=120).print(stats_panel(stats, target_token_seconds=0.02, title="t"))
+    text = console_file.getvalue()
+    assert "model 75% of 4 · ngram 100% of 7 (1 take-over)" in text and "draft 0.06 s (catch-up 0.01 s)" in text

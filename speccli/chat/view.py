@@ -79,9 +79,12 @@ def draft_lengths_text(stats: RunStats) -> str:
 
 
 def by_source_text(stats: RunStats) -> str:
-    """Acceptance of each draft source: "ngram 91% of 120 · model 75% of 16"."""
+    """Acceptance of each draft source: "model 75% of 16 · ngram 91% of 120 (3 take-overs)", a take-over
+    being a step in which the source continued another's draft."""
     return " · ".join(
-        f"{source} {counts.acceptance_rate:.0%} of {counts.drafted}" for source, counts in sorted(stats.by_source.items())
+        f"{source} {counts.acceptance_rate:.0%} of {counts.drafted}"
+        + (f" ({_count(stats.take_overs[source], 'take-over')})" if stats.take_overs.get(source) else "")
+        for source, counts in sorted(stats.by_source.items())
     )
 
 
@@ -99,7 +102,7 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
             ("per decode", f"{stats.tokens_per_target_decode:.2f} tokens per target decode"),
             (
                 "time",
-                f"draft {stats.draft_seconds:.2f} s · target {stats.target_seconds:.2f} s"
+                f"draft {stats.draft_seconds:.2f} s{_catch_up_text(stats)} · target {stats.target_seconds:.2f} s"
                 f" · other {stats.other_seconds:.2f} s",
             ),
         ]
@@ -114,6 +117,15 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
         text.append(f"{label:<14}", style="dim")
         text.append(value)
     return text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _catch_up_text(stats: RunStats) -> str:
+    """The part of drafting a draft model spent taking in tokens it skipped while the lookup drafted."""
+    return f" (catch-up {stats.catch_up_seconds:.2f} s)" if stats.catch_up_seconds else ""
 
 
 def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str) -> Panel:
@@ -150,6 +162,8 @@ def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:
         "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
         "tokens_per_second": round(stats.tokens_per_second, 3),
         "draft_seconds": round(stats.draft_seconds, 6),
+        "catch_up_seconds": round(stats.catch_up_seconds, 6),  # of draft_seconds
+        "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
         "target_seconds": round(stats.target_seconds, 6),
         "other_seconds": round(stats.other_seconds, 6),
         "estimated_speedup": _rounded(estimated_speedup(stats, target_token_seconds)),
