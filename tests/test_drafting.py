@@ -449,6 +449,7 @@ def test_fixed_k_drafts_k_unless_less_is_available() -> None:
 COMPUTE_BOUND = {1: 1.0, 2: 1.42, 4: 2.2, 8: 3.5, 16: 4.0, 32: 7.3}  # Qwen2.5 1.5B Q4_K_M
 MEMORY_BOUND = {1: 1.0, 2: 1.06, 4: 1.14, 8: 1.25, 16: 1.39, 32: 1.9}  # Gemma 3 270M F32
 QWEN_PROFILED = {1: 1.0, 2: 1.44, 3: 1.87, 4: 1.62, 5: 2.02, 8: 2.92, 16: 3.43, 32: 6.4}  # one bench run's profile
+GEMMA_PROFILED = {1: 1.0, 2: 1.24, 4: 1.52, 8: 1.83, 16: 2.55}  # Gemma F32's, in this version's runs
 
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
@@ -541,12 +542,31 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     assert failing_steps <= 20
 
 
+@pytest.mark.parametrize(("curve", "start"), [(MEMORY_BOUND, 24), (GEMMA_PROFILED, 8), (QWEN_PROFILED, RAMP_START)])
+def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start) -> None:
+    """A lookup starts each reply at the longest draft whose verify costs at most twice a plain step, or
+    at RAMP_START where that is shorter (Qwen's profile: 3), grows to twice what its last draft kept,
+    and after a draft that kept nothing drafts its start again. On a flat curve the start is the
+    longest draft `auto` makes."""
+    policy = calibrated(curve, {})
+    learn(policy, "ngram:12+", 24, 24, 30, token_cost=0.0004)
+    policy.begin_reply()
+    if start > RAMP_START:
+        assert policy.verify(start + 1) <= 2 * policy.verify(1)
+        assert start == 24 or policy.verify(start + 2) > 2 * policy.verify(1)
+    assert policy.length_for("ngram:12+", 24) == start
+    learn(policy, "ngram:12+", start, start, 1, token_cost=0.0004)
+    assert policy.length_for("ngram:12+", 24) == min(2 * start, 24)
+    learn(policy, "ngram:12+", min(2 * start, 24), 0, 1, token_cost=0.0004)
+    assert policy.length_for("ngram:12+", 24) == start
+
+
 def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     """Measured on Gemma: a summary after code began with a 22-token draft chosen from the code's
     acceptance, and kept 2 of it; a table reply began with a 21-token lookup that kept 2, then 11 that
-    kept none. A new reply starts every source at RAMP_START tokens and lets it draft at most twice
-    what its last draft kept; after a draft that kept nothing, a draft model one token (where that
-    pays), a lookup RAMP_START (its failed drafts cost verify rows, no decodes)."""
+    kept none. A new reply starts a draft model at RAMP_START tokens and lets it draft at most twice
+    what its last draft kept; after a draft that kept nothing, one token (where that pays). A lookup's
+    ramp is priced on the verify curve (the next test): on this flat one it allows the longest draft."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
     learn(policy, "ngram:12+", 16, 16, 30, token_cost=0.0004)  # a lookup takes microseconds, not nothing
@@ -555,17 +575,16 @@ def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     rate_earned = policy.best_rate("model", 24)
     policy.begin_reply()
     assert policy.best_rate("model", 24) < rate_earned  # a chain weighs the model's ramped draft
-    for key, token_cost in (("model", 0.55), ("ngram:12+", 0.0004)):
-        lengths = []
-        for _ in range(3):
-            lengths.append(policy.length_for(key, 24))
-            learn(policy, key, lengths[-1], lengths[-1], 1, token_cost=token_cost)
-        assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START], key
-        learn(policy, key, policy.length_for(key, 24), 3, 1, token_cost=token_cost)
-        assert policy.length_for(key, 24) <= 6, key  # a long draft that kept 3: twice that, at most
-        learn(policy, key, 6, 0, 1, token_cost=token_cost)
+    lengths = []
+    for _ in range(3):
+        lengths.append(policy.length_for("model", 24))
+        learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
+    assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
+    learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
+    assert policy.length_for("model", 24) <= 6  # a long draft that kept 3: twice that, at most
+    learn(policy, "model", 6, 0, 1, token_cost=0.55)
     assert policy.length_for("model", 24) == 1  # one that kept nothing: one token next, not RAMP_START
-    assert policy.length_for("ngram:12+", 24) == RAMP_START
+    assert policy.length_for("ngram:12+", 24) == 24
     learn(policy, "model", 1, 1, 1, token_cost=0.55)
     assert policy.length_for("model", 24) == 2
 

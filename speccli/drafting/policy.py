@@ -82,8 +82,15 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # 16-token drafts kept 3, while 4-token drafts kept nearly all). Lookups are ramped too, though their
 # keys are the length of a match in this very text: unramped, a Gemma table reply began with a 21-token
 # lookup that kept 2 and an 11-token one that kept none (the chain 1.81x against 1.83x ramped, A/B). A
-# lookup's failed draft costs verify rows but no decodes, so its ramp is never cut below RAMP_START.
+# lookup's failed draft costs verify rows but no decodes, so its ramp starts at, and is never cut below,
+# RAMP_START or, where verify rows are cheap, the longest draft whose verify costs at most
+# LOOKUP_RAMP_LOSS plain steps more than a plain step on the measured curve (V(k+1) <= (1 +
+# LOOKUP_RAMP_LOSS) V(1)): 8 tokens on Gemma's F32 target here, 3 or 4 on Qwen 1.5B, so RAMP_START
+# there. (Replayed, catch-ups priced, against RAMP_START alone: Gemma `ngram+model` 1.96 -> 2.06 on the
+# bench's prompts, 2.24 -> 2.36 held out, 4.86 -> 5.01 long. The cost-derived 3 alone on one Qwen bench
+# run's profile lost 0.3-0.7%.)
 RAMP_START = 4
+LOOKUP_RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
 # A draft model ruled out is re-checked at the start of a reply, every 2, 4 and at most every 8 replies
 # while its re-checks fail: one costs some 3% of a short reply, and a chat that turns to code should
@@ -294,14 +301,6 @@ class KeyHistory:
         return rates
 
 
-def ramp_limit(history: KeyHistory) -> int:
-    """The longest draft a source may make now in this reply: RAMP_START at first, then twice what its
-    last draft kept, at least one for a draft model and RAMP_START for a lookup (see RAMP_START)."""
-    if history.last_kept_in_reply is None:
-        return RAMP_START
-    return max(1 if history.is_draft_model else RAMP_START, 2 * history.last_kept_in_reply)
-
-
 def fastest(rates: list[float]) -> int:
     """The draft length with the highest expected rate (the shortest among equals)."""
     return max(range(len(rates)), key=rates.__getitem__)
@@ -435,13 +434,32 @@ class AutoK:
         that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
         rates = self._rates(history, acceptance, catch_up)
         best = fastest(rates)
-        ramp = ramp_limit(history)
+        ramp = self._ramp_limit(history)
         if best <= ramp:
             return best
         if not history.is_draft_model:
             return ramp
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
+
+    def _ramp_limit(self, history: KeyHistory) -> int:
+        """The longest draft a source may make now in this reply: at first RAMP_START for a draft model
+        and the lookup's start (RAMP_START or more) for a lookup, then twice what its last draft kept, but
+        at least one for a draft model and the start for a lookup (see RAMP_START)."""
+        start = RAMP_START if history.is_draft_model else self._lookup_ramp_start()
+        if history.last_kept_in_reply is None:
+            return start
+        return max(1 if history.is_draft_model else start, 2 * history.last_kept_in_reply)
+
+    def _lookup_ramp_start(self) -> int:
+        """RAMP_START, or the longest lookup draft whose verify costs at most LOOKUP_RAMP_LOSS plain steps
+        more than a plain step where that is longer (V never falls as n grows, so the first length past
+        the bound ends the search)."""
+        bound = (1 + LOOKUP_RAMP_LOSS) * self.verify(1)
+        k = min(RAMP_START, self.max_k)
+        while k < self.max_k and self.verify(k + 2) <= bound:
+            k += 1
+        return k
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
