@@ -320,6 +320,7 @@ class AutoK:
         self.max_k = max_k
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
+        self._lookup_start: int | None = None  # the lookups' ramp start, priced once per reply
 
     @property
     def needs_costs(self) -> bool:
@@ -339,6 +340,7 @@ class AutoK:
                 history.catch_up_fixed = max(0.0, low_seconds - per_token * low) / self.verify.level
 
     def begin_reply(self) -> None:
+        self._lookup_start = None
         for history in self.keys.values():
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
@@ -454,12 +456,15 @@ class AutoK:
     def _lookup_ramp_start(self) -> int:
         """RAMP_START, or the longest lookup draft whose verify costs at most LOOKUP_RAMP_LOSS plain steps
         more than a plain step where that is longer (V never falls as n grows, so the first length past
-        the bound ends the search)."""
-        bound = (1 + LOOKUP_RAMP_LOSS) * self.verify(1)
-        k = min(RAMP_START, self.max_k)
-        while k < self.max_k and self.verify(k + 2) <= bound:
-            k += 1
-        return k
+        the bound ends the search). Priced once per reply: on a flat curve the search takes 0.1 ms, and a
+        chain asks for it several times a step."""
+        if self._lookup_start is None:
+            bound = (1 + LOOKUP_RAMP_LOSS) * self.verify(1)
+            k = min(RAMP_START, self.max_k)
+            while k < self.max_k and self.verify(k + 2) <= bound:
+                k += 1
+            self._lookup_start = k
+        return self._lookup_start
 
     def _history(self, key: str) -> KeyHistory:
         return self.keys.setdefault(key, KeyHistory())
