@@ -59,7 +59,7 @@ from speccli.util.sequences import common_prefix_length
 # Longest draft `auto` chooses. Each verified row costs a row of logits in llama.cpp's output buffer
 # (1 MB at Gemma's 262k-token vocabulary, kept at its largest size), and past ~24 the extra tokens a
 # step could yield rarely pay for a wider verify on a CPU; with 24, `--spec ngram` at a 16k-token context
-# peaked 35 MiB over the target alone (tests/benchmarks/ngram_memory.py and the README).
+# peaked 35-40 MiB over the target alone (tests/benchmarks/ngram_memory.py and the README).
 AUTO_MAX_K = 24
 # Verify sizes timed once per generator. The largest is the widest verify `auto` makes: profiling more
 # rows would grow that buffer for nothing (32 rows: 7 MB more at Gemma's vocabulary).
