@@ -38,7 +38,7 @@ from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
 from speccli.drafting.base import Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
-from speccli.drafting.model import CATCH_UP_SIZES
+from speccli.drafting.model import CATCH_UP_SIZES, tokens_to_catch_up
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import PROFILED_SIZES, VerifyCosts
 from speccli.drafting.specs import make_policy
@@ -136,8 +136,7 @@ class ReplayedModel:
         return Draft(self.name, self.name, drafted, None, catch_up_tokens=catch_up, continuation=taken_over)
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
-        pending = len(context) - self.held  # as ModelDrafter: more than a drafting step leaves behind
-        return pending - 1 if pending > 2 else 0
+        return tokens_to_catch_up(len(context), self.held)
 
     def catch_up_cost(self, tokens: int) -> float:
         """Draft decodes of a catch-up of `tokens`."""
