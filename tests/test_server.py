@@ -31,7 +31,9 @@ from typer.testing import CliRunner
 from speccli.chat.session import Conversation, chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.llama.model import LoadOptions, Model
-from speccli.server.app import APIError
+from speccli.core.stats import RunStats, StepEvent
+from speccli.server.app import APIError, speculative_summary
+from speccli.server.metrics import Metrics
 from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
@@ -251,6 +253,31 @@ def test_metrics_add_up_the_responses(chat_pair):
     steps = sum(r.model_extra["speculative"]["target_decodes"] for r in replies)
     assert sum(float(v) for v in re.findall(r'^speccli_k_chosen_total\{k="\d+"\} (\S+)$', text, re.MULTILINE)) == steps
     assert metric(text, "tokens_per_second") > 0
+    for field, name in (("draft_seconds", "draft_seconds_total"), ("catch_up_seconds", "draft_catch_up_seconds_total"),
+                        ("target_seconds", "target_seconds_total")):
+        assert metric(text, name) == pytest.approx(sum(r.model_extra["speculative"][field] for r in replies), abs=1e-5)
+    assert metric(text, "target_seconds_total") > 0
+
+
+def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() -> None:
+    # A model draft of 5 whose last 3 the lookup took over (after a catch-up), then a plain step.
+    stats = RunStats()
+    stats.add(StepEvent(5, 4, 0.5, 1.0, 0.1, "model", catch_up_seconds=0.2, continuation=("ngram", 3)))
+    stats.add(StepEvent(0, 0, 0.0, 0.25, 0.05))
+    summary = speculative_summary(stats, Speculation("ngram+model", None))
+    assert {key: summary[key] for key in ("take_overs", "draft_seconds", "catch_up_seconds", "target_seconds")} == {
+        "take_overs": {"ngram": 1}, "draft_seconds": 0.5, "catch_up_seconds": 0.2, "target_seconds": 1.25,
+    }
+    metrics = Metrics()
+    metrics.record(stats, "completed")
+    metrics.record(stats, "completed")
+    lines = set(metrics.render().splitlines())
+    assert {
+        'speccli_take_overs_total{source="ngram"} 2',
+        "speccli_draft_seconds_total 1",
+        "speccli_draft_catch_up_seconds_total 0.4",
+        "speccli_target_seconds_total 2.5",
+    } <= lines
 
 
 # --- bad input --------------------------------------------------------------------------------------

@@ -340,6 +340,10 @@ def speculative_summary(stats: RunStats, speculation: Speculation) -> dict:
                      "acceptance_rate": round(counts.acceptance_rate, 4)}
             for source, counts in sorted(stats.by_source.items())
         },
+        "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
         "decode_tokens_per_second": round(stats.tokens_per_second, 2),
         "prefill_seconds": round(stats.prefill_seconds, 6),
+        "draft_seconds": round(stats.draft_seconds, 6),
+        "catch_up_seconds": round(stats.catch_up_seconds, 6),  # of draft_seconds
+        "target_seconds": round(stats.target_seconds, 6),
     }

@@ -67,8 +67,17 @@ class Metrics:
                [(f'{{position="{i + 1}"}}', float(r)) for i, r in enumerate(totals.acceptance_by_position())])
         metric("k_chosen_total", "counter", "Steps by draft length chosen (the K; 0: nothing drafted).",
                [(f'{{k="{k}"}}', n) for k, n in sorted(totals.draft_lengths.items())])
+        metric("take_overs_total", "counter", "Steps in which a source took a costlier source's draft over.",
+               [(f'{{source="{s}"}}', n) for s, n in sorted(totals.take_overs.items())])
         metric("decode_seconds_total", "counter", "Seconds spent in decode steps (prefill excluded).",
                [("", float(totals.decode_seconds))])
+        metric("draft_seconds_total", "counter", "Of decode_seconds_total: drafting (draft-model decodes, lookups).",
+               [("", float(totals.draft_seconds))])
+        metric("draft_catch_up_seconds_total", "counter",
+               "Of draft_seconds_total: a draft model taking in tokens it skipped while other sources drafted.",
+               [("", float(totals.catch_up_seconds))])
+        metric("target_seconds_total", "counter", "Of decode_seconds_total: target decodes (verification).",
+               [("", float(totals.target_seconds))])
         metric("prefill_seconds_total", "counter", "Seconds spent reading prompts into the caches.",
                [("", float(totals.prefill_seconds))])
         metric("tokens_per_second", "gauge", "Decode speed over all requests: tokens generated / decode seconds.",
