@@ -2,10 +2,12 @@
 the same recording and costs give the same figures."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from speccli.core.sampling import top_probability
 from speccli.drafting.policy import VerifyCosts
-from tests.benchmarks.replay import Reply, record, replay
+from tests.benchmarks.replay import RecordedDraftModel, Reply, compact, record, replay
 from tests.conftest import loaded_related_pair
 
 COSTS = VerifyCosts({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.2, 16: 3.5})
@@ -57,3 +59,24 @@ def test_a_draft_models_catch_up_is_priced_where_it_skipped_the_lookups_steps() 
     assert priced == [pytest.approx(len(tokens) / (cost + (0.5 + 0.25 * 7) * C))]
     # Drafting every step, the model alone never falls behind: nothing to catch up.
     assert replay([reply], "model", 2, 1, C, COSTS, catch_up=(0.5, 0.25)) == replay([reply], "model", 2, 1, C, COSTS)
+
+
+def test_the_stand_in_draft_model_gives_each_recorded_token_at_its_confidence_then_misses() -> None:
+    """ModelDrafter reads the draft's token as the row's argmax and its confidence as the row's top
+    probability: the stand-in's rows give back what was recorded, confident or not, and past the
+    recorded depth an id the recording never uses (a miss). Ids are renumbered densely first."""
+    confidences = [1.0, 0.9, 0.5, 0.3, 0.05]
+    reply = Reply("t", [700, 3], [900, 700], [[(900 + i, c) for i, c in enumerate(confidences)], [(5, 1.0)]])
+    (compacted,), n_vocab = compact([reply])
+    assert compacted.prompt == [0, 1] and compacted.tokens == [2, 0] and n_vocab == 8 + 20 + 1  # 8 ids, 20 to share 0.95, the miss
+    model = RecordedDraftModel(n_vocab)
+    model.reply = compacted
+    model.decode(compacted.prompt[:-1], n_logit_rows=0)
+    model.step_from(len(compacted.prompt))
+    rows = [model.decode([compacted.prompt[-1]])[0]]
+    for _ in range(len(confidences)):
+        rows.append(model.decode([int(rows[-1].argmax())])[0])
+    scratch = np.empty(n_vocab, dtype=np.float32)
+    read = [(int(row.argmax()), round(top_probability(row, out=scratch), 6)) for row in rows]
+    assert read == [(2, 1.0), (3, 0.9), (4, 0.5), (5, 0.3), (6, 0.05), (n_vocab - 1, 0.5)]
+    assert (model.decodes, model.caught_up) == (6, 0) and model.n_past == len(compacted.prompt) + 5

@@ -16,16 +16,6 @@ from speccli.llama.model import Model
 CATCH_UP_SIZES = (2, 16)
 
 
-def tokens_to_catch_up(context_length: int, held: int) -> int:
-    """Tokens a draft model whose cache holds `held` tokens takes in as one batched decode before it
-    drafts at the end of a context of `context_length`: the context grew without it (lookup drafts or
-    plain steps meanwhile) by more than the two a drafting step leaves behind (the pending token, and
-    the previous bonus token if the draft never decoded it). All but the last: that one is decoded with
-    the first draft token."""
-    pending = context_length - held
-    return pending - 1 if pending > 2 else 0
-
-
 class ModelDrafter:
     """Drafts with a draft `Model`, keeping its KV cache a prefix of the context between steps."""
 
@@ -41,7 +31,12 @@ class ModelDrafter:
             self.model.decode(self.visible(context[self.model.n_past : -1]), n_logit_rows=0)
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
-        return tokens_to_catch_up(len(context), self.model.n_past)
+        """Tokens taken in as one batched decode before drafting at the end of `context`: the context
+        grew without this model (lookup drafts or plain steps meanwhile) by more than the two a drafting
+        step leaves behind (the pending token, and the previous bonus token if the draft never decoded
+        it). All but the last: that one is decoded with the first draft token."""
+        pending = len(context) - self.model.n_past
+        return pending - 1 if pending > 2 else 0
 
     def propose(self, request: DraftRequest) -> Draft:
         model = self.model

@@ -7,7 +7,8 @@
 of the same code differ by more than most policy changes (a task by 10-20%). Here nothing is timed.
 The models run once, to record, for each bench prompt, the target's greedy reply and, at each of its
 positions, the draft model's greedy continuation with its confidences (to a few tokens past its first
-miss). Then each spec's real drafters, chain and `auto` policy step through the replies with their
+miss). Then each spec's real drafters, chain and `auto` policy step through the replies (ModelDrafter
+over a stand-in for the draft model that returns the recorded tokens and confidences) with their
 costs fixed (c per draft-model decode, V(n) per verify of n rows, A + B*m draft decodes for a draft
 model to take in m tokens it skipped while the lookup drafted; catch_up_costs.py measures them, here
 Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token that differs from the
@@ -38,7 +39,7 @@ from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
 from speccli.drafting.base import Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
-from speccli.drafting.model import CATCH_UP_SIZES, tokens_to_catch_up
+from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import PROFILED_SIZES, VerifyCosts
 from speccli.drafting.specs import make_policy
@@ -91,71 +92,83 @@ def record(target: Model, draft: Model, prompts: Sequence[tuple[str, list[int]]]
     return replies
 
 
-class ReplayedModel:
-    """The draft model as ModelDrafter drafts, its tokens and confidences read from the recording."""
+class RecordedDraftModel:
+    """Stands in for the draft `Model` under the real ModelDrafter: each decode returns a logits row whose
+    greedy token and top probability are the recording's, and counts what a real decode would cost.
 
-    name = "model"
+    Its cache is the list of tokens it was given. The replay says where each step's context ends
+    (`step_from`): the n-th decode that asks for logits from there is the draft's n-th token of the
+    continuation recorded at that position (past the recorded depth, a miss with confidence 0.5). Token
+    ids are compacted (`compact`), so a row is as wide as the ids the recording uses, not a vocabulary."""
 
-    def __init__(self, catch_up: tuple[float, float] = (0.0, 0.0)) -> None:
+    n_ctx = 1 << 30  # the recording's replies fit
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab  # the id n_vocab - 1 occurs nowhere in the recording: a miss
+        self.held: list[int] = []
         self.reply: Reply | None = None
-        self.decodes = 0  # draft decodes this step, a withheld token's included
-        self.catch_up = catch_up  # (a, b): taking in m skipped tokens costs a + b * m draft decodes
-        self.catch_up_decodes = 0.0  # this step's catch-up, in draft decodes
-        self.held = 0  # context tokens the draft's cache holds, as ModelDrafter's would
+        self.context_length = 0
+        self.decodes = 0  # decodes with logits since `step_from`: draft tokens, a withheld one's included
+        self.caught_up = 0  # tokens decoded without logits since `step_from`: a catch-up
 
-    def propose(self, request: DraftRequest) -> Draft:
-        t = len(request.context) - len(self.reply.prompt)
-        recorded = self.reply.drafts[t]
-        catch_up = self.catch_up_tokens(request.context)
-        k = request.length_for(self.name, request.limit, catch_up)
-        drafted: list[int] = []
-        continuation = Draft.nothing()
-        self.decodes = 0
-        self.catch_up_decodes = 0.0
-        if k <= 0:
-            return Draft.nothing()
-        pending = len(request.context) - self.held
-        if catch_up:
-            self.catch_up_decodes = self.catch_up_cost(catch_up)
-            pending = 1
-        self.held = len(request.context) - pending
-        for i in range(k):
-            token, confidence = recorded[i] if i < len(recorded) else (-1, 0.5)
-            self.decodes += 1
-            self.held += pending if i == 0 else 1
-            if not request.keep_drafting(self.name, lambda: confidence):
-                break
-            drafted.append(token)
-            if i + 1 < k:
-                continuation = request.take_over(drafted)
-                if continuation.tokens:
-                    break
-        if not drafted:
-            return Draft("", self.name, [], None, catch_up_tokens=catch_up)
-        taken_over = continuation if continuation.tokens else None
-        return Draft(self.name, self.name, drafted, None, catch_up_tokens=catch_up, continuation=taken_over)
+    @property
+    def n_past(self) -> int:
+        return len(self.held)
 
-    def catch_up_tokens(self, context: Sequence[int]) -> int:
-        return tokens_to_catch_up(len(context), self.held)
+    def step_from(self, context_length: int) -> None:
+        self.context_length, self.decodes, self.caught_up = context_length, 0, 0
 
-    def catch_up_cost(self, tokens: int) -> float:
-        """Draft decodes of a catch-up of `tokens`."""
-        return self.catch_up[0] + self.catch_up[1] * tokens
+    def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
+        self.held.extend(tokens)
+        if not n_logit_rows:
+            self.caught_up += len(tokens)
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        self.decodes += 1
+        recorded = self.reply.drafts[self.context_length - len(self.reply.prompt)]
+        depth = len(self.held) - self.context_length
+        token, confidence = recorded[depth] if depth < len(recorded) else (self.n_vocab - 1, 0.5)
+        return self._logits(token, confidence)[None]
 
-    def sync(self, context: Sequence[int]) -> None:
-        self.held = len(context) - 1
+    def _logits(self, token: int, confidence: float) -> np.ndarray:
+        """A row whose argmax is `token`, at probability `confidence`: the rest is spread evenly over
+        enough other ids that none of them is as likely."""
+        row = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+        row[token] = 0.0
+        if confidence < 1:
+            others = [i for i in range(self.n_vocab) if i != token][: others_needed(confidence)]
+            row[others] = np.log((1 - confidence) / confidence / len(others))
+        return row
 
-    def forget(self, n_tokens: int) -> None:
-        self.held = min(self.held, n_tokens)
-
-    def observe(self, step: StepEvent) -> None:
-        pass
+    def truncate(self, n_tokens: int) -> None:
+        del self.held[n_tokens:]
 
     def reset(self) -> None:
-        self.held = 0
+        self.held = []
 
-    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
-        return {}  # told at calibration
+
+def others_needed(confidence: float) -> int:
+    """How many other ids must share 1 - `confidence` for each to be less likely than the top token."""
+    return int(np.ceil((1 - confidence) / confidence)) + 1
+
+
+def compact(replies: list[Reply]) -> tuple[list[Reply], int]:
+    """The replies with every token id renumbered densely (equal ids stay equal, so every lookup and
+    comparison is the same), and a row width for the stand-in draft model: the ids used, then enough
+    more that the least confident token recorded can be given at its confidence, then one for a miss."""
+    ids: dict[int, int] = {}
+
+    def renumber(tokens: Sequence[int]) -> list[int]:
+        return [ids.setdefault(token, len(ids)) for token in tokens]
+
+    def renumber_draft(draft: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        return [(ids.setdefault(token, len(ids)), confidence) for token, confidence in draft]
+
+    compacted = [
+        Reply(reply.task, renumber(reply.prompt), renumber(reply.tokens), [renumber_draft(d) for d in reply.drafts])
+        for reply in replies
+    ]
+    lowest = min((confidence for reply in replies for draft in reply.drafts for _, confidence in draft), default=1.0)
+    return compacted, len(ids) + others_needed(lowest) + 1
 
 
 def replay(
@@ -169,12 +182,20 @@ def replay(
     catch_up: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds;
-    K chosen by `auto` where `k` is None."""
-    model = ReplayedModel(catch_up)
-    sources = {"model": [model], "ngram": [NgramDrafter()], "ngram+model": [NgramDrafter(), model]}[spec]
+    K chosen by `auto` where `k` is None. A draft model's catch-up of m tokens costs A + B * m draft
+    decodes, `catch_up` = (A, B)."""
+    replies, n_vocab = compact(replies)
+    model = RecordedDraftModel(n_vocab)
+
+    def catch_up_decodes(tokens: int) -> float:
+        return catch_up[0] + catch_up[1] * tokens if tokens else 0.0
+
+    model_drafter = ModelDrafter(model)
+    lookup = NgramDrafter()
+    sources = {"model": [model_drafter], "ngram": [lookup], "ngram+model": [lookup, model_drafter]}[spec]
     drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
     policy = make_policy(k)
-    catch_up_seconds = {n: model.catch_up_cost(n) * c * UNIT for n in CATCH_UP_SIZES}
+    catch_up_seconds = {n: catch_up_decodes(n) * c * UNIT for n in CATCH_UP_SIZES}
     draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if "model" in spec else {}
     policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs)
     rng = np.random.default_rng(0)
@@ -188,20 +209,21 @@ def replay(
             context, cost, t, steps = list(reply.prompt), 0.0, 0, []
             while t < len(reply.tokens):
                 limit = len(reply.tokens) - t - 1
-                model.decodes = 0
+                model.step_from(len(context))
                 draft = Draft.nothing()
                 if limit > 0:
-                    request = DraftRequest(context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting)
+                    request = DraftRequest(
+                        context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting
+                    )
                     draft = drafter.propose(request)
                 proposed = draft.proposed
                 truth = reply.tokens[t:]
                 accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
                 new_tokens = truth[: accepted + 1]
-                asked = draft.key == "model"  # a model draft withheld whole still decoded
-                decodes = model.decodes + model.catch_up_decodes if asked else 0
+                caught_up = catch_up_decodes(model.caught_up)
                 step = StepEvent(
-                    len(proposed), accepted, decodes * c * UNIT, verify.decode(len(proposed) + 1) * UNIT, 0.0,
-                    draft.source or None, model.catch_up_decodes * c * UNIT if asked else 0.0,
+                    len(proposed), accepted, (model.decodes + caught_up) * c * UNIT,
+                    verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, caught_up * c * UNIT,
                     (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
                 )
                 policy.observe(draft, step)
