@@ -279,7 +279,8 @@ def main() -> None:
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     c, verify = parse_costs(args.costs)
     catch_up = tuple(map(float, args.catch_up.split(",")))
-    configurations = [(spec, None if k == "auto" else int(k)) for spec in args.spec.split(",") for k in args.k.split(",")]
+    ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
+    configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
     results = {
         f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
         for spec, k in configurations
