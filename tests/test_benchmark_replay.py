@@ -68,7 +68,8 @@ def test_the_stand_in_draft_model_gives_each_recorded_token_at_its_confidence_th
     confidences = [1.0, 0.9, 0.5, 0.3, 0.05]
     reply = Reply("t", [700, 3], [900, 700], [[(900 + i, c) for i, c in enumerate(confidences)], [(5, 1.0)]])
     (compacted,), n_vocab = compact([reply])
-    assert compacted.prompt == [0, 1] and compacted.tokens == [2, 0] and n_vocab == 8 + 20 + 1  # 8 ids, 20 to share 0.95, the miss
+    assert compacted.prompt == [0, 1] and compacted.tokens == [2, 0]
+    assert n_vocab == 8 + 20 + 1  # 8 ids, 20 more to share 0.95 (the least confidence), the miss
     model = RecordedDraftModel(n_vocab)
     model.reply = compacted
     model.decode(compacted.prompt[:-1], n_logit_rows=0)

@@ -30,11 +30,11 @@ from typer.testing import CliRunner
 
 from speccli.chat.session import Conversation, chat_format_for
 from speccli.cli.app import app as cli_app
-from speccli.llama.model import LoadOptions, Model
 from speccli.core.stats import RunStats, StepEvent
+from speccli.llama.model import LoadOptions, Model
 from speccli.server.app import APIError, speculative_summary
-from speccli.server.metrics import Metrics
 from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
+from speccli.server.metrics import Metrics
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
 from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
@@ -278,6 +278,7 @@ def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() ->
         "speccli_draft_catch_up_seconds_total 0.4",
         "speccli_target_seconds_total 2.5",
     } <= lines
+    assert {f"# TYPE speccli_{name} counter" for name in ("take_overs_total", "draft_catch_up_seconds_total")} <= lines
 
 
 # --- bad input --------------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ class RecordedDraftModel:
     Its cache is the list of tokens it was given. The replay says where each step's context ends
     (`step_from`): the n-th decode that asks for logits from there is the draft's n-th token of the
     continuation recorded at that position (past the recorded depth, a miss with confidence 0.5). Token
-    ids are compacted (`compact`), so a row is as wide as the ids the recording uses, not a vocabulary."""
+    ids are compacted (`compact`), so a row is as wide as the ids the recording uses, not a vocabulary.
+    A confidence read back from a row is the recorded one to float32 rounding (within 3e-7)."""
 
     n_ctx = 1 << 30  # the recording's replies fit
 
@@ -126,6 +127,7 @@ class RecordedDraftModel:
         self.decodes += 1
         recorded = self.reply.drafts[self.context_length - len(self.reply.prompt)]
         depth = len(self.held) - self.context_length
+        assert depth >= 0, "logits asked for before the step's context ends"
         token, confidence = recorded[depth] if depth < len(recorded) else (self.n_vocab - 1, 0.5)
         return self._logits(token, confidence)[None]
 
@@ -135,7 +137,8 @@ class RecordedDraftModel:
         row = np.full(self.n_vocab, -np.inf, dtype=np.float32)
         row[token] = 0.0
         if confidence < 1:
-            others = [i for i in range(self.n_vocab) if i != token][: others_needed(confidence)]
+            candidates = np.arange(others_needed(confidence) + 1)
+            others = candidates[candidates != token][: others_needed(confidence)]
             row[others] = np.log((1 - confidence) / confidence / len(others))
         return row
 
@@ -220,10 +223,10 @@ def replay(
                 truth = reply.tokens[t:]
                 accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
                 new_tokens = truth[: accepted + 1]
-                caught_up = catch_up_decodes(model.caught_up)
+                catch_up_cost = catch_up_decodes(model.caught_up)
                 step = StepEvent(
-                    len(proposed), accepted, (model.decodes + caught_up) * c * UNIT,
-                    verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, caught_up * c * UNIT,
+                    len(proposed), accepted, (model.decodes + catch_up_cost) * c * UNIT,
+                    verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, catch_up_cost * c * UNIT,
                     (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
                 )
                 policy.observe(draft, step)
