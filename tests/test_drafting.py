@@ -546,8 +546,8 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
 def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start) -> None:
     """A lookup starts each reply at the longest draft whose verify costs at most twice a plain step, or
     at RAMP_START where that is shorter (Qwen's profile: 3), grows to twice what its last draft kept,
-    and after a draft that kept nothing drafts its start again. On a flat curve the start is the
-    longest draft `auto` makes."""
+    drafts as long as its estimates choose once a draft was kept whole, and after a draft that kept
+    nothing drafts its start again. On a flat curve the start is the longest draft `auto` makes."""
     policy = calibrated(curve, {})
     learn(policy, "ngram:12+", 24, 24, 30, token_cost=0.0004)
     policy.begin_reply()
@@ -555,9 +555,11 @@ def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_st
         assert policy.verify(start + 1) <= 2 * policy.verify(1)
         assert start == 24 or policy.verify(start + 2) > 2 * policy.verify(1)
     assert policy.length_for("ngram:12+", 24) == start
-    learn(policy, "ngram:12+", start, start, 1, token_cost=0.0004)
-    assert policy.length_for("ngram:12+", 24) == min(2 * start, 24)
-    learn(policy, "ngram:12+", min(2 * start, 24), 0, 1, token_cost=0.0004)
+    learn(policy, "ngram:12+", start, start - 1, 1, token_cost=0.0004)  # its last token missed
+    assert policy.length_for("ngram:12+", 24) == min(max(start, 2 * (start - 1)), 24)
+    learn(policy, "ngram:12+", 3, 3, 1, token_cost=0.0004)  # kept whole: its estimates choose from here
+    assert policy.length_for("ngram:12+", 24) == 24
+    learn(policy, "ngram:12+", 24, 0, 1, token_cost=0.0004)
     assert policy.length_for("ngram:12+", 24) == start
 
 

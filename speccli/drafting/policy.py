@@ -88,7 +88,14 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # LOOKUP_RAMP_LOSS) V(1)): 8 tokens on Gemma's F32 target here, 3 or 4 on Qwen 1.5B, so RAMP_START
 # there. (Replayed, catch-ups priced, against RAMP_START alone: Gemma `ngram+model` 1.96 -> 2.06 on the
 # bench's prompts, 2.24 -> 2.36 held out, 4.86 -> 5.01 long. The cost-derived 3 alone on one Qwen bench
-# run's profile lost 0.3-0.7%.)
+# run's profile lost 0.3-0.7%.) Once a lookup's draft is kept whole, its key's estimates alone choose
+# its length for the rest of the reply: a match kept whole is text being copied, which goes on until
+# it stops, and doubling from there only added verifies on the way (replayed, catch-ups priced, against
+# doubling: Qwen `ngram+model` 1.363 -> 1.381 and `ngram` 1.390 -> 1.420 on the bench's prompts, 1.238
+# -> 1.247 and 1.239 -> 1.247 held out, 1.297 -> 1.306 and 1.304 -> 1.313 long; Gemma 2.062 -> 2.071 and
+# 1.880 -> 1.899, 2.362 -> 2.420 and 2.171 -> 2.223, 5.008 -> 5.093 and 4.820 -> 4.842; the worst task
+# Qwen's held-out `explain`, 1.27 -> 1.21, where a 24-token lookup kept 5. A draft model kept whole,
+# unramped the same way, lost on Gemma's held-out prompts, 1.484 -> 1.443.)
 RAMP_START = 4
 LOOKUP_RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
@@ -258,6 +265,7 @@ class KeyHistory:
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
     last_kept_in_reply: int | None = None  # tokens this key's last draft in this reply kept (None: none yet)
+    last_kept_whole: bool = False  # and whether that was every token it drafted
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -406,6 +414,7 @@ class AutoK:
             return
         history.add(drafted, accepted)
         history.last_kept_in_reply = kept_run
+        history.last_kept_whole = kept_run >= drafted
         per_token = seconds / drafted / self.verify.level
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
@@ -447,10 +456,13 @@ class AutoK:
     def _ramp_limit(self, history: KeyHistory) -> int:
         """The longest draft a source may make now in this reply: at first RAMP_START for a draft model
         and the lookup's start (RAMP_START or more) for a lookup, then twice what its last draft kept, but
-        at least one for a draft model and the start for a lookup (see RAMP_START)."""
+        at least one for a draft model and the start for a lookup; no limit for a lookup whose last draft
+        was kept whole (see RAMP_START)."""
         start = RAMP_START if history.is_draft_model else self._lookup_ramp_start()
         if history.last_kept_in_reply is None:
             return start
+        if history.last_kept_whole and not history.is_draft_model:
+            return self.max_k
         return max(1 if history.is_draft_model else start, 2 * history.last_kept_in_reply)
 
     def _lookup_ramp_start(self) -> int:
