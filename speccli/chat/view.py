@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from speccli.core.stats import RunStats, Source
+from speccli.core.stats import RunStats, Source, drafting_record
 
 Mode = Literal["terminal", "plain", "json"]
 
@@ -145,27 +145,12 @@ def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
 
 def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:
     return {
-        "mean_draft_length": round(stats.mean_draft_length, 4),
-        "draft_lengths": {str(length): count for length, count in sorted(stats.draft_lengths.items())},
-        "by_source": {
-            source: {"drafted": counts.drafted, "accepted": counts.accepted, "acceptance_rate": round(counts.acceptance_rate, 4)}
-            for source, counts in sorted(stats.by_source.items())
-        },
         "prompt_tokens": stats.prompt_tokens,
-        "prefill_seconds": round(stats.prefill_seconds, 6),
         "generated_tokens": stats.generated,
-        "target_decodes": stats.steps,
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "acceptance_rate": round(stats.acceptance_rate, 4),
-        "acceptance_by_position": [round(f, 4) for f in stats.acceptance_by_position()],
-        "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
-        "tokens_per_second": round(stats.tokens_per_second, 3),
-        "draft_seconds": round(stats.draft_seconds, 6),
-        "catch_up_seconds": round(stats.catch_up_seconds, 6),  # of draft_seconds
-        "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
-        "target_seconds": round(stats.target_seconds, 6),
+        "mean_draft_length": round(stats.mean_draft_length, 4),
+        **drafting_record(stats),
         "other_seconds": round(stats.other_seconds, 6),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
         "estimated_speedup": _rounded(estimated_speedup(stats, target_token_seconds)),
     }
 

@@ -208,4 +208,27 @@ class RunStats:
         return self.drafted / self.steps if self.steps else 0.0
 
 
+def drafting_record(stats: RunStats) -> dict:
+    """The figures of drafting and verifying in `stats`, rounded for JSON: what chat's `--json` records and
+    the server's `speculative` object both hold, defined once."""
+    return {
+        "drafted": stats.drafted,
+        "accepted": stats.accepted,
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "acceptance_by_position": [round(rate, 4) for rate in stats.acceptance_by_position()],
+        "target_decodes": stats.steps,
+        "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
+        "draft_lengths": {str(length): count for length, count in sorted(stats.draft_lengths.items())},
+        "by_source": {
+            source: {"drafted": counts.drafted, "accepted": counts.accepted, "acceptance_rate": round(counts.acceptance_rate, 4)}
+            for source, counts in sorted(stats.by_source.items())
+        },
+        "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
+        "prefill_seconds": round(stats.prefill_seconds, 6),
+        "draft_seconds": round(stats.draft_seconds, 6),
+        "catch_up_seconds": round(stats.catch_up_seconds, 6),  # of draft_seconds
+        "target_seconds": round(stats.target_seconds, 6),
+    }
+
+
 Event = TokenEvent | StepEvent | DoneEvent

@@ -26,7 +26,7 @@ from starlette.routing import Route
 from speccli.chat.template import ChatFormat, chat_format_for
 from speccli.core.generator import GenerationLimits
 from speccli.core.sampling import SamplingParams
-from speccli.core.stats import DoneEvent, RunStats, TokenEvent
+from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.server.metrics import Metrics
@@ -328,22 +328,6 @@ def speculative_summary(stats: RunStats, speculation: Speculation) -> dict:
         "enabled": speculation.spec is not None,
         "spec": speculation.spec,
         "k": None if speculation.spec is None else ("auto" if speculation.k is None else speculation.k),
-        "drafted": stats.drafted,
-        "accepted": stats.accepted,
-        "acceptance_rate": round(stats.acceptance_rate, 4),
-        "acceptance_by_position": [round(rate, 4) for rate in stats.acceptance_by_position()],
-        "target_decodes": stats.steps,
-        "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
-        "draft_lengths": {str(k): n for k, n in sorted(stats.draft_lengths.items())},
-        "by_source": {
-            source: {"drafted": counts.drafted, "accepted": counts.accepted,
-                     "acceptance_rate": round(counts.acceptance_rate, 4)}
-            for source, counts in sorted(stats.by_source.items())
-        },
-        "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
+        **drafting_record(stats),
         "decode_tokens_per_second": round(stats.tokens_per_second, 2),
-        "prefill_seconds": round(stats.prefill_seconds, 6),
-        "draft_seconds": round(stats.draft_seconds, 6),
-        "catch_up_seconds": round(stats.catch_up_seconds, 6),  # of draft_seconds
-        "target_seconds": round(stats.target_seconds, 6),
     }
