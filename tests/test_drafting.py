@@ -450,6 +450,7 @@ COMPUTE_BOUND = {1: 1.0, 2: 1.42, 4: 2.2, 8: 3.5, 16: 4.0, 32: 7.3}  # Qwen2.5 1
 MEMORY_BOUND = {1: 1.0, 2: 1.06, 4: 1.14, 8: 1.25, 16: 1.39, 32: 1.9}  # Gemma 3 270M F32
 QWEN_PROFILED = {1: 1.0, 2: 1.44, 3: 1.87, 4: 1.62, 5: 2.02, 8: 2.92, 16: 3.43, 32: 6.4}  # one bench run's profile
 GEMMA_PROFILED = {1: 1.0, 2: 1.24, 4: 1.52, 8: 1.83, 16: 2.55}  # Gemma F32's, in this version's runs
+STEEP = {1: 1.0, 2: 1.72, 4: 2.79, 8: 4.57, 16: 5.19, 32: 7.3}  # Qwen 1.5B's on an idle CPU, a row per token
 
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
@@ -542,12 +543,15 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     assert failing_steps <= 20
 
 
-@pytest.mark.parametrize(("curve", "start"), [(MEMORY_BOUND, 24), (GEMMA_PROFILED, 8), (QWEN_PROFILED, RAMP_START)])
-def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start) -> None:
+@pytest.mark.parametrize(
+    ("curve", "start", "after_a_miss"), [(MEMORY_BOUND, 24, 24), (GEMMA_PROFILED, 8, 8), (QWEN_PROFILED, RAMP_START, 3)]
+)
+def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start, after_a_miss) -> None:
     """A lookup starts each reply at the longest draft whose verify costs at most twice a plain step, or
     at RAMP_START where that is shorter (Qwen's profile: 3), grows to twice what its last draft kept,
     drafts as long as its estimates choose once a draft was kept whole, and after a draft that kept
-    nothing drafts its start again. On a flat curve the start is the longest draft `auto` makes."""
+    nothing drafts the best length within its start again (on Qwen's profile 3, whose verify costs
+    less than 4's). On a flat curve the start is the longest draft `auto` makes."""
     policy = calibrated(curve, {})
     learn(policy, "ngram:12+", 24, 24, 30, token_cost=0.0004)
     policy.begin_reply()
@@ -560,7 +564,24 @@ def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_st
     learn(policy, "ngram:12+", 3, 3, 1, token_cost=0.0004)  # kept whole: its estimates choose from here
     assert policy.length_for("ngram:12+", 24) == 24
     learn(policy, "ngram:12+", 24, 0, 1, token_cost=0.0004)
-    assert policy.length_for("ngram:12+", 24) == start
+    assert policy.length_for("ngram:12+", 24) == after_a_miss
+
+
+def test_a_lookup_makes_a_plain_step_where_only_a_draft_past_its_ramp_would_pay() -> None:
+    """Qwen 1.5B on an idle CPU, every verified row's logits: 2 rows cost 1.72 plain steps, 4 rows 2.79.
+    A key that kept 3 of 5 first tokens, its deeper positions never judged (taken at the continuation
+    rate), expects a 15-token draft to pay and every length up to its ramp's start (4) to lose. It
+    makes a plain step, not a losing draft of the ramp's length."""
+    policy = calibrated(STEEP, {})
+    for accepted in (1, 0, 1, 0, 1):
+        learn(policy, "ngram:1-2/once", 1, accepted, 1)
+    policy.begin_reply()
+    first, continuation = policy.keys["ngram:1-2/once"].acceptance(2)
+    expected = [(1 + first * sum(continuation**i for i in range(k))) / policy.verify(k + 1) for k in range(25)]
+    best = max(range(25), key=expected.__getitem__)
+    assert best > RAMP_START and expected[best] > expected[0]  # a long draft would pay (15 tokens)...
+    assert all(rate < expected[0] for rate in expected[1 : RAMP_START + 1])  # ...none the ramp allows
+    assert policy.length_for("ngram:1-2/once", 24) == 0
 
 
 def test_auto_earns_long_drafts_again_in_each_reply() -> None:

@@ -439,17 +439,27 @@ class AutoK:
 
     def _choice(self, history: KeyHistory, acceptance: list[float], catch_up: int = 0) -> int:
         """The draft length that maximises expected tokens per second, within the source's ramp in
-        this reply. Where the best length is past the ramp, the ramp's length is drafted: that is how
-        it is earned. A draft model's ramp cut below RAMP_START by a failed draft may allow too short a
-        draft to pay (one token on a compute-bound target): then the shortest length up to RAMP_START
-        that pays, or RAMP_START's where none does, so a cut never ends drafting for the reply."""
+        this reply. Where the best length is past the ramp, a draft model drafts the ramp's length: that
+        is how it is earned. A lookup drafts the length within its ramp that pays best, none where none
+        pays: its best length past the ramp rests on positions its drafts seldom reach, taken at the
+        key's continuation rate, and on a steep verify curve (Qwen 1.5B on an idle CPU: 2 rows 1.72
+        plain steps, 4 rows 2.79) that lone long draft looked best while every length the ramp allowed
+        lost. Replayed at that curve against drafting the ramp's length, Qwen's chain 1.047 -> 1.072
+        and lookup 1.076 -> 1.094 on the bench's prompts (`table` 0.86 -> 0.89, `code` 0.90 -> 0.93),
+        held out 1.083 -> 1.095 and 1.087 -> 1.099; at the curve of a loaded run (module docstring's
+        replays) 1.381 -> 1.396 and 1.420 -> 1.428, held out 1.247 -> 1.254 and 1.247 -> 1.257; on
+        Gemma's flat curve the ramp's length always pays: unchanged.
+        A draft model's ramp cut below RAMP_START by a failed draft may allow too short a draft to pay
+        (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
+        RAMP_START's where none does, so a cut never ends drafting for the reply (drafting only what
+        pays within the cut, as lookups do, ended it: Qwen `--spec model` 1.191 -> 1.130, replayed)."""
         rates = self._rates(history, acceptance, catch_up)
         best = fastest(rates)
         ramp = self._ramp_limit(history)
         if best <= ramp:
             return best
         if not history.is_draft_model:
-            return ramp
+            return fastest(rates[: ramp + 1])
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
