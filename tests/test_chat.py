@@ -431,7 +431,14 @@ def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
     assert "model 50% of 2 · ngram 100% of 4" in text and "mean 2.0 · 0×1 2×1 4×1" in text
     assert "catch-up" not in text and "take-overs" not in text  # neither happened
     stats.add(StepEvent(5, 5, 0.03, 0.02, 0.0, "model", catch_up_seconds=0.01, continuation=("ngram", 3)))
-    assert stats_record(stats, 0.02)["take_overs"] == {"ngram": 1} and stats_record(stats, 0.02)["catch_up_seconds"] == 0.01
+    record = stats_record(stats, 0.02)
+    assert record["take_overs"] == {"ngram": 1} and record["catch_up_seconds"] == 0.01
+    assert set(record) == {  # what `--json` records of a reply's statistics
+        "prompt_tokens", "generated_tokens", "mean_draft_length", "drafted", "accepted", "acceptance_rate",
+        "acceptance_by_position", "target_decodes", "tokens_per_target_decode", "draft_lengths", "by_source",
+        "take_overs", "prefill_seconds", "draft_seconds", "catch_up_seconds", "target_seconds", "other_seconds",
+        "tokens_per_second", "estimated_speedup",
+    }
     console_file = io.StringIO()
     Console(file=console_file, width=120).print(stats_panel(stats, target_token_seconds=0.02, title="t"))
     text = console_file.getvalue()

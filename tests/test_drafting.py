@@ -576,6 +576,7 @@ def test_a_lookup_makes_a_plain_step_where_only_a_draft_past_its_ramp_would_pay(
     for accepted in (1, 0, 1, 0, 1):
         learn(policy, "ngram:1-2/once", 1, accepted, 1)
     policy.begin_reply()
+    assert policy.verify(RAMP_START + 2) > 2 * policy.verify(1)  # so the lookup's ramp starts at RAMP_START
     first, continuation = policy.keys["ngram:1-2/once"].acceptance(2)
     expected = [(1 + first * sum(continuation**i for i in range(k))) / policy.verify(k + 1) for k in range(25)]
     best = max(range(25), key=expected.__getitem__)

@@ -89,13 +89,15 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # there. (Replayed, catch-ups priced, against RAMP_START alone: Gemma `ngram+model` 1.96 -> 2.06 on the
 # bench's prompts, 2.24 -> 2.36 held out, 4.86 -> 5.01 long. The cost-derived 3 alone on one Qwen bench
 # run's profile lost 0.3-0.7%.) Once a lookup's draft is kept whole, its key's estimates alone choose
-# its length for the rest of the reply: a match kept whole is text being copied, which goes on until
-# it stops, and doubling from there only added verifies on the way (replayed, catch-ups priced, against
-# doubling: Qwen `ngram+model` 1.363 -> 1.381 and `ngram` 1.390 -> 1.420 on the bench's prompts, 1.238
-# -> 1.247 and 1.239 -> 1.247 held out, 1.297 -> 1.306 and 1.304 -> 1.313 long; Gemma 2.062 -> 2.071 and
-# 1.880 -> 1.899, 2.362 -> 2.420 and 2.171 -> 2.223, 5.008 -> 5.093 and 4.820 -> 4.842; the worst task
-# Qwen's held-out `explain`, 1.27 -> 1.21, where a 24-token lookup kept 5. A draft model kept whole,
-# unramped the same way, lost on Gemma's held-out prompts, 1.484 -> 1.443.)
+# its length until one of its drafts is not: a match kept whole is text being copied, which goes on
+# until it stops, and doubling from there only added verifies on the way (replayed, catch-ups priced,
+# against doubling: Qwen `ngram+model` 1.363 -> 1.381 and `ngram` 1.390 -> 1.420 on the bench's prompts,
+# 1.238 -> 1.247 and 1.239 -> 1.247 held out, 1.297 -> 1.306 and 1.304 -> 1.313 long; Gemma 2.062 -> 2.071
+# and 1.880 -> 1.899, 2.362 -> 2.420 and 2.171 -> 2.223, 5.008 -> 5.093 and 4.820 -> 4.842; the largest
+# loss Qwen's held-out `explain`, 1.27 -> 1.21, where a 24-token lookup kept 5). Any draft kept whole
+# counts, however short: counting only those at least as long as the lookup's start, and no re-checks,
+# lost on Qwen (`ngram+model` 1.396 -> 1.373, held out 1.254 -> 1.224). A draft model kept whole,
+# unramped the same way, lost on Gemma's held-out prompts, 1.484 -> 1.443.
 RAMP_START = 4
 LOOKUP_RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
@@ -265,7 +267,7 @@ class KeyHistory:
     unsure_kept: float = 0.0
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
     last_kept_in_reply: int | None = None  # tokens this key's last draft in this reply kept (None: none yet)
-    last_kept_whole: bool = False  # and whether that was every token it drafted
+    last_kept_whole: bool = False  # and whether that was every token it drafted (read for lookups only)
 
     def add(self, drafted: int, accepted: int) -> None:
         """One step: `drafted` tokens (a withheld one included), the first `accepted` of them kept."""
@@ -353,6 +355,7 @@ class AutoK:
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
             history.last_kept_in_reply = None
+            history.last_kept_whole = False
 
     def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
         history = self._history(key)
@@ -419,7 +422,7 @@ class AutoK:
         known = history.token_seconds
         history.token_seconds = per_token if known is None else known + TIMING_WEIGHT * (per_token - known)
         if history.probing:
-            pays = self._best_length(history, history.acceptance(self.max_k)) > 0
+            pays = self._choice(history, history.acceptance(self.max_k)) > 0
             history.failed_probes = 0 if pays else history.failed_probes + 1
 
     def best_rate(self, key: str, available: int, catch_up: int = 0) -> float | None:
@@ -445,21 +448,21 @@ class AutoK:
         key's continuation rate, and on a steep verify curve (Qwen 1.5B on an idle CPU: 2 rows 1.72
         plain steps, 4 rows 2.79) that lone long draft looked best while every length the ramp allowed
         lost. Replayed at that curve against drafting the ramp's length, Qwen's chain 1.047 -> 1.072
-        and lookup 1.076 -> 1.094 on the bench's prompts (`table` 0.86 -> 0.89, `code` 0.90 -> 0.93),
-        held out 1.083 -> 1.095 and 1.087 -> 1.099; at the curve of a loaded run (module docstring's
-        replays) 1.381 -> 1.396 and 1.420 -> 1.428, held out 1.247 -> 1.254 and 1.247 -> 1.257; on
-        Gemma's flat curve the ramp's length always pays: unchanged.
+        and lookup 1.076 -> 1.094 on the bench's prompts (the chain's `table` 0.86 -> 0.89, the
+        lookup's `code` 0.90 -> 0.93), held out 1.083 -> 1.095 and 1.087 -> 1.099; at the curve of a
+        loaded run (RAMP_START's replays) 1.381 -> 1.396 and 1.420 -> 1.428, held out 1.247 -> 1.254
+        and 1.247 -> 1.257; on Gemma's flat curve the ramp's length always pays: unchanged.
         A draft model's ramp cut below RAMP_START by a failed draft may allow too short a draft to pay
         (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
         RAMP_START's where none does, so a cut never ends drafting for the reply (drafting only what
         pays within the cut, as lookups do, ended it: Qwen `--spec model` 1.191 -> 1.130, replayed)."""
         rates = self._rates(history, acceptance, catch_up)
-        best = fastest(rates)
         ramp = self._ramp_limit(history)
-        if best <= ramp:
-            return best
         if not history.is_draft_model:
             return fastest(rates[: ramp + 1])
+        best = fastest(rates)
+        if best <= ramp:
+            return best
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
