@@ -456,10 +456,10 @@ class AutoK:
         (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
         RAMP_START's where none does, so a cut never ends drafting for the reply (drafting only what
         pays within the cut, as lookups do, ended it: Qwen `--spec model` 1.191 -> 1.130, replayed)."""
-        rates = self._rates(history, acceptance, catch_up)
         ramp = self._ramp_limit(history)
-        if not history.is_draft_model:
-            return fastest(rates[: ramp + 1])
+        if not history.is_draft_model:  # the lengths past its ramp are not its to draft: not priced
+            return fastest(self._rates(history, acceptance[:ramp], catch_up))
+        rates = self._rates(history, acceptance, catch_up)
         best = fastest(rates)
         if best <= ramp:
             return best
