@@ -104,9 +104,8 @@ def test_chat_at_temperature_zero_replies_as_llama_cpp_python_does_on_the_target
     batched-vs-single difference, which the greedy tests above allow and explain."""
     question = "In one sentence: what does Python's enumerate() return?"
     max_tokens = 40
-    result = CliRunner().invoke(
-        app, ["chat", PAIR, "-p", question, "--temp", "0", "-n", str(max_tokens), "-c", "1024", "--spec", "ngram", "--k", "4"]
-    )
+    arguments = ["chat", PAIR, "-p", question, "--temp", "0", "-n", str(max_tokens), "-c", "1024"]
+    result = CliRunner().invoke(app, [*arguments, "--spec", "ngram", "--k", "4"])  # fixed drafting
     assert result.exit_code == 0, result.stderr
 
     llama = llama_cpp.Llama(str(qwen_files.target_path), n_ctx=1024, verbose=False)
