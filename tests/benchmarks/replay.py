@@ -15,6 +15,8 @@ Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token tha
 recorded reply. The same code and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
+One policy is kept across the rounds, as bench keeps one across its runs; `--warmup 1` leaves the first
+round out of the figures, as bench leaves out its warm-up round (its estimates carry over all the same).
 
 What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
 near-tie a real run may pick the other token, the target (batched verification against the recorded
@@ -267,10 +269,15 @@ def main() -> None:
         "--catch-up", required=True, help="A,B: a draft model taking in m tokens it skipped costs A + B*m draft decodes"
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="first rounds left out of the figures, as bench leaves out its warm-up"
+    )
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
     parser.add_argument("--prompts", type=Path, help="prompts to record where --recording is missing (bench's format)")
     args = parser.parse_args()
+    if not 0 <= args.warmup < args.rounds:
+        parser.error(f"--warmup must be from 0 to --rounds - 1 ({args.rounds - 1}), got {args.warmup}")
     if not args.recording.exists():
         files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
         options = LoadOptions(n_ctx=2048)
@@ -288,6 +295,7 @@ def main() -> None:
         f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
         for spec, k in configurations
     }
+    results = {label: {task: figures[args.warmup :] for task, figures in by_task.items()} for label, by_task in results.items()}
     labels = list(results)
     tasks = list(results[labels[0]])
     width = max(10, *(len(task) + 1 for task in tasks))  # a prompt file's task names may be longer
