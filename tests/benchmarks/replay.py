@@ -43,7 +43,7 @@ from speccli.drafting.base import Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import PROFILED_SIZES, VerifyCosts
+from speccli.drafting.policy import AUTO_MAX_K, PROFILED_SIZES, VerifyCosts
 from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
@@ -247,9 +247,16 @@ def replay(
 
 
 def parse_costs(text: str) -> tuple[float, VerifyCosts]:
-    """"C:V2,V4,V8,V16" (target 1-token decodes) -> c, and V(n) through those points."""
-    c_text, v_text = text.split(":")
-    return float(c_text), VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), map(float, v_text.split(","))))})
+    """"C:V2,V4,V8,V16" (target 1-token decodes) -> c, and V(n) through those points; or "C:V1,..,V25",
+    a curve timed at every size (on a CPU it need not be monotone: see the README)."""
+    c_text, colon, v_text = text.partition(":")
+    if not colon:
+        raise ValueError(f"expected C:V2,V4,V8,V16, got {text!r}")
+    values = [float(value) for value in v_text.split(",")]
+    sizes = range(1, len(values) + 1) if len(values) == AUTO_MAX_K + 1 else (2, 4, 8, 16)
+    if len(values) != len(sizes):
+        raise ValueError(f"expected V2,V4,V8,V16 or V1..V{AUTO_MAX_K + 1} after the colon, got {len(values)} values")
+    return float(c_text), VerifyCosts({1: 1.0, **dict(zip(sizes, values))})
 
 
 def step_text(step: StepEvent) -> str:
@@ -261,7 +268,9 @@ def step_text(step: StepEvent) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pair")
-    parser.add_argument("--costs", required=True, help="C:V2,V4,V8,V16 in target 1-token decodes")
+    parser.add_argument(
+        "--costs", required=True, help="C:V2,V4,V8,V16 (or C:V1,..,V25) in target 1-token decodes"
+    )
     parser.add_argument("--recording", type=Path, required=True, help="JSON file: written if missing, else replayed")
     parser.add_argument("--spec", default="ngram+model,model,ngram")
     parser.add_argument("--k", default="auto", help="comma list of K: auto or a number (each with each spec)")
@@ -287,7 +296,10 @@ def main() -> None:
             replies = record(target, draft, prompts, args.n_predict)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
-    c, verify = parse_costs(args.costs)
+    try:
+        c, verify = parse_costs(args.costs)
+    except ValueError as error:
+        parser.error(f"--costs: {error}")
     catch_up = tuple(map(float, args.catch_up.split(",")))
     ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
