@@ -303,11 +303,10 @@ def main() -> None:
     catch_up = tuple(map(float, args.catch_up.split(",")))
     ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
-    results = {
-        f"{spec} {k or 'auto'}": replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
-        for spec, k in configurations
-    }
-    results = {label: {task: figures[args.warmup :] for task, figures in by_task.items()} for label, by_task in results.items()}
+    results = {}
+    for spec, k in configurations:
+        by_task = replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
+        results[f"{spec} {k or 'auto'}"] = {task: figures[args.warmup :] for task, figures in by_task.items()}
     labels = list(results)
     tasks = list(results[labels[0]])
     width = max(10, *(len(task) + 1 for task in tasks))  # a prompt file's task names may be longer
