@@ -7,7 +7,7 @@ import pytest
 
 from speccli.core.sampling import top_probability
 from speccli.drafting.policy import VerifyCosts
-from tests.benchmarks.replay import RecordedDraftModel, Reply, compact, record, replay
+from tests.benchmarks.replay import MeasuredCurve, RecordedDraftModel, Reply, compact, record, replay
 from tests.conftest import loaded_related_pair
 
 COSTS = VerifyCosts({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.2, 16: 3.5})
@@ -37,6 +37,23 @@ def test_a_fixed_k_replay_prices_each_step_as_drafted_and_kept(replies) -> None:
             t += kept + 1
         assert replay([reply], "model", 2, 1, C, COSTS)[reply.task] == [pytest.approx(len(reply.tokens) / cost)]
     assert outcomes == {True, False}  # drafts kept whole and drafts cut short both priced
+
+
+def test_a_measured_curve_is_priced_as_given_and_warm_up_replays_are_not_counted(replies) -> None:
+    """A curve timed at every size may dip (3 rows cheaper than 2 here): each K=2 verify of 3 rows costs
+    exactly V(3). Warm-up replays of the first reply add no figures, and under a fixed K (which learns
+    nothing) change none."""
+    curve = MeasuredCurve([1.0, 1.3, 1.2] + [2.0] * 22)
+    for reply in replies:
+        t, cost = 0, 0.0
+        while t < len(reply.tokens):
+            k = min(2, len(reply.tokens) - t - 1)
+            drafted = [token for token, _ in reply.drafts[t][:k]]
+            kept = next((i for i, token in enumerate(drafted) if token != reply.tokens[t + i]), k)
+            cost += k * C + curve.decode(k + 1)
+            t += kept + 1
+        assert replay([reply], "model", 2, 1, C, curve)[reply.task] == [pytest.approx(len(reply.tokens) / cost)]
+    assert replay(replies, "model", 2, 1, C, curve, warmup=3) == replay(replies, "model", 2, 1, C, curve)
 
 
 def test_the_same_recording_and_costs_give_the_same_figures(replies) -> None:

@@ -15,8 +15,10 @@ Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token tha
 recorded reply. The same code and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
-One policy is kept across the rounds, as bench keeps one across its runs; `--warmup 1` leaves the first
-round out of the figures, as bench leaves out its warm-up round (its estimates carry over all the same).
+One policy is kept across the rounds, as bench keeps one across its runs; `--warmup N` first replays
+the first prompt N times unmeasured, as bench's warm-up generates it (what the policy learns there
+carries over). `--costs` also takes a curve timed at every size, V(1)..V(25), priced as given: on a CPU
+it need not be monotone (see the README).
 
 What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
 near-tie a real run may pick the other token, the target (batched verification against the recorded
@@ -182,13 +184,14 @@ def replay(
     k: int | None,
     rounds: int,
     c: float,
-    verify: VerifyCosts,
+    verify: VerifyCosts | MeasuredCurve,
     trace: Sequence[str] = (),
     catch_up: tuple[float, float] = (0.0, 0.0),
+    warmup: int = 0,
 ) -> dict[str, list[float]]:
-    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds;
-    K chosen by `auto` where `k` is None. A draft model's catch-up of m tokens costs A + B * m draft
-    decodes, `catch_up` = (A, B)."""
+    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
+    after `warmup` unmeasured replays of the first reply; K chosen by `auto` where `k` is None. A draft
+    model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B)."""
     replies, n_vocab = compact(replies)
     model = RecordedDraftModel(n_vocab)
 
@@ -205,58 +208,74 @@ def replay(
     policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs)
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for reply in replies:
-            model.reply = reply
-            policy.begin_reply()
-            drafter.forget(0)
-            drafter.sync(reply.prompt)
-            context, cost, t, steps = list(reply.prompt), 0.0, 0, []
-            while t < len(reply.tokens):
-                limit = len(reply.tokens) - t - 1
-                model.step_from(len(context))
-                draft = Draft.nothing()
-                if limit > 0:
-                    request = DraftRequest(
-                        context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting
-                    )
-                    draft = drafter.propose(request)
-                proposed = draft.proposed
-                truth = reply.tokens[t:]
-                accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
-                new_tokens = truth[: accepted + 1]
-                catch_up_cost = catch_up_decodes(model.caught_up)
-                step = StepEvent(
-                    len(proposed), accepted, (model.decodes + catch_up_cost) * c * UNIT,
-                    verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, catch_up_cost * c * UNIT,
-                    (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
+    schedule = [(replies[0], False)] * warmup + [(reply, True) for _ in range(rounds) for reply in replies]
+    for reply, measured in schedule:
+        model.reply = reply
+        policy.begin_reply()
+        drafter.forget(0)
+        drafter.sync(reply.prompt)
+        context, cost, t, steps = list(reply.prompt), 0.0, 0, []
+        while t < len(reply.tokens):
+            limit = len(reply.tokens) - t - 1
+            model.step_from(len(context))
+            draft = Draft.nothing()
+            if limit > 0:
+                request = DraftRequest(
+                    context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting
                 )
-                policy.observe(draft, step)
-                if draft.shadow is not None:
-                    policy.observe_unverified(draft.shadow, new_tokens)
-                drafter.observe(step)
-                cost += (step.draft_seconds + step.target_seconds) / UNIT
-                steps.append(step_text(step))
-                context += new_tokens
-                drafter.forget(len(context) - 1)
-                t += len(new_tokens)
+                draft = drafter.propose(request)
+            proposed = draft.proposed
+            truth = reply.tokens[t:]
+            accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
+            new_tokens = truth[: accepted + 1]
+            catch_up_cost = catch_up_decodes(model.caught_up)
+            step = StepEvent(
+                len(proposed), accepted, (model.decodes + catch_up_cost) * c * UNIT,
+                verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, catch_up_cost * c * UNIT,
+                (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
+            )
+            policy.observe(draft, step)
+            if draft.shadow is not None:
+                policy.observe_unverified(draft.shadow, new_tokens)
+            drafter.observe(step)
+            cost += (step.draft_seconds + step.target_seconds) / UNIT
+            steps.append(step_text(step))
+            context += new_tokens
+            drafter.forget(len(context) - 1)
+            t += len(new_tokens)
+        if measured:
             speedups.setdefault(reply.task, []).append(len(reply.tokens) / cost)
             if reply.task in trace:
                 print(f"{spec} {k or 'auto'} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
     return speedups
 
 
-def parse_costs(text: str) -> tuple[float, VerifyCosts]:
+@dataclass
+class MeasuredCurve:
+    """V(n) timed at every size a verify can have, priced exactly as given: a CPU's curve need not be
+    monotone (VerifyCosts, the policy's estimate, interpolates and keeps its curve non-decreasing)."""
+
+    values: list[float]  # V(1) .. V(AUTO_MAX_K + 1)
+
+    def decode(self, n: int) -> float:
+        return self.values[n - 1]
+
+
+def parse_costs(text: str) -> tuple[float, VerifyCosts | MeasuredCurve]:
     """"C:V2,V4,V8,V16" (target 1-token decodes) -> c, and V(n) through those points; or "C:V1,..,V25",
-    a curve timed at every size (on a CPU it need not be monotone: see the README)."""
+    a curve timed at every size."""
+    every_size = AUTO_MAX_K + 1
     c_text, colon, v_text = text.partition(":")
     if not colon:
-        raise ValueError(f"expected C:V2,V4,V8,V16, got {text!r}")
+        raise ValueError(f"expected C:V2,V4,V8,V16 or C:V1,..,V{every_size}, got {text!r}")
     values = [float(value) for value in v_text.split(",")]
-    sizes = range(1, len(values) + 1) if len(values) == AUTO_MAX_K + 1 else (2, 4, 8, 16)
-    if len(values) != len(sizes):
-        raise ValueError(f"expected V2,V4,V8,V16 or V1..V{AUTO_MAX_K + 1} after the colon, got {len(values)} values")
-    return float(c_text), VerifyCosts({1: 1.0, **dict(zip(sizes, values))})
+    if len(values) == every_size:
+        if values[0] != 1.0:
+            raise ValueError(f"V1 is the unit (1), got {values[0]}")
+        return float(c_text), MeasuredCurve(values)
+    if len(values) != 4:
+        raise ValueError(f"expected V2,V4,V8,V16 or V1..V{every_size} after the colon, got {len(values)} values")
+    return float(c_text), VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), values))})
 
 
 def step_text(step: StepEvent) -> str:
@@ -279,14 +298,18 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--warmup", type=int, default=0, help="first rounds left out of the figures, as bench leaves out its warm-up"
+        "--warmup", type=int, default=0, help="unmeasured replays of the first prompt first, as bench's warm-up"
     )
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
     parser.add_argument("--prompts", type=Path, help="prompts to record where --recording is missing (bench's format)")
     args = parser.parse_args()
-    if not 0 <= args.warmup < args.rounds:
-        parser.error(f"--warmup must be from 0 to --rounds - 1 ({args.rounds - 1}), got {args.warmup}")
+    if args.rounds < 1 or args.warmup < 0:
+        parser.error(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds} and {args.warmup}")
+    try:  # before a missing recording is made: that loads both models
+        c, verify = parse_costs(args.costs)
+    except ValueError as error:
+        parser.error(f"--costs: {error}")
     if not args.recording.exists():
         files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
         options = LoadOptions(n_ctx=2048)
@@ -296,17 +319,14 @@ def main() -> None:
             replies = record(target, draft, prompts, args.n_predict)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
-    try:
-        c, verify = parse_costs(args.costs)
-    except ValueError as error:
-        parser.error(f"--costs: {error}")
     catch_up = tuple(map(float, args.catch_up.split(",")))
     ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
     results = {}
     for spec, k in configurations:
-        by_task = replay(replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up)
-        results[f"{spec} {k or 'auto'}"] = {task: figures[args.warmup :] for task, figures in by_task.items()}
+        results[f"{spec} {k or 'auto'}"] = replay(
+            replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup
+        )
     labels = list(results)
     tasks = list(results[labels[0]])
     width = max(10, *(len(task) + 1 for task in tasks))  # a prompt file's task names may be longer
