@@ -7,7 +7,16 @@ import pytest
 
 from speccli.core.sampling import top_probability
 from speccli.drafting.policy import VerifyCosts
-from tests.benchmarks.replay import MeasuredCurve, RecordedDraftModel, Reply, compact, record, replay
+from tests.benchmarks.replay import (
+    MeasuredCurve,
+    RecordedDraftModel,
+    Reply,
+    compact,
+    parse_costs,
+    record,
+    replay,
+    schedule,
+)
 from tests.conftest import loaded_related_pair
 
 COSTS = VerifyCosts({1: 1.0, 2: 1.3, 4: 1.6, 8: 2.2, 16: 3.5})
@@ -37,6 +46,21 @@ def test_a_fixed_k_replay_prices_each_step_as_drafted_and_kept(replies) -> None:
             t += kept + 1
         assert replay([reply], "model", 2, 1, C, COSTS)[reply.task] == [pytest.approx(len(reply.tokens) / cost)]
     assert outcomes == {True, False}  # drafts kept whole and drafts cut short both priced
+
+
+def test_warm_up_replays_the_first_prompt_unmeasured_before_the_rounds_as_bench_does() -> None:
+    a, b = (Reply(task, [1], [2], [[(2, 0.9)]]) for task in "ab")
+    assert schedule([a, b], rounds=2, warmup=2) == [(a, False), (a, False), (a, True), (b, True), (a, True), (b, True)]
+
+
+def test_costs_are_four_points_or_a_curve_timed_at_every_size() -> None:
+    c, points = parse_costs("0.5:1.2,1.5,2,3")
+    assert c == 0.5 and points.decode(4) == 1.5 and points.decode(3) == pytest.approx(1.35)
+    curve = [1.0, 1.9, 1.7] + [2.0] * 22
+    assert parse_costs("0.6:" + ",".join(map(str, curve)))[1] == MeasuredCurve(curve)
+    for bad in ("0.5", "0.5:1,2,3", "0.5:2," + ",".join(["2"] * 24)):
+        with pytest.raises(ValueError):
+            parse_costs(bad)
 
 
 def test_a_measured_curve_is_priced_as_given_and_warm_up_replays_are_not_counted(replies) -> None:

@@ -153,6 +153,12 @@ class RecordedDraftModel:
         self.held = []
 
 
+def schedule(replies: list[Reply], rounds: int, warmup: int) -> list[tuple[Reply, bool]]:
+    """(reply, measured) in the order a bench generates them: its warm-up generates the first prompt
+    `warmup` times unmeasured, then each round every prompt in turn."""
+    return [(replies[0], False)] * warmup + [(reply, True) for _ in range(rounds) for reply in replies]
+
+
 def others_needed(confidence: float) -> int:
     """How many other ids must share 1 - `confidence` for each to be less likely than the top token."""
     return int(np.ceil((1 - confidence) / confidence)) + 1
@@ -208,8 +214,7 @@ def replay(
     policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs)
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
-    schedule = [(replies[0], False)] * warmup + [(reply, True) for _ in range(rounds) for reply in replies]
-    for reply, measured in schedule:
+    for reply, measured in schedule(replies, rounds, warmup):
         model.reply = reply
         policy.begin_reply()
         drafter.forget(0)
@@ -321,6 +326,8 @@ def main() -> None:
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     catch_up = tuple(map(float, args.catch_up.split(",")))
     ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
+    if isinstance(verify, MeasuredCurve) and max((k for k in ks if k is not None), default=0) > AUTO_MAX_K:
+        parser.error(f"--k: a curve timed at V1..V{AUTO_MAX_K + 1} prices drafts of at most {AUTO_MAX_K} tokens")
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
     results = {}
     for spec, k in configurations:
