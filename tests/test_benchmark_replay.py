@@ -30,21 +30,26 @@ def replies(tmp_path_factory):
         yield record(target, draft, prompts, n_predict=12)
 
 
+def k2_steps(reply: Reply) -> list[tuple[int, int]]:
+    """(drafted, kept) of each step of a K=2 replay of the draft model: each step drafts min(2, tokens
+    left - 1) recorded tokens and keeps them up to the first that differs from the reply."""
+    t, steps = 0, []
+    while t < len(reply.tokens):
+        k = min(2, len(reply.tokens) - t - 1)
+        drafted = [token for token, _ in reply.drafts[t][:k]]
+        kept = next((i for i, token in enumerate(drafted) if token != reply.tokens[t + i]), k)
+        steps.append((k, kept))
+        t += kept + 1
+    return steps
+
+
 def test_a_fixed_k_replay_prices_each_step_as_drafted_and_kept(replies) -> None:
-    """K=2 from the draft model: each step drafts min(2, tokens left - 1) recorded tokens, keeps them up
-    to the first that differs from the reply, and costs k draft decodes and a verify of k + 1 rows."""
+    """Each K=2 step costs k draft decodes and a verify of k + 1 rows."""
     assert all(reply.tokens for reply in replies)
-    outcomes = set()
     for reply in replies:
-        t, cost = 0, 0.0
-        while t < len(reply.tokens):
-            k = min(2, len(reply.tokens) - t - 1)
-            drafted = [token for token, _ in reply.drafts[t][:k]]
-            kept = next((i for i, token in enumerate(drafted) if token != reply.tokens[t + i]), k)
-            cost += k * C + COSTS.decode(k + 1)
-            outcomes.add(kept == k)
-            t += kept + 1
+        cost = sum(k * C + COSTS.decode(k + 1) for k, _ in k2_steps(reply))
         assert replay([reply], "model", 2, 1, C, COSTS)[reply.task] == [pytest.approx(len(reply.tokens) / cost)]
+    outcomes = {kept == k for reply in replies for k, kept in k2_steps(reply)}
     assert outcomes == {True, False}  # drafts kept whole and drafts cut short both priced
 
 
@@ -69,13 +74,7 @@ def test_a_measured_curve_is_priced_as_given_and_warm_up_replays_are_not_counted
     nothing) change none."""
     curve = MeasuredCurve([1.0, 1.3, 1.2] + [2.0] * 22)
     for reply in replies:
-        t, cost = 0, 0.0
-        while t < len(reply.tokens):
-            k = min(2, len(reply.tokens) - t - 1)
-            drafted = [token for token, _ in reply.drafts[t][:k]]
-            kept = next((i for i, token in enumerate(drafted) if token != reply.tokens[t + i]), k)
-            cost += k * C + curve.decode(k + 1)
-            t += kept + 1
+        cost = sum(k * C + curve.decode(k + 1) for k, _ in k2_steps(reply))
         assert replay([reply], "model", 2, 1, C, curve)[reply.task] == [pytest.approx(len(reply.tokens) / cost)]
     assert replay(replies, "model", 2, 1, C, curve, warmup=3) == replay(replies, "model", 2, 1, C, curve)
 
