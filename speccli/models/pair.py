@@ -60,7 +60,12 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
     registry = load_registry(request.config)
     resolved = resolve_pair(request.pair, request.target, request.draft, registry, spec=request.spec, quiet=quiet)
     if resolved.draft_path is not None:
-        ensure_compatible(resolved.draft_path, resolved.target_path)
+        remedy = ""
+        if request.draft is None and request.target is not None:  # the pair's draft, under another target
+            remedy = (f"the draft is pair {resolved.name}'s, as no --draft was given: give one that shares the "
+                      "target's vocabulary, or use --spec ngram")
+        names = (resolved.draft_name, resolved.target_name)
+        ensure_compatible(resolved.draft_path, resolved.target_path, names=names, remedy=remedy)
     return resolved
 
 

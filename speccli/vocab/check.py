@@ -78,15 +78,24 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
 
 
 def ensure_compatible(
-    draft: str | Path, target: str | Path, *, load_tokenizer: TokenizerLoader | None = None
+    draft: str | Path,
+    target: str | Path,
+    *,
+    load_tokenizer: TokenizerLoader | None = None,
+    names: tuple[str, str] | None = None,
+    remedy: str = "",
 ) -> VocabReport:
-    """check_pair, raising SpeccliError with the first reason when the pair is incompatible."""
+    """check_pair, raising SpeccliError with the first reason when the pair is incompatible. `names`: the
+    draft and target as the user named them (registry names rather than cached files' names); `remedy`:
+    what to do instead, said before the pointer to check-vocab."""
     report = check_pair(draft, target, load_tokenizer=load_tokenizer)
     if report.verdict is Verdict.INCOMPATIBLE:
         more = len(report.reasons) - 1
         also = f" (and {more} more)" if more else ""
+        draft_name, target_name = names or (report.draft.path.name, report.target.path.name)
+        check_args = names or (report.draft.path, report.target.path)
         raise SpeccliError(
-            f"draft {report.draft.path.name} cannot draft for target {report.target.path.name}: "
-            f"{report.reasons[0]}{also}; run `speccli check-vocab {report.draft.path} {report.target.path}` for details"
+            f"draft {draft_name} cannot draft for target {target_name}: {report.reasons[0]}{also}; "
+            f"{remedy + '; ' if remedy else ''}run `speccli check-vocab {check_args[0]} {check_args[1]}` for details"
         )
     return report
