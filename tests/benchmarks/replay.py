@@ -18,7 +18,7 @@ recorded reply. The same code and costs give the same figures, in seconds.
 One policy is kept across the rounds, as bench keeps one across its runs; `--warmup N` first replays
 the first prompt N times unmeasured, as bench's warm-up generates it (what the policy learns there
 carries over). `--costs` also takes a curve timed at every size, V(1)..V(25), priced as given: on a CPU
-it need not be monotone (see the README).
+it need not be monotone (see RESULTS.md, "At an idle machine's costs").
 
 What it leaves out: logits depend a little on how a cache was filled (in which batches), so at a
 near-tie a real run may pick the other token, the target (batched verification against the recorded
