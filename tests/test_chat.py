@@ -20,12 +20,14 @@ from gguf import TokenType
 from typer.testing import CliRunner
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.chat.session import ChatSession, Conversation
+from speccli.chat.session import ChatSession, Conversation, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
 from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel, stats_record
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
+from speccli.drafting.base import DraftCosts
+from speccli.drafting.policy import ReplyDrafting
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,6 +158,33 @@ def test_second_turn_decodes_only_new_tokens(chat_pair):
         assert target_decoded <= new_tokens + 3 + 1
         assert draft_decoded <= new_tokens + 3 + 1
         assert target_decoded < first_turn_tokens
+
+
+def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
+    """The issue's Qwen pair on this CPU: a draft model that cannot pay. Costs are set so that no draft
+    could pay even if every token were kept (a drafted token costs a plain step; each verified row
+    another), so `auto` neither drafts nor re-checks, whatever the tiny models' speed."""
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
+        err = io.StringIO()
+        display = Display("plain", provenance=False, out=io.StringIO(), err=err)
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=None,
+                              max_tokens=12)
+        session.generator.policy.calibrate({n: 0.01 * n for n in (1, 2, 4, 8, 16, 25)}, {"model": DraftCosts(0.01, {})})
+        session.send("hello there")
+        session.send("and again")
+    notice = ("(k auto drafted nothing: by the costs measured on this machine and the acceptance seen so far, no "
+              "draft would pay here, so the reply came from the target alone, at its own speed)")
+    assert session.totals.drafted == 0 and err.getvalue().count(notice) == 1  # said once, not every reply
+
+
+def test_a_reply_with_only_re_checks_is_told_apart_from_one_without_drafts() -> None:
+    assert no_pay_notice(ReplyDrafting(chosen=0, rechecks=1)) == (
+        "(k auto drafted only to re-check a source it had ruled out, in 1 step: by the costs measured on this "
+        "machine and the acceptance seen so far, no draft would pay here, so the rest of the reply came from the "
+        "target alone, at its own speed)"
+    )
+    assert "in 2 steps:" in no_pay_notice(ReplyDrafting(chosen=0, rechecks=2))
 
 
 # --- slash commands ---------------------------------------------------------------------------------

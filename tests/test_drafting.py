@@ -711,6 +711,25 @@ def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_
     assert gaps[:2] == [2, 4] and set(gaps[2:]) == {MAX_REPLIES_BETWEEN_CHECKS}, probes  # ever rarer, up to a bound
 
 
+def test_auto_counts_a_reply_s_drafts_chosen_on_its_estimates_apart_from_its_re_checks() -> None:
+    """Chat says `auto` found nothing worth drafting where a reply had only re-checks: they are counted
+    apart from the drafts the estimates chose, per reply."""
+    policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
+    policy.begin_reply()
+    k = policy.length_for("model", 16)  # nothing measured yet: the prior's estimates choose a draft
+    learn(policy, "model", k, k, 1, token_cost=0.3)
+    assert k and (policy.reply.chosen, policy.reply.rechecks) == (1, 0)
+    learn(policy, "model", 4, 0, 30, token_cost=0.3)  # then ruled out
+    policy.begin_reply()
+    assert (policy.reply.chosen, policy.reply.rechecks) == (0, 0)
+    k = policy.length_for("model", 16)  # first asked in the reply: a re-check
+    learn(policy, "model", k, 0, 1, token_cost=0.3)
+    assert policy.length_for("model", 16) == 0  # the re-check failed: nothing more in this reply
+    policy.observe(drafted_by("model", 0), step(0, 0))  # a plain step counts for neither
+    assert k == 2 and (policy.reply.chosen, policy.reply.rechecks) == (0, 1)
+    assert FixedK(4).reply is None  # a fixed K drafts what it is told: nothing to report
+
+
 def test_auto_brings_back_a_ruled_out_draft_model_whose_re_check_is_kept() -> None:
     """Measured on Qwen: ruled out on prose, the draft model's 2-token re-checks on code were kept, yet
     could not outweigh the failed drafts before them, and K=4 paid 1.25-1.38x where `auto` drafted

@@ -36,8 +36,9 @@ from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEven
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
+from speccli.drafting.policy import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
-from speccli.settings import AUTO_K, MAX_K, check_max_tokens, check_temperature, parse_k
+from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag
 from speccli.util.sequences import common_prefix_length
 
@@ -142,6 +143,16 @@ def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeat
     return statistics.median(timings[1:])
 
 
+def no_pay_notice(drafting: ReplyDrafting) -> str:
+    """What chat says once where `auto` chose no draft in a reply: only the target's own speed is on offer."""
+    why = "by the costs measured on this machine and the acceptance seen so far, no draft would pay here"
+    if not drafting.rechecks:
+        return f"(k auto drafted nothing: {why}, so the reply came from the target alone, at its own speed)"
+    steps = f"{drafting.rechecks} step{'s' if drafting.rechecks > 1 else ''}"
+    return (f"(k auto drafted only to re-check a source it had ruled out, in {steps}: {why}, so the rest of "
+            "the reply came from the target alone, at its own speed)")
+
+
 class ChatSession:
     def __init__(
         self,
@@ -243,12 +254,10 @@ class ChatSession:
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut; the next turn drops the oldest turns)")
         elif reason == "max_tokens":
             self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
-        if run.steps and not run.speculative and self.generator.policy.name == AUTO_K and not self._said_no_pay:
+        drafting = self.generator.policy.reply
+        if run.steps and drafting is not None and not drafting.chosen and not self._said_no_pay:
             self._said_no_pay = True
-            self.display.notice(
-                "(k auto drafted nothing: by the costs measured on this machine and the acceptance seen so far, "
-                "no draft would pay here, so the reply came from the target alone, at its own speed)"
-            )
+            self.display.notice(no_pay_notice(drafting))
         record = {
             "prompt": user_text, "reply": reply_text, "finish_reason": reason, "prefill_tokens": prefill_tokens,
             "spec": self.spec,

@@ -124,9 +124,19 @@ UNSURE_STOP_BELOW = 0.5
 UNSURE_PRIOR = 0.6
 
 
+@dataclass
+class ReplyDrafting:
+    """The verified drafts of the reply under way: chosen on the estimates, or re-checks of a source the
+    estimates had ruled out (chat says so where a reply had none of the former)."""
+
+    chosen: int = 0
+    rechecks: int = 0
+
+
 class KPolicy(Protocol):
     name: str  # "4", "auto"
     needs_costs: bool  # whether `calibrate` must run before the next step (once per policy)
+    reply: ReplyDrafting | None  # None where every draft is the one asked for (a fixed K)
 
     def begin_reply(self) -> None:
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
@@ -155,6 +165,7 @@ class FixedK:
     """Draft K tokens every step (fewer only where the context or the reply has no room)."""
 
     needs_costs = False
+    reply = None
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -331,6 +342,7 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
         self._lookup_start: int | None = None  # the lookups' ramp start, priced once per reply
+        self.reply = ReplyDrafting()
 
     @property
     def needs_costs(self) -> bool:
@@ -351,6 +363,7 @@ class AutoK:
 
     def begin_reply(self) -> None:
         self._lookup_start = None
+        self.reply = ReplyDrafting()
         for history in self.keys.values():
             history.idle_replies = 0 if history.drafted_in_reply else history.idle_replies + 1
             history.asked_in_reply = history.drafted_in_reply = False
@@ -387,6 +400,11 @@ class AutoK:
 
     def observe(self, draft: Draft, step: StepEvent) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
+        if step.drafted:
+            if self._history(draft.key).probing:
+                self.reply.rechecks += 1
+            else:
+                self.reply.chosen += 1
         own = len(draft.tokens)
         # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
         # them all, while its acceptance counts its own tokens only.
