@@ -227,12 +227,12 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
 
 
 def test_incompatible_vocabularies_are_refused_pointing_to_check_vocab(tiny_dir, tiny_pair):
-    other_draft = write_tiny_gguf(tiny_dir / "gpt2-draft.gguf", TinyConfig(vocab=gpt2_vocabulary(512)))
+    other_draft = write_tiny_gguf(tiny_dir / "gpt2 draft.gguf", TinyConfig(vocab=gpt2_vocabulary(512)))
     result = chat((tiny_pair.target, other_draft), "-p", "hello")
     assert result.exit_code == 1
-    assert result.stderr == (
+    assert result.stderr == (  # the command quoted, so that it runs as printed
         f"error: draft {other_draft} cannot draft for target {tiny_pair.target}: tokenizer model differs: draft "
-        f"'gpt2', target 'llama' (and 6 more); run `speccli check-vocab {other_draft} {tiny_pair.target}` for details\n"
+        f"'gpt2', target 'llama' (and 6 more); run `speccli check-vocab '{other_draft}' {tiny_pair.target}` for details\n"
     )
 
 

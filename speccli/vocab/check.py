@@ -33,6 +33,7 @@ Metadata comes from `speccli.gguf_meta`, which reads only the GGUF header.
 """
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from speccli.errors import SpeccliError
@@ -93,7 +94,7 @@ def ensure_compatible(
         more = len(report.reasons) - 1
         also = f" (and {more} more)" if more else ""
         draft_name, target_name = names or (report.draft.path.name, report.target.path.name)
-        check_args = names or (report.draft.path, report.target.path)
+        check_args = [shlex.quote(str(arg)) for arg in names or (report.draft.path, report.target.path)]
         raise SpeccliError(
             f"draft {draft_name} cannot draft for target {target_name}: {report.reasons[0]}{also}; "
             f"{remedy + '; ' if remedy else ''}run `speccli check-vocab {check_args[0]} {check_args[1]}` for details"
