@@ -9,6 +9,9 @@ from typing import NamedTuple
 import pytest
 
 from speccli.core.stats import StepEvent
+from speccli.llama.model import LoadOptions, Model
+from speccli.models.config import load_registry
+from speccli.models.resolve import resolve_pair
 from speccli.drafting.base import Draft, DraftCosts
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
@@ -35,6 +38,15 @@ class MemoryBoundAutoK(AutoK):
         super().observe(draft, step)
         if draft.key in self.keys and self.keys[draft.key].token_seconds:  # a draft model: keep its pretended cost
             self.keys[draft.key].token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
+
+
+@pytest.fixture(scope="module")
+def gemma_pair():
+    """The bundled default pair, loaded: Gemma 3 270M F32 target, its Q4_K_M draft."""
+    resolved = resolve_pair(None, None, None, load_registry(), quiet=True)
+    options = LoadOptions(n_ctx=512)
+    with Model(resolved.target_path, options) as target, Model(resolved.draft_path, options) as draft:
+        yield target, draft
 
 
 class TinyPair(NamedTuple):

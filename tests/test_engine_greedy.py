@@ -11,8 +11,6 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import Source, TokenEvent
 from speccli.core.parting import find_parting
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.policy import AutoK, FixedK
@@ -116,14 +114,6 @@ def test_draft_equal_to_target_accepts_everything(tiny_pair) -> None:
         prompt = target.tokenizer.tokenize(PROMPTS[0])
         stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=60))][-1].stats
     assert stats.acceptance_rate >= 0.98, stats
-
-
-@pytest.fixture(scope="module")
-def gemma_pair():
-    resolved = resolve_pair(None, None, None, load_registry(), quiet=True)
-    options = LoadOptions(n_ctx=512)
-    with Model(resolved.target_path, options) as target, Model(resolved.draft_path, options) as draft:
-        yield target, draft
 
 
 @pytest.mark.gemma

@@ -33,8 +33,6 @@ from speccli.chat.session import Conversation, chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.core.stats import RunStats, StepEvent
 from speccli.llama.model import LoadOptions, Model
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
 from speccli.server.app import APIError, speculative_summary
 from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
 from speccli.server.metrics import Metrics
@@ -290,16 +288,11 @@ def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() ->
 
 
 @pytest.mark.gemma
-def test_take_overs_and_catch_ups_of_real_requests_reach_the_metrics() -> None:
+def test_take_overs_and_catch_ups_of_real_requests_reach_the_metrics(gemma_pair) -> None:
     # The tiny models never hand a draft over; on the Gemma pair under the default chain and `auto`, the
     # lookup takes the model's drafts over on every built-in prompt (measured: 1 to 5 times in 48 tokens).
-    resolved = resolve_pair(None, None, None, load_registry(), quiet=True)
     tasks = {prompt.task: prompt.prompt for prompt in load_prompt_set(None).prompts}
-    with ExitStack() as stack:
-        options = LoadOptions(n_ctx=1024)
-        target = stack.enter_context(Model(resolved.target_path, options))
-        draft = stack.enter_context(Model(resolved.draft_path, options))
-        url = stack.enter_context(serving_in_thread(build_service(MODEL, target, draft, ServeSettings(port=0))))
+    with serving_in_thread(build_service(MODEL, *gemma_pair, ServeSettings(port=0))) as url:
         c = client(url)
         replies = [ask(c, tasks[task], max_tokens=48) for task in ("json", "qa", "quote")]
         text = get(url, "/metrics")[1]
