@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from replay import Reply, parse_costs
+from replay import Reply, parse_costs  # a sibling script: this one is run as a script too
 
 MAX_K = 24
 CONFIDENCE_BANDS = (0.0, 0.1, 0.25, 0.5, 0.75)
