@@ -44,14 +44,14 @@ def test_fixed_k_is_priced_as_the_replay_prices_it() -> None:
 def test_the_hindsight_optimum_is_the_cheapest_way_through_the_reply() -> None:
     # Four tokens, the draft always right: drafting 3 at once costs 3c + V(4) = 2.8, where two steps of
     # one draft token cost 2 (c + V(2)) = 3.4 and four plain steps 4.
-    assert Pricing(reply_missing_at([5, 6, 7, 8], set()), C, COSTS).cheapest_from(0) == pytest.approx(3 * C + 1.6)
+    assert Pricing(reply_missing_at([5, 6, 7, 8], set()), C, COSTS).cheapest[0] == pytest.approx(3 * C + 1.6)
     # A miss at position 1: draft 1 (kept) and take the target's token there, then 1 more with the last
     # plain: c + V(2) + c + V(2) = 3.4; drafting 3 at first would waste two decodes (1.2 + 1.6, then 1.3).
     missed = Pricing(reply_missing_at([5, 6, 7, 8], {1}), C, COSTS)
-    assert missed.cheapest_from(0) == pytest.approx(2 * (C + 1.3))
+    assert missed.cheapest[0] == pytest.approx(2 * (C + 1.3))
     reply = reply_missing_at(list(range(10, 40)), {4, 9, 17, 18, 25})
     pricing = Pricing(reply, C, COSTS)
-    best = pricing.n / pricing.cheapest_from(0)
+    best = pricing.hindsight()
     assert all(pricing.fixed(k) <= best + 1e-12 for k in range(25))
     assert max(pricing.fixed(k) for k in range(25)) < best  # no one K fits misses at these gaps
 

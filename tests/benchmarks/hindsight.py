@@ -22,13 +22,14 @@ Then two things an online policy could go on, pooled over every recording given:
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 from pathlib import Path
 from typing import Callable
 
-from replay import Reply, parse_costs  # a sibling script: this one is run as a script too
+from speccli.drafting.policy import VerifyCosts
+
+from replay import MeasuredCurve, Reply, parse_costs  # a sibling script: this one is run as a script too
 
 MAX_K = 24
 CONFIDENCE_BANDS = (0.0, 0.1, 0.25, 0.5, 0.75)
@@ -50,14 +51,21 @@ def kept_runs(reply: Reply) -> list[int]:
 class Pricing:
     """One reply's steps at fixed costs: drafting k at position t costs k*c + V(k+1), yields kept + 1."""
 
-    def __init__(self, reply: Reply, c: float, verify: Callable[[int], float]) -> None:
+    def __init__(self, reply: Reply, c: float, verify: VerifyCosts | MeasuredCurve) -> None:
         self.n = len(reply.tokens)
         self.runs = kept_runs(reply)
         self.c, self.verify = c, verify
+        # cheapest[t]: the least cost of yielding the reply's tokens from position t on, knowing every run.
+        self.cheapest = [0.0] * (self.n + 1)
+        for t in range(self.n - 1, -1, -1):
+            self.cheapest[t] = min(
+                cost + self.cheapest[min(t + yielded, self.n)]
+                for yielded, cost in (self.step(t, k) for k in range(min(MAX_K, self.n - t - 1) + 1))
+            )
 
     def step(self, t: int, k: int) -> tuple[int, float]:
         k = min(k, self.n - t - 1, MAX_K)  # replay's limit: the reply's last token is never drafted
-        return min(k, self.runs[t]) + 1, k * self.c + self.verify(k + 1)
+        return min(k, self.runs[t]) + 1, k * self.c + self.verify.decode(k + 1)
 
     def rate(self, choose: Callable[[int, int | None, int | None], int]) -> float:
         """Tokens per unit of cost, each step's length `choose(t, last_drafted, last_kept)`."""
@@ -73,14 +81,8 @@ class Pricing:
     def fixed(self, k: int) -> float:
         return self.rate(lambda t, drafted, kept: k)
 
-    @functools.cache
-    def cheapest_from(self, t: int) -> float:
-        """The least cost of yielding the reply's tokens from position t on, knowing every run."""
-        if t >= self.n:
-            return 0.0
-        return min(cost + self.cheapest_from(t + yielded) for yielded, cost in map(
-            functools.partial(self.step, t), range(min(MAX_K, self.n - t - 1) + 1)))
-
+    def hindsight(self) -> float:
+        return self.n / self.cheapest[0]
 
 def ramp_rule(first: int, growth: int) -> Callable[[int, int | None, int | None], int]:
     def choose(t: int, drafted: int | None, kept: int | None) -> int:
@@ -106,7 +108,7 @@ def main() -> None:
     for task, pricing in priced:
         rate, k = max((pricing.fixed(k), k) for k in ks)
         best_fixed[task] = rate
-        print(f"{task:<12}{f'K={k} {rate:.3f}':>16}{pricing.n / pricing.cheapest_from(0):>11.3f}")
+        print(f"{task:<12}{f'K={k} {rate:.3f}':>16}{pricing.hindsight():>11.3f}")
 
     print("\nthe draft's first token kept, by its confidence in it:")
     bands = {low: [0, 0] for low in CONFIDENCE_BANDS}
