@@ -58,6 +58,8 @@ def trained_context_length(path: Path) -> int | None:
 
 
 def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
+    if len(data) < 8:  # the magic, and not all of the version after it
+        raise _Truncated
     # A big-endian file has its version (2 or 3) in the high bytes when read little-endian.
     (version,) = struct.unpack_from("<I", data, 4)
     endian = "<" if version < 0x10000 else ">"

@@ -18,6 +18,7 @@ MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions
 AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
 SPECS = ("model", "ngram", "ngram+model")  # draft sources: a draft model, n-gram lookup, lookup then model
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
+MAX_THREADS = 512  # GGML_MAX_N_THREADS
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
 
 
@@ -130,6 +131,10 @@ def check_ctx(value: int, name: str = "--ctx") -> int:
 def check_threads(value: int | None, name: str = "--threads") -> int | None:
     if value is not None and value < 1:
         raise SpeccliError(f"{name} must be >= 1, got {value}")
+    # ggml's own limit (GGML_MAX_N_THREADS): past it llama.cpp aborts the process (100000 threads) or
+    # spends minutes creating threads a 2-core machine cannot run (2000).
+    if value is not None and value > MAX_THREADS:
+        raise SpeccliError(f"{name} must be at most {MAX_THREADS} (ggml's limit), got {value}")
     return value
 
 

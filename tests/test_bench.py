@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import speccli.bench.command as bench_command
 import speccli.bench.measure as measure
 import speccli.models.pair as pair_module
 from speccli.bench.prompts import load_prompt_set
@@ -358,6 +359,42 @@ def test_json_into_a_missing_folder_fails_before_measuring(pair_args, tmp_path) 
     result = invoke(*pair_args, *FAST, "--json", str(tmp_path / "nowhere" / "out.json"))
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: --json {tmp_path / 'nowhere' / 'out.json'}: the folder {tmp_path / 'nowhere'} does not exist"
+
+
+def test_json_never_replaces_a_file_the_run_reads(pair_args, bench_pair, tmp_path, monkeypatch) -> None:
+    """The prompts file and a --config file are refused before anything loads; a model file (known once
+    the pair is resolved) before anything is measured. Each file is left as it was."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"task": "a", "prompt": "one two"}\n')
+    config = tmp_path / "models.toml"
+    config.write_text("")
+    draft_copy = tmp_path / "draft.gguf"
+    draft_copy.write_bytes(bench_pair[1].read_bytes())
+    before = {path: path.read_bytes() for path in (prompts, config, draft_copy)}
+    args = [*FAST, "--target", str(bench_pair[0]), "--draft", str(draft_copy), "--prompts", str(prompts)]
+
+    def no_measuring(*_args, **_kwargs):
+        raise AssertionError("measured though --json names an input")
+
+    monkeypatch.setattr(bench_command, "run_bench", no_measuring)
+    for given, what in ((prompts, "prompts file"), (config, "--config file"), (draft_copy, "draft model")):
+        result = invoke(*args, "--config", str(config), "--json", str(given))
+        assert result.exit_code == 1
+        assert result.stderr == f"error: --json {given}: is the {what} this run reads; write the report elsewhere\n"
+    assert {path: path.read_bytes() for path in before} == before
+
+
+@pytest.mark.parametrize("k, drafts", [("auto", ""), ("4", " + K 4")])
+def test_a_reply_that_cannot_fit_the_context_is_refused_in_one_line(pair_args, tmp_path, k, drafts) -> None:
+    """Only a fixed K reserves room for its drafts (auto drafts into the room there is)."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"task": "a", "prompt": "one two"}\n')
+    result = invoke(*pair_args, *FAST, "--ctx", "256", "--n-predict", "300", "--k", k, "--prompts", str(prompts))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: the longest prompt (")
+    assert result.stderr.endswith(
+        f" tokens) + --n-predict 300{drafts} does not fit the context of 256 tokens; raise --ctx or lower --n-predict\n"
+    )
 
 
 def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:

@@ -430,7 +430,8 @@ def test_bad_settings_are_one_line_naming_the_parameter_and_range(tiny_pair, arg
 
 @pytest.mark.parametrize(
     "args, message",
-    [(["-c", "0"], "error: --ctx must be at least 16 tokens, got 0"), (["-t", "0"], "error: --threads must be >= 1, got 0")],
+    [(["-c", "0"], "error: --ctx must be at least 16 tokens, got 0"), (["-t", "0"], "error: --threads must be >= 1, got 0"),
+     (["-t", "100000"], "error: --threads must be at most 512 (ggml's limit), got 100000")],
 )
 def test_context_and_threads_are_checked_before_loading(tiny_pair, args, message):
     result = chat(tiny_pair, "-p", "hello", *args)

@@ -14,6 +14,7 @@ from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
 from tests.conftest import loaded_related_pair
+from tests.tiny_gguf import write_related_pair
 from tests.test_drafting import request
 
 GREEDY = SamplingParams(temperature=0)
@@ -234,3 +235,20 @@ def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up(models) 
     # After 4 plain steps the model lacks the prompt's last token and their 4: it takes in all but the last
     # in one decode (the last goes with its first draft token).
     assert [tokens for tokens, _ in learned] == [4] and learned[0][1] > 0
+
+
+@pytest.mark.parametrize("policy", [AutoK, lambda: FixedK(24)], ids=["auto", "k24"])
+def test_a_small_context_clamps_drafts_to_what_one_decode_verifies(tmp_path, policy) -> None:
+    """llama.cpp clamps its batch to a small requested context (--ctx 16: 16 rows a decode, though it
+    rounds the context itself up to 256). Neither the cost profile nor a step may ask for more rows."""
+    target_path, draft_path = write_related_pair(tmp_path, target_layers=4, draft_layers=2, eps=0.1)
+    options = LoadOptions(n_ctx=16, n_threads=1)
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        assert target.n_batch == 16 < target.n_ctx
+        drafter = ChainDrafter([NgramDrafter(), ModelDrafter(draft)])
+        generator = Generator(target, drafter, GREEDY, policy(), seed=1)
+        prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
+        tokens, steps, done = run(generator, prompt, max_tokens=60)
+    assert done.reason in ("max_tokens", "eog") and tokens
+    assert max(step.drafted for step in steps) <= 15
+    assert any(step.drafted for step in steps)

@@ -494,7 +494,13 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
 
 @pytest.mark.parametrize(
     "args, complaint",
-    [(["--spec", "oracle"], "--spec must be one of"), (["--k", "0"], "--k (draft tokens per step) must be between 1 and 64"), (["--queue", "0"], "--queue")],
+    [
+        (["--spec", "oracle"], "--spec must be one of"),
+        (["--k", "0"], "--k (draft tokens per step) must be between 1 and 64"),
+        (["--queue", "0"], "--queue"),
+        (["--host", ""], "error: --host is empty; give an address (0.0.0.0 listens on every interface)"),
+        (["--threads", "513"], "error: --threads must be at most 512 (ggml's limit), got 513"),
+    ],
 )
 def test_serve_refuses_bad_settings_in_one_line(chat_pair, args, complaint):
     result = CliRunner().invoke(cli_app, ["serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]), *args])

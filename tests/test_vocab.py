@@ -236,6 +236,8 @@ BAD_FILES = {
         lambda good, d: (d / "notes.txt", (d / "notes.txt").write_text("hello, not a model\n"))[0],
         "not a GGUF file",
     ),
+    "magic only": (lambda good, d: truncated_copy(good, d / "magic.gguf", 4), "truncated"),
+    "part of the version": (lambda good, d: truncated_copy(good, d / "version.gguf", 7), "truncated"),
     "truncated header": (lambda good, d: truncated_copy(good, d / "header.gguf", 12), "truncated"),
     "truncated inside the vocabulary": (lambda good, d: truncated_copy(good, d / "vocab.gguf", 2000), "truncated"),
     "no tokenizer metadata": (

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from speccli.bench.environment import environment, model_file
-from speccli.bench.files import json_destination, write_report
+from speccli.bench.files import json_destination, refuse_overwriting, write_report
 from speccli.bench.greedy import raise_if_failed
 from speccli.bench.measure import Measured, run_bench
 from speccli.bench.prompts import PromptSet, load_prompt_set
@@ -90,11 +90,13 @@ def run_command(request: BenchRequest) -> None:
     pair_request.validate()
     prompt_set = load_prompt_set(request.prompts_file)
     destination = json_destination(request.json_path)
+    refuse_overwriting(destination, {"prompts file": request.prompts_file, "--config file": pair_request.config})
     # With the JSON on stdout, the human-readable report moves to stderr.
     out = console(stderr=destination is not None and destination.is_stdout)
 
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
+        refuse_overwriting(destination, {"target model": resolved.target_path, "draft model": resolved.draft_path})
         settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
         measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(

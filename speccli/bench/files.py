@@ -71,6 +71,23 @@ def json_destination(path: Path | None) -> JsonDestination | None:
     return JsonDestination(path, "file", real)
 
 
+def refuse_overwriting(destination: JsonDestination | None, inputs: dict[str, Path | None]) -> None:
+    """The report must not replace a file this run reads (`inputs`: what it is -> its path): given the
+    draft's own path, --json replaced a 253 MB model with 13 kB of JSON."""
+    if destination is None or destination.kind != "file":
+        return
+    for what, path in inputs.items():
+        if path is not None and _same_file(destination.path, path):
+            raise SpeccliError(f"--json {destination.given}: is the {what} this run reads; write the report elsewhere")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing (a new report file), or unreadable: not the same file
+        return False
+
+
 def _is_stdout(status: os.stat_result) -> bool:
     try:
         out = os.fstat(sys.stdout.fileno())

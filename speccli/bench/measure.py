@@ -154,8 +154,9 @@ def run_bench(
     # A fixed K needs room for K drafts; auto drafts only into the room there is.
     widest = max([k for k in settings.ks if k is not None], default=0)
     if longest + settings.n_predict + widest + 1 > limit:
+        drafts = f" + K {widest}" if widest else ""
         raise SpeccliError(
-            f"the longest prompt ({longest} tokens) + --n-predict {settings.n_predict} + K {widest} "
+            f"the longest prompt ({longest} tokens) + --n-predict {settings.n_predict}{drafts} "
             f"does not fit the context of {limit} tokens; raise --ctx or lower --n-predict"
         )
     check = GreedyChecker(applies=settings.greedy)

@@ -80,8 +80,10 @@ class Generator:
             if room < 0:
                 reason = "context"
                 break
-            # No drafts the context cannot hold, nor more than the reply still needs.
-            new_tokens, sources, step = self._step(min(room, limits.max_tokens - stats.generated - 1))
+            # No drafts the context cannot hold, nor more than the reply still needs, nor more verified
+            # rows than one decode returns (llama.cpp clamps its batch to a small --ctx).
+            limit = min(room, limits.max_tokens - stats.generated - 1, self.target.n_batch - 1)
+            new_tokens, sources, step = self._step(limit)
             stats.add(step)
             yield step
             used = 0
@@ -138,13 +140,14 @@ class Generator:
         return time.perf_counter() - started
 
     def _profile_verify(self) -> dict[int, float]:
-        """Seconds of one target decode with n logit rows, for n in PROFILED_SIZES that fit, timed at
-        the cache's end (after the prompt) and dropped again. One unmeasured decode comes first: the
-        first decode pays set-up. The tokens are copies of the pending one: cost does not depend on them."""
+        """Seconds of one target decode with n logit rows, for n in PROFILED_SIZES that fit (in the context
+        and in one batch), timed at the cache's end (after the prompt) and dropped again. One unmeasured
+        decode comes first: the first decode pays set-up. The tokens are copies of the pending one: cost
+        does not depend on them."""
         start = self.target.n_past
         seconds = {}
         for n in (1, *PROFILED_SIZES):
-            if start + n > self.target.n_ctx:
+            if start + n > self.target.n_ctx or n > self.target.n_batch:
                 break
             began = time.perf_counter()
             self.target.decode([self.tokens[-1]] * n, n_logit_rows=n)

@@ -34,6 +34,9 @@ class ServeSettings:
 
     def validate(self) -> None:
         check_spec(self.spec)
+        # An empty host binds every interface (the socket module's "" is INADDR_ANY): never by accident.
+        if not self.host.strip():
+            raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
         if not 0 <= self.port <= 65535:
             raise SpeccliError(f"--port must be between 0 and 65535, got {self.port}")
         if self.max_waiting < 1:
