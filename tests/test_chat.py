@@ -210,16 +210,17 @@ def test_every_slash_command(tiny_pair):
 def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
     lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "hello"]
     result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
-    assert result.exit_code == 0
+    assert result.exit_code == 1  # piped: a script must see that lines failed
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 6
+    assert len(errors) == 7 and errors[-1] == "error: 6 piped lines failed (each said why above)"
+    assert result.stderr.endswith(errors[-1] + "\n")
     assert "unknown command /bogus; known: /stats, /reset, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
     assert errors[1:4] == [
         "error: /k (draft tokens per step) must be between 1 and 64, got 0",
         "error: /k (draft tokens per step) must be between 1 and 64, got 65",
         "error: /k needs 'auto' or a whole number from 1 to 64, got 'x'",
     ]
-    assert errors[4:] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'"]
+    assert errors[4:6] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'"]
     assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["hello"]
 
 
@@ -282,10 +283,10 @@ def test_context_overflow_drops_oldest_turns_and_refuses_what_cannot_fit(tiny_pa
     turns = ["one", "two", "three", "four", "five", "six", "word " * 300, "seven"]
     result = chat(tiny_pair, "-c", "256", "-n", "60", "--seed", "3", "--system", "sys", "--json",
                   input="\n".join(turns) + "\n")
-    assert result.exit_code == 0, result.stderr
+    assert result.exit_code == 1, result.stderr  # the message that cannot fit failed, and the session went on
     assert "oldest turn" in result.stderr and "system prompt kept" in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "raise --ctx" in errors[0]
+    assert len(errors) == 2 and "raise --ctx" in errors[0] and errors[1] == "error: 1 piped line failed (each said why above)"
     replies = [r for r in records(result.stdout) if "prompt" in r]
     assert [r["prompt"] for r in replies] == turns[:6] + ["seven"]
     assert all(r["stats"]["prompt_tokens"] + r["stats"]["generated_tokens"] <= 256 + 1 for r in replies)

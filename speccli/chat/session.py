@@ -190,8 +190,10 @@ class ChatSession:
             self.display.notice(f"{description} · /help for commands · Ctrl-C stops a reply · Ctrl-D leaves")
             self.display.legend()
 
-    def run(self, lines: Iterator[str]) -> None:
-        """One turn per line; slash commands in between. Errors are shown and the session goes on."""
+    def run(self, lines: Iterator[str]) -> int:
+        """One turn per line; slash commands in between. Errors are shown and the session goes on;
+        returns how many lines failed."""
+        failed = 0
         for line in lines:
             text = line.strip()
             if not text:
@@ -204,7 +206,9 @@ class ChatSession:
                     self.send(text)
             except SpeccliError as error:
                 self.display.error(str(error))
+                failed += 1
         self.farewell()
+        return failed
 
     def farewell(self) -> None:
         if self.replies:
@@ -426,8 +430,10 @@ def run_chat(
         )
         if message is not None:
             session.send(message)
-        else:
-            session.run(typed_lines(display) if sys.stdin.isatty() else piped_lines(display))
+        elif sys.stdin.isatty():
+            session.run(typed_lines(display))
+        elif failed := session.run(piped_lines(display)):  # a script feeding chat must see that lines failed
+            raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
 
 
 def _output_mode(json_output: bool) -> Mode:
