@@ -60,10 +60,10 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
             raise SpeccliError(f"{name} {text!r}: {item!r} is not auto, a number or a range; {usage}")
         low = int(match[1])
         high = low if match[2] is None else int(match[2])
-        if low > high:
-            raise SpeccliError(f"{name} {text!r}: the range {item} runs backwards; write {high}-{low}")
         for value in (low, high):
             check_k(value, f"{name} {text!r}: K")
+        if low > high:
+            raise SpeccliError(f"{name} {text!r}: the range {item} runs backwards; write {high}-{low}")
         values.update(range(low, high + 1))
     return [None] * auto + sorted(values)
 

@@ -319,6 +319,8 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--top-p", "0"], "--top-p must be in (0, 1]"),
         (["--min-p", "1"], "--min-p must be in [0, 1)"),
         (["--k", "5-2"], "runs backwards"),
+        (["--k", "1-0"], "between 1 and 64, got 0"),
+        (["--draft", ""], "--draft (-md) is empty; give a registry name or a GGUF path"),
         (["--k", ""], "empty"),
         (["--k", "1-100"], "between 1 and"),
         (["--runs", "0"], "--runs must be >= 1"),

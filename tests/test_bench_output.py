@@ -227,10 +227,11 @@ def _compare(a: Path, b: Path):
         (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 4; it was written by an older speccli"),
         (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 4; it was written by an older speccli"),
         (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
+        (lambda d: d.update(schema_version="4"), "bench report schema version '4', this speccli reads only version 4"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
     ],
     ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-3",
-         "missing-spec", "kind"],
+         "missing-spec", "version-string", "kind"],
 )
 def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:
     document = json.loads(tiny_report_file.read_text())
@@ -243,6 +244,17 @@ def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path,
         assert result.stdout == ""
         lines = result.stderr.strip().splitlines()
         assert lines == [f"error: {bad}: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {bad}: {message}")), lines
+
+
+def test_compare_names_the_settings_that_differ(tiny_report_file, tmp_path) -> None:
+    document = json.loads(tiny_report_file.read_text())
+    document["settings"].update(spec=["ngram", "model"], k=[None, 2], seed=7)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(document))
+    result = _compare(tiny_report_file, other)
+    assert result.exit_code == 0, result.output
+    words = " ".join(result.stdout.split())  # as rich wrapped them at the console's width
+    assert "differs: --spec: ngram+model → ngram,model; --k: 4 → auto,2; seed: 42 → 7" in words
 
 
 def test_compare_reads_two_reports(tiny_report_file) -> None:

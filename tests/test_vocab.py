@@ -265,6 +265,12 @@ def test_unreadable_file_is_one_line_naming_it_with_exit_code_2(tiny_model: Path
         assert "Traceback" not in result.output
 
 
+def test_an_empty_model_name_is_one_line(tiny_model: Path) -> None:
+    result = run_cli("", str(tiny_model))
+    assert result.exit_code == 2  # check-vocab's 1 means incompatible
+    assert result.stderr == "error: a model name or path is empty; give a registry name or a GGUF path\n"
+
+
 def test_file_without_read_permission(tiny_model: Path, tmp_path: Path) -> None:
     locked = tmp_path / "locked.gguf"
     locked.write_bytes(tiny_model.read_bytes())

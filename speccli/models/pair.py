@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
@@ -30,6 +31,12 @@ class PairRequest:
 
     def validate(self) -> None:
         """Cheap checks, before any file is read (the same ones the command line runs as it parses)."""
+        # An empty name would otherwise quietly mean "not given".
+        for option, given in (("--target (-m)", self.target), ("--draft (-md)", self.draft)):
+            if given is not None and not given.strip():
+                raise SpeccliError(f"{option} is empty; give a registry name or a GGUF path")
+        if self.pair is not None and not self.pair.strip():
+            raise SpeccliError("the pair name is empty; `speccli models` lists the pairs")
         check_ctx(self.n_ctx)
         check_threads(self.n_threads)
         check_gpu_layers(self.target_n_gpu_layers, "--ngl")

@@ -45,6 +45,8 @@ class RegistryFiles:
 def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, quiet: bool = False) -> Path:
     """The GGUF file for a registry name or a path. With fetch, a missing model is downloaded or built
     (a cached one is used without asking the network); without, it must already be on disk."""
+    if not name_or_path.strip():
+        raise SpeccliError("a model name or path is empty; give a registry name or a GGUF path")
     files = RegistryFiles(registry)
     if name_or_path in registry.models:
         if fetch or not registry.models[name_or_path].source.fetched:
