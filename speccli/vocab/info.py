@@ -85,15 +85,31 @@ def read_vocab(path: str | Path) -> VocabInfo:
         model=model,
         pre=metadata.get("tokenizer.ggml.pre"),
         tokens=tokens,
-        token_types=_as_array(metadata.get("tokenizer.ggml.token_type")),
-        scores=_as_array(metadata.get("tokenizer.ggml.scores")),
-        merges=metadata.get("tokenizer.ggml.merges"),
+        token_types=_per_token(path, metadata, "tokenizer.ggml.token_type", len(tokens)),
+        scores=_per_token(path, metadata, "tokenizer.ggml.scores", len(tokens)),
+        merges=_of_type(path, metadata, "tokenizer.ggml.merges", list),
         special_ids=special_ids,
         settings=settings,
-        chat_template=metadata.get("tokenizer.chat_template"),
+        chat_template=_of_type(path, metadata, "tokenizer.chat_template", str),
         tensor_count=tensor_count,
     )
 
 
-def _as_array(value: Any) -> np.ndarray | None:
-    return value if isinstance(value, np.ndarray) else None
+def _per_token(path: Path, metadata: dict[str, Any], key: str, n_tokens: int) -> np.ndarray | None:
+    """A numeric array with one entry per token, or None where the file has none."""
+    value = _of_type(path, metadata, key, np.ndarray)
+    if value is not None and len(value) != n_tokens:
+        raise UnreadableFileError(f"{path}: corrupt tokenizer metadata ({key} has {len(value)} entries for {n_tokens} tokens)")
+    return value
+
+
+def _of_type(path: Path, metadata: dict[str, Any], key: str, kind: type) -> Any:
+    """metadata[key], None where absent; any other type than `kind` (a scalar where an array belongs)
+    is a corrupt file, which comparing it would crash on."""
+    value = metadata.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise UnreadableFileError(f"{path}: corrupt tokenizer metadata ({key} is not {_KIND_NAMES[kind]})")
+    return value
+
+
+_KIND_NAMES = {np.ndarray: "a numeric array", list: "a string array", str: "a string"}
