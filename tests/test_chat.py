@@ -292,6 +292,21 @@ def test_context_overflow_drops_oldest_turns_and_refuses_what_cannot_fit(tiny_pa
     assert all(r["stats"]["prompt_tokens"] + r["stats"]["generated_tokens"] <= 256 + 1 for r in replies)
 
 
+def test_a_message_that_cannot_fit_even_alone_drops_no_turn(tiny_pair):
+    """Refused before any turn is dropped for it: the next message is answered with the whole history,
+    exactly as in a session where the long message was never sent."""
+    def session(*turns: str):
+        return chat(tiny_pair, "-c", "256", "-n", "8", "--seed", "3", "--temp", "0", "--json",
+                    input="\n".join(turns) + "\n")
+
+    with_long, without = session("my name is Bob", "word " * 300, "what is my name"), session("my name is Bob", "what is my name")
+    assert with_long.exit_code == 1 and without.exit_code == 0
+    assert "dropped" not in with_long.stderr and "raise --ctx" in with_long.stderr
+    last = [[r for r in records(result.stdout) if "prompt" in r][-1] for result in (with_long, without)]
+    assert last[0]["reply"] == last[1]["reply"]
+    assert last[0]["stats"]["prompt_tokens"] == last[1]["stats"]["prompt_tokens"] > 20  # both turns, re-read
+
+
 # --- display ----------------------------------------------------------------------------------------
 
 

@@ -334,6 +334,11 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
         "unknown spec": {**good, "speculative": {"spec": "oracle"}},
         "unknown extension field": {**good, "speculative": {"turbo": True}},
         "not an object": [1, 2],
+        "negative seed": {**good, "seed": -1},
+        "NaN temperature": {**good, "temperature": float("nan")},
+        "max_tokens as a string": {**good, "max_tokens": "5"},
+        "max_tokens as a boolean": {**good, "max_tokens": True},
+        "stream as a string": {**good, "stream": "yes"},
     }
     with serving(chat_pair, n_ctx=256) as url:
         for path in ("/v1/chat/completions", "/v1/completions"):
@@ -343,6 +348,25 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
             assert status == 400, name
             assert_openai_error(status, error, 400)
         assert post(url, "/v1/chat/completions", {**good, "temperature": 5})[1]["error"]["param"] == "temperature"
+        # Each error names the request's own field, not pydantic's name for a type or union member.
+        image = {**good, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+        for body, param, message in [
+            (image, "messages.0.content.0.type", "Input should be 'text'"),
+            ({**good, "speculative": {"k": 999}}, "speculative.k", "less than or equal to 64"),
+            ({**good, "seed": -1}, "seed", "greater than or equal to 0"),
+            ({**good, "temperature": float("nan")}, "temperature", "Input should be a finite number"),
+        ]:
+            error = post(url, "/v1/chat/completions", json.dumps(body))[1]["error"]
+            assert error["param"] == param and message in error["message"], error
+        assert_openai_error(*post(url, "/v1/completions", b'{"model": ' + b"[" * 5000)[:2], 400)
+        # A body declared larger than 16 MiB is refused before any of it is read.
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n{" % (16 * 2**20 + 1))
+            head, _, rest = raw.makefile("rb").read().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 ")
+        assert_openai_error(413, json.loads(rest), 413, "request_too_large")
         assert_openai_error(*post(url, "/v1/completions", {"model": MODEL, "prompt": ""})[:2], 400)
         long_message = {**good, "messages": [{"role": "user", "content": "word " * 400}]}
         assert_openai_error(*post(url, "/v1/chat/completions", long_message)[:2], 400, "context_length_exceeded")
@@ -420,6 +444,37 @@ def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pai
     assert metric(text, "prompt_tokens_total") == after.usage.prompt_tokens
 
 
+def test_a_client_leaving_the_queue_frees_its_place_at_once(endless_pair):
+    """One place in the queue: a client that waits there and leaves gives it up at once, so the next
+    request waits in it (served once the busy stream ends) rather than being refused with 503."""
+    with serving(endless_pair, n_ctx=LONG_CTX, max_waiting=1) as url:
+        c = client(url)
+        busy = ask(c, "sing", stream=True, max_tokens=LONG_REPLY)  # holds the one generation slot
+        next(iter(busy))
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        with socket.create_connection((host, int(port))) as waiting:
+            waiting.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            deadline = time.monotonic() + 10
+            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
+                assert time.monotonic() < deadline, "the request never queued"
+                time.sleep(0.02)
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], "queue_waiting") > 0:
+            assert time.monotonic() < deadline, "the place was not given up"
+            time.sleep(0.02)
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(ask, c, "sing", max_tokens=3)  # refused with 503 while the place was held
+            deadline = time.monotonic() + 10
+            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
+                assert time.monotonic() < deadline and not queued.done(), "the next request did not queue"
+                time.sleep(0.02)
+            busy.close()
+            reply = queued.result(timeout=60)
+    assert reply.choices[0].message.content == "la la la "
+
+
 def test_load_eight_clients_four_requests_each_none_lost_or_mixed(chat_pair):
     prompts = {(client_id, n): f"client {client_id} asks question {n}" for client_id in range(8) for n in range(4)}
     with serving(chat_pair, max_waiting=8) as url:
@@ -473,12 +528,12 @@ def test_a_full_queue_answers_503_with_retry_after_rather_than_hanging(endless_p
 def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_pair):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
-               "--port", "0", "-t", "1", "--ctx", "256", "--k", "2"]
+               "--port", "0", "-t", "1", "--ctx", "64", "--k", "2"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stderr.readline()
-        match = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
-        assert match, line
+        match = re.search(r"\(--spec ngram\+model, --k 2, 256-token context\) at (http://127\.0\.0\.1:\d+)/v1", line)
+        assert match, line  # llama.cpp rounded --ctx 64 up to 256, and the line says so
         c = client(match.group(1))
         [served] = [model.id for model in c.models.list()]
         assert served == chat_pair[0].stem  # a model given as a path is served by its file name

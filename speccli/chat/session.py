@@ -89,6 +89,12 @@ class Conversation:
             tokens = self._tokenize_whole(text)
         return Prompt(tokens, text)
 
+    def prompt_alone(self, user_text: str) -> Prompt:
+        """The prompt for `user_text` with every earlier turn left out (the system prompt kept)."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        text = self.format.render(system + [{"role": "user", "content": user_text}], add_generation_prompt=True)
+        return Prompt(self._tokenize_whole(text), text)
+
     def _tokenize_whole(self, text: str) -> list[int]:
         # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).
         tokens = self.tokenizer.tokenize(text, False, self.format.parse_special)
@@ -273,6 +279,9 @@ class ChatSession:
     def _prompt_that_fits(self, user_text: str) -> Prompt:
         reserve = min(self.max_tokens, self.n_ctx // 4)
         prompt = self.conversation.prompt_for(user_text)
+        if len(prompt.tokens) + reserve > self.n_ctx and self.conversation.turns:
+            # A message that cannot fit even alone is refused before any turn is dropped for it.
+            self._refuse_if_too_long(self.conversation.prompt_alone(user_text))
         dropped = 0
         while len(prompt.tokens) + reserve > self.n_ctx and self.conversation.turns:
             self.conversation.drop_oldest_turn()
@@ -283,12 +292,15 @@ class ChatSession:
                 f"(context: dropped the {_oldest_turns(dropped)} to fit the "
                 f"{self.n_ctx}-token context, system prompt kept; re-reading {len(prompt.tokens)} tokens)"
             )
+        self._refuse_if_too_long(prompt)
+        return prompt
+
+    def _refuse_if_too_long(self, prompt: Prompt) -> None:
         if len(prompt.tokens) >= self.n_ctx:
             raise SpeccliError(
                 f"this message needs {len(prompt.tokens)} tokens with the system prompt, but the context "
                 f"holds {self.n_ctx}; shorten it or raise --ctx"
             )
-        return prompt
 
     def command(self, line: str) -> bool:
         """Run one slash command; False means leave."""

@@ -42,5 +42,7 @@ def serve(
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         k_text = "auto" if settings.k is None else settings.k
+        # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
+        context = f"{loaded.target.n_ctx}-token context"
         run_server(service, sock, lambda url: typer.echo(
-            f"serving {model_id} (--spec {settings.spec}, --k {k_text}) at {url}/v1 · Ctrl-C stops", err=True))
+            f"serving {model_id} (--spec {settings.spec}, --k {k_text}, {context}) at {url}/v1 · Ctrl-C stops", err=True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -36,6 +37,7 @@ from speccli.server.worker import GenerationError, Job, QueueFullError, Speculat
 
 # OpenAI's finish reasons for the Generator's.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+MAX_BODY_BYTES = 16 * 2**20
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
@@ -159,9 +161,10 @@ def create_app(service: Service) -> Starlette:
             if not body.stream:
                 return JSONResponse(await reply.collect(gone, started))
         except ClientGone:
+            service.worker.cancel(job)  # cancelled already: this frees its place if it was still waiting
             return Response(status_code=499)  # nobody reads it; the generation was cancelled
         except BaseException:
-            job.cancelled.set()
+            service.worker.cancel(job)
             raise
         finally:
             gone.cancel()  # a stream is watched by Starlette from here on
@@ -169,22 +172,30 @@ def create_app(service: Service) -> Starlette:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def _parse(request: Request, schema: type[RequestModel]) -> RequestModel:
+        body = await _body(request)
         try:
-            payload = await request.json()
+            payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise APIError(400, f"the request body is not valid JSON: {error}") from None
+        except RecursionError:
+            raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
         if not isinstance(payload, dict):
             raise APIError(400, "the request body must be a JSON object")
         try:
             return schema.model_validate(payload)
         except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
+            # Of a union's alternatives, the one the body got furthest into says what is wrong
+            # (content given as parts: the part's field, not "should be a valid string").
+            first = max(error.errors(), key=lambda detail: len(detail["loc"]))
+            where = field_path(first["loc"])
             raise APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
 
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
-        service.metrics.record(None, "queue_full" if error.status == 503 else "rejected")
+        if error.status == 503:
+            service.metrics.record(None, "queue_full")
+        elif error.status < 500:  # a generation that failed (500) was counted by the worker, as "error"
+            service.metrics.record(None, "rejected")
         return error.response()
 
     async def http_error(_: Request, error: Exception) -> Response:
@@ -210,6 +221,32 @@ def create_app(service: Service) -> Starlette:
         await asyncio.to_thread(service.worker.stop)
 
     return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+async def _body(request: Request) -> bytes:
+    """The request body, refused (413) past MAX_BODY_BYTES before it is all read: a prompt that long
+    cannot fit any context, and reading and tokenizing it would cost seconds (20 MB: 8 s)."""
+    too_large = APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A validation error's location as the request's own field path: "messages.0.content", without
+    pydantic's names for union alternatives and constrained types ("str", "list[TextPart]",
+    "constrained-int")."""
+    return ".".join(str(part) for part in loc if isinstance(part, int) or not _TYPE_TAG.fullmatch(part))
+
+
+_TYPE_TAG = re.compile(r"str|int|float|bool|.*[\[\]-].*")
 
 
 async def _next_items(job: Job, gone: asyncio.Future | None) -> list[object]:
@@ -300,7 +337,7 @@ class Reply:
                     yield "".join(out)
                 items = await _next_items(self.job, None)
         finally:
-            self.job.cancelled.set()  # the client left (or the reply is done, when it changes nothing)
+            self.service.worker.cancel(self.job)  # the client left (or the reply is done, when it changes nothing)
 
     def _envelope(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.service.model_id}

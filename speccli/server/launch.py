@@ -102,7 +102,10 @@ def serving_in_thread(service: Service, host: str = "127.0.0.1", port: int = 0) 
     """The server in a background thread (for tests and benchmarks): yields its base URL once it
     accepts requests, and stops it on leaving."""
     sock = bind(host, port)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", access_log=False))
+    # As run_server: a stream still open on leaving (a test failing mid-stream) must not keep the worker
+    # decoding past the join, into models the caller then closes.
+    config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="speccli-server", daemon=True)
     thread.start()
     try:

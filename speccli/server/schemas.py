@@ -13,12 +13,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from speccli.settings import MAX_K, SPECS
 
 
-class TextPart(BaseModel):
+class Strict(BaseModel):
+    """Values of the wrong JSON type are refused, not converted: "5" is not a max_tokens, nor true a 1."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
+class Message(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[str, list[TextPart]]
 
@@ -30,29 +36,29 @@ class Message(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
 
 
-class SpeculationControl(BaseModel):
+class SpeculationControl(Strict):
     """The `speculative` extension field: `{"enabled": false}` for the target alone, or a spec and k."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     enabled: bool = True
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
     k: Optional[Union[Annotated[int, Field(ge=1, le=MAX_K)], Literal["auto"]]] = None  # default: the server's --k
 
 
-class GenerationRequest(BaseModel):
+class GenerationRequest(Strict):
     """What chat and text completions share."""
 
     model: str
     stream: bool = False
-    temperature: float = Field(0.8, ge=0, le=2)
-    top_p: float = Field(0.95, gt=0, le=1)
+    temperature: float = Field(0.8, ge=0, le=2, allow_inf_nan=False)
+    top_p: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(40, ge=0)
-    min_p: float = Field(0.05, ge=0, lt=1)
+    min_p: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = Field(None, ge=0)
     n: int = Field(1, ge=1, le=1)  # one sequence at a time: one choice
     speculative: Optional[SpeculationControl] = None
 

@@ -77,7 +77,12 @@ class Worker:
         self.target = target
         self.draft = draft
         self.metrics = metrics
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_waiting)
+        self.max_waiting = max_waiting
+        # The jobs waiting, in order. A job cancelled while it waits stays in _jobs until the thread skips
+        # it, but leaves _waiting at once: its place in the queue is free for the next request.
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._waiting: list[Job] = []
+        self._waiting_lock = threading.Lock()
         self._generators: dict[Speculation, Generator] = {}
         self._active: Speculation | None = None  # whose tokens the caches hold
         self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
@@ -101,15 +106,28 @@ class Worker:
         self._thread.join()
 
     def submit(self, job: Job) -> None:
-        try:
+        with self._waiting_lock:
+            self._waiting = [waiting for waiting in self._waiting if not waiting.cancelled.is_set()]
+            if len(self._waiting) >= self.max_waiting:
+                raise QueueFullError
+            self._waiting.append(job)
             self._jobs.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError from None
-        self.metrics.set_waiting(self._jobs.qsize())
+            self.metrics.set_waiting(len(self._waiting))
+
+    def cancel(self, job: Job) -> None:
+        """The client left: stop the job where it runs, or give up its place where it waits."""
+        job.cancelled.set()
+        with self._waiting_lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self.metrics.set_waiting(len(self._waiting))
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            self.metrics.set_waiting(self._jobs.qsize())
+            with self._waiting_lock:
+                if job in self._waiting:
+                    self._waiting.remove(job)
+                self.metrics.set_waiting(len(self._waiting))
             if job.cancelled.is_set():
                 self.metrics.record(None, "cancelled")
                 continue
