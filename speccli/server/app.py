@@ -187,7 +187,7 @@ def create_app(service: Service) -> Starlette:
             # Of a union's alternatives, the one the body got furthest into says what is wrong
             # (content given as parts: the part's field, not "should be a valid string").
             first = max(error.errors(), key=lambda detail: len(detail["loc"]))
-            where = field_path(first["loc"])
+            where = _field_path(first["loc"])
             raise APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
 
     async def api_error(_: Request, error: Exception) -> Response:
@@ -224,8 +224,8 @@ def create_app(service: Service) -> Starlette:
 
 
 async def _body(request: Request) -> bytes:
-    """The request body, refused (413) past MAX_BODY_BYTES before it is all read: a prompt that long
-    cannot fit any context, and reading and tokenizing it would cost seconds (20 MB: 8 s)."""
+    """The request body, refused (413) past MAX_BODY_BYTES before it is all read: that much text is
+    millions of tokens, past any context here, and reading and tokenizing it costs seconds (20 MB: 8 s)."""
     too_large = APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -239,7 +239,7 @@ async def _body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def field_path(loc: tuple[int | str, ...]) -> str:
+def _field_path(loc: tuple[int | str, ...]) -> str:
     """A validation error's location as the request's own field path: "messages.0.content", without
     pydantic's names for union alternatives and constrained types ("str", "list[TextPart]",
     "constrained-int")."""
