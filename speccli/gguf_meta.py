@@ -34,12 +34,8 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
     """
     try:
         with path.open("rb") as file:
-            size = path.stat().st_size
-            if size < 4:
-                raise UnreadableFileError(f"{path}: not a GGUF file ({'empty' if size == 0 else 'too short'})")
+            _check_magic(path, file.read(4))
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                if data[:4] != b"GGUF":
-                    raise UnreadableFileError(f"{path}: not a GGUF file (starts with {bytes(data[:4])!r})")
                 try:
                     return _parse_metadata(data, wanted)
                 except _Truncated:
@@ -48,6 +44,23 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
                     raise UnreadableFileError(f"{path}: unsupported or corrupt GGUF file ({error})") from None
     except OSError as error:
         raise unreadable(path, error) from None
+
+
+def require_gguf(path: Path) -> None:
+    """Raise UnreadableFileError unless `path` is a readable file that starts as a GGUF file does (its
+    first 4 bytes only: a check cheap enough for every model `pull` reports)."""
+    try:
+        with path.open("rb") as file:
+            _check_magic(path, file.read(4))
+    except OSError as error:
+        raise unreadable(path, error) from None
+
+
+def _check_magic(path: Path, first: bytes) -> None:
+    if len(first) < 4:
+        raise UnreadableFileError(f"{path}: not a GGUF file ({'empty' if not first else 'too short'})")
+    if first != b"GGUF":
+        raise UnreadableFileError(f"{path}: not a GGUF file (starts with {first!r})")
 
 
 def trained_context_length(path: Path) -> int | None:

