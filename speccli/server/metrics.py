@@ -52,10 +52,11 @@ class Metrics:
         metric("tokens_generated_total", "counter", "Tokens generated (end-of-generation tokens not counted).",
                [("", totals.generated)])
         metric("target_decodes_total", "counter", "Target decodes (verification steps).", [("", totals.steps)])
+        # By source only: an unlabeled total beside the sources' series would count twice in a sum().
         metric("draft_tokens_total", "counter", "Draft tokens proposed, by source.",
-               [("", totals.drafted)] + [(f'{{source="{s}"}}', c.drafted) for s, c in sorted(totals.by_source.items())])
+               [(f'{{source="{s}"}}', c.drafted) for s, c in sorted(totals.by_source.items())])
         metric("draft_tokens_accepted_total", "counter", "Draft tokens the target accepted, by source.",
-               [("", totals.accepted)] + [(f'{{source="{s}"}}', c.accepted) for s, c in sorted(totals.by_source.items())])
+               [(f'{{source="{s}"}}', c.accepted) for s, c in sorted(totals.by_source.items())])
         metric("acceptance_rate", "gauge", "Accepted / drafted draft tokens, all requests so far.",
                [("", float(totals.acceptance_rate))])
         positions = totals.positions
