@@ -154,5 +154,21 @@ def test_a_truncated_candidate_is_one_line_exit_2(gemma: dict[str, Path], tmp_pa
 
 def test_text_and_prompts_together_are_refused_before_loading_anything(gemma: dict[str, Path], short_text: Path) -> None:
     result = _run(gemma["reference"], gemma["Q8_0"], "--text", short_text, "--prompts", short_text)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # 1 means a candidate is BROKEN
     assert result.stderr.strip() == "error: give --text or --prompts, not both"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["MODEL", "nosuchmodel"], "error: unknown model 'nosuchmodel'"),
+        (["MODEL", "MODEL", "--temp", "inf"], "error: --temp must be a finite number, got inf"),
+        (["MODEL", "MODEL", "--top-p", "0"], "error: --top-p must be in (0, 1]"),
+        (["MODEL", "MODEL", "--threads", "0"], "error: --threads must be >= 1, got 0"),
+        (["MODEL", "MODEL", "--ctx", "8"], "error: --ctx must be at least 16 tokens, got 8"),
+    ],
+)
+def test_every_refusal_is_exit_2_since_1_means_broken(tiny_model: Path, args: list[str], message: str) -> None:
+    result = _run(*(tiny_model if arg == "MODEL" else arg for arg in args))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1

@@ -3,6 +3,8 @@ turns every error a user can cause into one line and an exit code.
 
 Exit codes: 0 done; 1 a SpeccliError (bad value, failed run); 2 a usage error or a file that cannot
 be read; 3 bench's greedy check failed; 130 interrupted (Ctrl-C); 141 the reader of stdout went away.
+check-vocab and quant-check give 1 for their verdict (incompatible, any BROKEN), so every refusal
+there is 2: a script must never read a typo as a verdict.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ _CLICK_EXCEPTION = next(base for base in typer.BadParameter.__mro__ if base.__na
 
 USAGE_ERROR = 2
 READER_GONE = 141
+VERDICT_COMMANDS = ("check-vocab", "quant-check")  # whose exit code 1 is a verdict (see the docstring)
 
 
 class SpeccliGroup(TyperGroup):
@@ -58,7 +61,8 @@ class SpeccliGroup(TyperGroup):
             if os.environ.get("SPECCLI_DEBUG"):
                 raise
             typer.echo(f"error: {_one_line(error)}", err=True)
-            raise typer.Exit(getattr(error, "exit_code", USAGE_ERROR)) from None
+            code = getattr(error, "exit_code", USAGE_ERROR)
+            raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
 
 
 def _write_names_as_given() -> None:

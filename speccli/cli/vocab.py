@@ -6,7 +6,6 @@ from typing import Annotated
 import typer
 
 from speccli.cli.options import ConfigOption
-from speccli.errors import SpeccliError, UnreadableFileError
 
 
 def check_vocab(
@@ -27,12 +26,9 @@ def check_vocab(
     from speccli.vocab.check import check_pair
     from speccli.vocab.report import Verdict
 
-    try:
-        registry = load_registry(config)
-        # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
-        draft_path, target_path = (resolve_model(name, registry, fetch=False) for name in (draft, target))
-    except SpeccliError as error:
-        raise UnreadableFileError(str(error)) from None  # exit 2, so that 1 always means "incompatible"
+    registry = load_registry(config)
+    # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
+    draft_path, target_path = (resolve_model(name, registry, fetch=False) for name in (draft, target))
     report = check_pair(draft_path, target_path)
     if json_output:
         typer.echo(report.to_json())
