@@ -34,8 +34,7 @@ def quant_check(
     """Measure how faithful each CANDIDATE is to REFERENCE: expected speculative acceptance Σmin(p,q), top-1
     agreement and KL over the same text, with a verdict OK / DEGRADED / BROKEN each.
 
-    Exit codes: 0 all OK or DEGRADED, 1 any BROKEN, 2 a file unreadable, vocabularies that differ or any
-    other refusal.
+    Exit codes: 0 all OK or DEGRADED, 1 any BROKEN, 2 any refusal (a file unreadable, another vocabulary, a typo).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
