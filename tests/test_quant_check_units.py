@@ -45,6 +45,16 @@ def test_identical_rows_score_acceptance_one_and_kl_zero() -> None:
     assert same_top.all()
 
 
+def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -> None:
+    # The store's rounding (0.00037-nat steps, the tail dropped) made these -1e-6 before KL was clamped.
+    logits = (np.random.default_rng(3).standard_normal((6, 4096)) * 4).astype(np.float32)
+    comparator = _Comparator(SamplingParams(temperature=1.0))
+    store = _ReferenceStore(tmp_path, 6, 4096)
+    store.write(0, _log_softmax(logits))
+    _, kl, _, _ = comparator.compare(comparator.reference_from_log_p(store.read(0, 6)), logits.copy())
+    assert (kl >= 0).all() and kl.max() < 1e-4
+
+
 @pytest.mark.parametrize(
     ("acceptance", "stretches", "expected"),
     [

@@ -126,7 +126,8 @@ class _Comparator:
         with np.errstate(invalid="ignore"):
             terms *= raw_p
         # A dropped tail (sequential mode) has p = 0 and log p = -inf: its terms are 0·(-inf), not counted.
-        kl = np.nansum(terms, axis=1, dtype=np.float64)
+        # The stored rows' rounding leaves an identical row at about -1e-6, where KL is 0: never below.
+        kl = np.maximum(np.nansum(terms, axis=1, dtype=np.float64), 0.0)
         same_top = reference.top == logits.argmax(axis=1)
         return acceptance, kl, same_top, q
 
