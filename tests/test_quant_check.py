@@ -54,6 +54,7 @@ def ranked_report(gemma: dict[str, Path], short_text: Path) -> dict:
 def test_ranking_is_q8_q4km_q2k_broken_on_every_figure(gemma: dict[str, Path], ranked_report: dict) -> None:
     candidates = ranked_report["candidates"]
     assert [Path(c["path"]).stem for c in candidates] == list(RANKED)
+    assert [c["name"] for c in candidates] == [str(gemma[name]) for name in RANKED]  # as the command line gave them
     for better, worse in zip(candidates, candidates[1:]):
         assert better["acceptance"] > worse["acceptance"]
         assert better["greedy_acceptance"] > worse["greedy_acceptance"]

@@ -1,7 +1,6 @@
 """quant-check's report for a terminal: a ranking table, the evidence per candidate, the verdict rule."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
@@ -41,12 +40,12 @@ def _ranking(report: QuantCheckReport) -> Table:
     for rank, c in enumerate(report.candidates, start=1):
         speedup = f"{c.draft_speedup.speedup:.2f}x K={c.draft_speedup.k}" if c.draft_speedup else "not faster"
         table.add_row(
-            str(rank), Path(c.path).name, Text(c.verdict.value, style=VERDICT_STYLE[c.verdict]),
+            str(rank), c.name, Text(c.verdict.value, style=VERDICT_STYLE[c.verdict]),
             f"{c.acceptance:.3f}±{c.acceptance_stderr:.3f}", f"{c.greedy_acceptance:.3f}",
             f"{c.kl_mean:.4f}", f"{c.kl_p99:.3f}", "/".join(f"{c.tokens_per_verify[k]:.2f}" for k in (1, 4, 8)), speedup,
         )
     table.caption = f"1-token decode: reference {report.reference_seconds_per_token * 1000:.1f} ms, " + ", ".join(
-        f"{Path(c.path).name} {c.seconds_per_token * 1000:.1f} ms" for c in report.candidates
+        f"{c.name} {c.seconds_per_token * 1000:.1f} ms" for c in report.candidates
     )
     return table
 
@@ -57,7 +56,7 @@ def _tops(tops: list[TokenProbability]) -> str:
 
 def _evidence(c: CandidateReport) -> Text:
     text = Text.assemble(
-        ("\n" + Path(c.path).name, "bold"), "  ", (c.verdict.value, VERDICT_STYLE[c.verdict]), f": {c.reason}\n",
+        ("\n" + c.name, "bold"), "  ", (c.verdict.value, VERDICT_STYLE[c.verdict]), f": {c.reason}\n",
         "  acceptance by position: ",
         "  ".join(f"{s.positions}: {s.acceptance:.2f} ({s.count})" for s in c.by_position), "\n",
     )

@@ -63,6 +63,7 @@ class DraftSpeedup:
 
 @dataclass(frozen=True)
 class CandidateReport:
+    name: str  # as the command line gave it: a registry name, or a path
     path: str
     verdict: Fidelity
     reason: str
@@ -104,8 +105,11 @@ def tokens_per_verify(acceptance: float, k: int) -> float:
     return float(sum(acceptance**i for i in range(k + 1)))
 
 
-def build_report(measurement: Measurement, tokenizer: _Tokenizer, params: SamplingParams, text: str) -> QuantCheckReport:
-    candidates = [_candidate(measurement, c, tokenizer) for c in measurement.candidates]
+def build_report(
+    measurement: Measurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str
+) -> QuantCheckReport:
+    """`names`: each candidate as the command line gave it, in the measurement's order."""
+    candidates = [_candidate(measurement, c, name, tokenizer) for c, name in zip(measurement.candidates, names, strict=True)]
     candidates.sort(key=lambda c: (-c.acceptance, c.kl_mean))
     storage = (
         "reference log-probabilities stored on disk as uint16 over the top 24 nats of each row (llama.cpp's "
@@ -127,12 +131,13 @@ def build_report(measurement: Measurement, tokenizer: _Tokenizer, params: Sampli
     )
 
 
-def _candidate(measurement: Measurement, candidate: CandidateMeasurement, tokenizer: _Tokenizer) -> CandidateReport:
+def _candidate(measurement: Measurement, candidate: CandidateMeasurement, name: str, tokenizer: _Tokenizer) -> CandidateReport:
     acceptance = float(candidate.acceptance.mean())
     stretches = _stretches(measurement.offsets, candidate.acceptance)
     verdict, reason = judge(acceptance, [(s.positions, s.count, s.acceptance) for s in stretches])
     n = len(candidate.acceptance)
     return CandidateReport(
+        name=name,
         path=str(candidate.path),
         verdict=verdict,
         reason=reason,

@@ -79,7 +79,7 @@ def quant_check(
                 reference_path, candidate_paths, sequences, params, LoadOptions(n_ctx=n_ctx, n_threads=threads),
                 sequential=sequential, progress=lambda what, done: bar.update(task, advance=done, description=what),
             )
-        report = build_report(measurement, tokenizer, params, source.description)
+        report = build_report(measurement, candidates, tokenizer, params, source.description)
     if json_output:
         typer.echo(report.to_json())
     else:
