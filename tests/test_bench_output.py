@@ -262,3 +262,18 @@ def test_compare_reads_two_reports(tiny_report_file) -> None:
     assert result.exit_code == 0, result.output
     assert "speedup A → B" in result.stdout and "nothing in models, prompts, settings or environment" in result.stdout
     assert "│ ngram+model K=4 │" in result.stdout
+
+
+def test_the_chart_draws_the_1x_mark_past_any_bar_below_it() -> None:
+    """A bar below 1.0x never covers the 1.0x mark, however it rounds (0.99 of 40 cells rounds to 40)."""
+    from types import SimpleNamespace
+
+    from speccli.bench.render import render_chart
+
+    def result(label: str, speedup: float) -> SimpleNamespace:
+        overall = SimpleNamespace(speedup=SimpleNamespace(median=speedup), predicted=None, acceptance_rate=0.5)
+        return SimpleNamespace(label=label, overall=overall)
+
+    bars = {line.split()[0]: line for line in render_chart([result("below", 0.99), result("above", 1.0)]).splitlines()[1:3]}
+    assert bars["below"].startswith("below " + "█" * 39 + "│ 0.99×")
+    assert bars["above"].startswith("above " + "█" * 40 + " 1.00×")

@@ -98,7 +98,8 @@ def render_report(report: BenchReport, console: Console) -> None:
     if report.cannot_pay:
         console.print(f"[bold yellow]{escape(report.cannot_pay)}[/bold yellow]", soft_wrap=True)
     console.print(
-        "[dim]tok/s: decode phase, wall-clock, median (min–max) over runs; speedup: median of per-round ratios. "
+        "[dim]tok/s: decode phase, wall-clock, median (min–max) over a task's runs (overall: over every prompt's "
+        "runs); speedup: median of per-round ratios. "
         "tok/verify counts the target's correction/bonus token; mean K chosen counts steps that drafted nothing. "
         "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
         "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted. "
@@ -261,10 +262,13 @@ def render_chart(results: Sequence[ConfigResult], width: int = 40) -> str:
     predicted = [r.overall.predicted.speedup if r.overall.predicted else 0.0 for r in results]
     top = max([*speedups, *predicted, 1.0])
     name_width = max(len(r.label) for r in results) + 1
-    lines = [f"speedup by configuration  (█ measured, ┆ predicted, │ = 1.0×; scale 0–{top:.2f}×)"]
+    lines = [f"speedup by configuration  (█ measured, ┆ predicted, │ = 1.0× past a shorter bar; scale 0–{top:.2f}×)"]
     one = round(width / top)
     for result, s, p in zip(results, speedups, predicted):
-        bar = list("█" * round(s / top * width) + " " * width)[:width]
+        filled = round(s / top * width)
+        if s < 1.0:  # rounding must not carry a bar below 1.0× over the 1.0× mark
+            filled = min(filled, one - 1)
+        bar = list("█" * filled + " " * width)[:width]
         if p:
             bar[min(round(p / top * width), width) - 1] = "┆"
         if 0 < one <= width and bar[one - 1] == " ":
