@@ -346,6 +346,7 @@ def test_cli_terminal_output_has_styles_and_legend(tiny_pair):
     result = chat(tiny_pair, "-p", "hello", "-n", "20", "--temp", "0", terminal=True)
     assert result.exit_code == 0
     assert "draft accepted" in result.stdout and "\x1b[32m" in result.stdout
+    assert "target alone (no draft that step)" in result.stdout  # the tokens in the default colour, named too
     plain = chat(tiny_pair, "-p", "hello", "-n", "20", "--temp", "0", "--no-color-provenance", terminal=True)
     assert "draft accepted" not in plain.stdout
 

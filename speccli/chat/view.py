@@ -38,7 +38,10 @@ PROVENANCE_STYLES = {
 # Model text shown on a terminal must not drive it: C0 controls (ESC above all) and DEL become their
 # visible Unicode "control pictures" (U+2400 + code). Pipes get the text exactly as generated.
 _CONTROL_PICTURES = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\n\t"} | {0x7F: 0x2421}
-PROVENANCE_NAMES = {Source.DRAFT: "draft accepted", Source.CORRECTION: "target correction", Source.BONUS: "bonus"}
+PROVENANCE_NAMES = {
+    Source.DRAFT: "draft accepted", Source.CORRECTION: "target correction", Source.BONUS: "bonus",
+    Source.TARGET: "target alone (no draft that step)",  # the default colour: said, since it has none
+}
 
 
 def provenance_legend() -> Text:
