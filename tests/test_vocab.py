@@ -156,6 +156,7 @@ def test_shifted_ids_are_recognised_as_a_shift(pair_files) -> None:
     evidence = "\n".join(d for difference in report.differences for d in difference.evidence)
     assert "draft id i+1 holds the text of target id i" in evidence
     assert "1: '<unk>' | '<s>'" in evidence
+    assert "0: draft '<pad>' type 3 | target '<unk>' type 2" in evidence  # each side's own token, by type
 
 
 def test_sample_difference_names_the_text_that_differs(pair_files) -> None:

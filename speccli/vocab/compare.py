@@ -199,8 +199,8 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
                 "token-type", Severity.WARNING,
                 f"token types differ at {len(type_mismatched)} shared ids, first at id {type_mismatched[0]}",
                 tuple(
-                    f"{i}: {_show(target.tokens[i])} "
-                    f"draft type {int(draft.token_types[i])} | target type {int(target.token_types[i])}"
+                    f"{i}: draft {_show(draft.tokens[i])} type {int(draft.token_types[i])} | "
+                    f"target {_show(target.tokens[i])} type {int(target.token_types[i])}"
                     for i in type_mismatched[:SHOWN_MISMATCHES]
                 ),
             ))
