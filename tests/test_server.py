@@ -466,7 +466,7 @@ def test_a_client_leaving_the_queue_frees_its_place_at_once(endless_pair):
             assert time.monotonic() < deadline, "the place was not given up"
             time.sleep(0.02)
         with ThreadPoolExecutor(1) as pool:
-            queued = pool.submit(ask, c, "sing", max_tokens=3)  # refused with 503 while the place was held
+            queued = pool.submit(ask, c, "sing", max_tokens=3)  # a 503 while a leaver still held the place
             deadline = time.monotonic() + 10
             while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
                 assert time.monotonic() < deadline and not queued.done(), "the next request did not queue"
