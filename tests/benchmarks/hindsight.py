@@ -27,11 +27,11 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from speccli.drafting.policy import VerifyCosts
+from speccli.drafting.policy import AUTO_MAX_K, VerifyCosts
 
 from replay import MeasuredCurve, Reply, parse_costs  # a sibling script: this one is run as a script too
 
-MAX_K = 24
+MAX_K = AUTO_MAX_K  # the longest draft `auto` makes, and the longest fixed K the replay prices
 CONFIDENCE_BANDS = (0.0, 0.1, 0.25, 0.5, 0.75)
 
 
