@@ -3,8 +3,8 @@
 The models hold one KV sequence each, so only one generation can run; llama.cpp blocks, so it runs
 here and never on the event loop. Each job hands its events back to the request that asked for it
 through that request's asyncio queue. A job is cancelled by setting its flag: it is checked between
-the Generator's events (never inside a decode, which would leave cache and bookkeeping disagreeing),
-and a job cancelled while still waiting is skipped.
+the Generator's events (never inside a decode, which would leave cache and bookkeeping disagreeing).
+A job whose client leaves while it still waits gives its place in the queue up at once (`cancel`).
 
 Generators are kept per drafting configuration (spec and k, or none), so an auto-K policy keeps what
 it learned. They share the models' caches, so switching configurations resets the one taken up; a
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
+from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, field
 
@@ -78,11 +78,9 @@ class Worker:
         self.draft = draft
         self.metrics = metrics
         self.max_waiting = max_waiting
-        # The jobs waiting, in order. A job cancelled while it waits stays in _jobs until the thread skips
-        # it, but leaves _waiting at once: its place in the queue is free for the next request.
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._waiting: list[Job] = []
-        self._waiting_lock = threading.Lock()
+        self._waiting: deque[Job] = deque()  # in order; a job leaves it when it starts or its client leaves
+        self._changed = threading.Condition()  # guards _waiting and _stopping
+        self._stopping = False
         self._generators: dict[Speculation, Generator] = {}
         self._active: Speculation | None = None  # whose tokens the caches hold
         self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
@@ -93,46 +91,50 @@ class Worker:
 
     def stop(self) -> None:
         """Cancel what runs and waits, and wait for the thread (models may be closed afterwards)."""
-        if self._running is not None:
-            self._running.cancelled.set()
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
+        with self._changed:
+            self._stopping = True
+            if self._running is not None:
+                self._running.cancelled.set()
+            for job in self._waiting:
                 job.cancelled.set()
-        self._jobs.put(None)
+            self._waiting.clear()
+            self._changed.notify()
         self._thread.join()
 
     def submit(self, job: Job) -> None:
-        with self._waiting_lock:
-            self._waiting = [waiting for waiting in self._waiting if not waiting.cancelled.is_set()]
+        with self._changed:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFullError
             self._waiting.append(job)
-            self._jobs.put_nowait(job)
             self.metrics.set_waiting(len(self._waiting))
+            self._changed.notify()
 
     def cancel(self, job: Job) -> None:
         """The client left: stop the job where it runs, or give up its place where it waits."""
         job.cancelled.set()
-        with self._waiting_lock:
+        with self._changed:
             if job in self._waiting:
                 self._waiting.remove(job)
                 self.metrics.set_waiting(len(self._waiting))
+                self.metrics.record(None, "cancelled")
+
+    def _next_job(self) -> Job | None:
+        """The longest-waiting job, now running, once there is one; None once the worker stops."""
+        with self._changed:
+            while not self._waiting and not self._stopping:
+                self._changed.wait()
+            if self._stopping:
+                return None
+            job = self._running = self._waiting.popleft()  # under the lock: `stop` sees it either way
+            self.metrics.set_waiting(len(self._waiting))
+            return job
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            with self._waiting_lock:
-                if job in self._waiting:
-                    self._waiting.remove(job)
-                self.metrics.set_waiting(len(self._waiting))
-            if job.cancelled.is_set():
-                self.metrics.record(None, "cancelled")
-                continue
-            self._running = job
+        while (job := self._next_job()) is not None:
             try:
+                if job.cancelled.is_set():  # its event loop went away (Job.emit) while it waited
+                    self.metrics.record(None, "cancelled")
+                    continue
                 self._run(job)
             except SpeccliError as error:  # e.g. the context filled: the caller hears why
                 self._active = None  # the caches may hold part of a failed decode: start clean
