@@ -75,7 +75,7 @@ class Conversation:
         self._fed_text = ""
 
     def messages(self) -> list[Message]:
-        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages = self._system_messages()
         for user, assistant in self.turns:
             messages += [user, assistant]
         return messages
@@ -91,9 +91,12 @@ class Conversation:
 
     def prompt_alone(self, user_text: str) -> Prompt:
         """The prompt for `user_text` with every earlier turn left out (the system prompt kept)."""
-        system = [{"role": "system", "content": self.system}] if self.system else []
-        text = self.format.render(system + [{"role": "user", "content": user_text}], add_generation_prompt=True)
+        messages = self._system_messages() + [{"role": "user", "content": user_text}]
+        text = self.format.render(messages, add_generation_prompt=True)
         return Prompt(self._tokenize_whole(text), text)
+
+    def _system_messages(self) -> list[Message]:
+        return [{"role": "system", "content": self.system}] if self.system else []
 
     def _tokenize_whole(self, text: str) -> list[int]:
         # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).

@@ -86,7 +86,7 @@ def resolve_pair(
     pair: PairEntry | None = None
     ad_hoc = pair_name is None and target is not None and (draft is not None or spec == "ngram")
     if not ad_hoc:
-        name = pair_name or registry.default_pair
+        name = registry.default_pair if pair_name is None else pair_name
         if name is None:
             raise SpeccliError("no pair given and no default_pair in models.toml; name a pair, or give both a target and a draft")
         if name not in registry.pairs:
@@ -94,9 +94,10 @@ def resolve_pair(
             raise SpeccliError(unknown_name("pair", name, registry.pairs, detail))
         pair = registry.pairs[name]
     spec = spec or (pair.spec if pair else DEFAULT_SPEC)
-    target_name = target or pair.target
+    # Only None means "not given": an empty name reaches resolve_model, which refuses it.
+    target_name = pair.target if target is None else target
     if needs_draft_model(spec):
-        draft_name = draft or pair.draft
+        draft_name = pair.draft if draft is None else draft
     elif draft is not None:
         raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec ngram+model")
     else:
@@ -106,7 +107,7 @@ def resolve_pair(
         target_name=target_name,
         draft_name=draft_name,
         target_path=resolve_model(target_name, registry, fetch=fetch, quiet=quiet),
-        draft_path=resolve_model(draft_name, registry, fetch=fetch, quiet=quiet) if draft_name else None,
+        draft_path=None if draft_name is None else resolve_model(draft_name, registry, fetch=fetch, quiet=quiet),
         k=pair.k if pair else DEFAULT_K,
         spec=spec,
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,

@@ -39,7 +39,7 @@ class Message(Strict):
 class SpeculationControl(Strict):
     """The `speculative` extension field: `{"enabled": false}` for the target alone, or a spec and k."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(extra="forbid")  # merged with Strict's
 
     enabled: bool = True
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)

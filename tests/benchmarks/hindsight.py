@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from speccli.drafting.policy import AUTO_MAX_K, VerifyCosts
+from speccli.util.sequences import common_prefix_length
 
 from replay import MeasuredCurve, Reply, parse_costs  # a sibling script: this one is run as a script too
 
@@ -37,15 +38,10 @@ CONFIDENCE_BANDS = (0.0, 0.1, 0.25, 0.5, 0.75)
 
 def kept_runs(reply: Reply) -> list[int]:
     """At each position, how many of the draft's recorded tokens from there match the reply."""
-    runs = []
-    for t, continuation in enumerate(reply.drafts):
-        run = 0
-        for (token, _), truth in zip(continuation, reply.tokens[t:]):
-            if token != truth:
-                break
-            run += 1
-        runs.append(run)
-    return runs
+    return [
+        common_prefix_length([token for token, _ in continuation], reply.tokens[t:])
+        for t, continuation in enumerate(reply.drafts)
+    ]
 
 
 class Pricing:
