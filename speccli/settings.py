@@ -18,6 +18,10 @@ MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions
 AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
 SPECS = ("model", "ngram", "ngram+model")  # draft sources: a draft model, n-gram lookup, lookup then model
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
+# --ctx when not given, each lowered to the models' training context where that is less: a chat keeps
+# turns; bench's and quant-check's texts are short, and a smaller KV cache loads sooner.
+CHAT_CTX = 4096
+BENCH_CTX = 2048
 MAX_THREADS = 512  # GGML_MAX_N_THREADS
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
 

@@ -333,6 +333,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--prompts", "empty"], "no prompts in it"),
         (["--prompts", "blank"], "no prompts in it"),
         (["--prompts", "binary"], "binary data"),
+        (["--prompts", "/dev/zero"], "/dev/zero: more than 16 MiB"),  # read no further
         (["--prompts", "latin1"], "not UTF-8 text"),
         (["--prompts", "bad-jsonl"], "line 2: not valid JSON"),
         (["--prompts", "no-prompt"], '"prompt" must be a non-empty string'),
@@ -345,7 +346,8 @@ def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, mes
     monkeypatch.setattr(pair_module, "Model", no_loading)
     files = _bad_prompt_files(tmp_path)
     if args[0] == "--prompts":
-        args = ["--prompts", str(files.get(args[1], tmp_path / "missing.jsonl"))]
+        named = Path(args[1]) if args[1].startswith("/") else files.get(args[1], tmp_path / "missing.jsonl")
+        args = ["--prompts", str(named)]
     out = tmp_path / "out.json"
     result = invoke(*pair_args, *FAST, *args, "--json", str(out))
     assert result.exit_code != 0
@@ -355,6 +357,17 @@ def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, mes
     assert not out.exists()
     # nothing else either: no partial report (the atomic writer's out.json.PID.partial), no probe file
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in files.values())
+
+
+def test_a_file_that_cannot_be_read_is_exit_2_as_for_models(pair_args, tmp_path) -> None:
+    missing = tmp_path / "missing.json"
+    for args, line in (
+        (["--prompts", str(missing)], f"error: prompts file {missing}: no such file"),
+        (["--prompts", str(tmp_path)], f"error: prompts file {tmp_path}: is a directory"),
+        (["--compare", str(missing), str(missing)], f"error: {missing}: no such file"),
+    ):
+        result = invoke(*pair_args, *FAST, *args)
+        assert (result.exit_code, result.stderr) == (2, line + "\n")
 
 
 def test_json_into_a_missing_folder_fails_before_measuring(pair_args, tmp_path) -> None:

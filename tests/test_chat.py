@@ -368,6 +368,17 @@ def test_stats_panel_is_a_pure_rendering_of_run_stats():
     assert "██████████ 100%" in text and "█████" + " " * 5 + "  50%" in text
 
 
+def test_the_panel_pools_draft_positions_past_its_rows():
+    """A 24-token draft shows 11 positions and one row for positions 12-24, pooled."""
+    stats = _stats(k=24)  # two steps: one kept all 24, one kept 1
+    text = stats_panel(stats, target_token_seconds=0.2, title="t").renderable.plain
+    position_lines = [line for line in text.splitlines() if line.lstrip().startswith("draft ")]
+    assert len(position_lines) == 12
+    assert position_lines[0].split() == ["draft", "1", "██████████", "100%"]
+    assert position_lines[1].split() == ["draft", "2", "█████", "50%"]
+    assert position_lines[-1].split() == ["draft", "12-24", "█████", "50%"]  # 13 of 26 kept
+
+
 def test_speedup_estimate_and_bars():
     assert estimated_speedup(_stats(), 0.2) == pytest.approx(2.0)  # 10 tok/s against 5 tok/s alone
     assert estimated_speedup(RunStats(), 0.2) is None

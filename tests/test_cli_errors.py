@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import read_gguf_metadata
+from speccli.gguf_meta import fitted_context, read_gguf_metadata
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import check_readable
 from speccli.settings import check_seed
@@ -113,6 +113,35 @@ def test_ctx_beyond_the_training_context_is_refused_before_loading(tiny_pair):
         "use at most 512", 1,
     )
     assert time.perf_counter() - started < 5
+
+
+def test_the_default_ctx_is_lowered_to_what_the_models_were_trained_with(tiny_pair, tmp_path):
+    """chat's default --ctx is 4096, bench's and quant-check's 2048; these models were trained with 512
+    tokens. Not given, --ctx is lowered to that (bench reports and repeats it); given, it is refused
+    (the test above)."""
+    target, draft = map(str, tiny_pair)
+    result = speccli("chat", "-m", target, "-md", draft, "-t", "1", "-n", "4", "-p", "hello", "--json")
+    assert result.exit_code == 0, result.output
+    prompts, report = tmp_path / "prompts.txt", tmp_path / "report.json"
+    prompts.write_text("the cat sat on\n")
+    result = speccli("bench", "-m", target, "-md", draft, "--k", "2", "-n", "4", "--runs", "1", "--warmup", "0",
+                     "--threads", "1", "--prompts", str(prompts), "--json", str(report))
+    assert result.exit_code == 0, result.output
+    written = json.loads(report.read_text())
+    assert written["settings"]["n_ctx"] == 512
+    assert "--ctx 512 " in written["command"]
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat " * 20)
+    result = speccli("quant-check", target, target, "--text", str(text), "--threads", "1", "--json")
+    assert result.exit_code == 0, result.output
+
+
+def test_the_default_context_is_the_shortest_any_model_was_trained_with(tmp_path):
+    short = write_tiny_gguf(tmp_path / "short.gguf", TinyConfig(context_length=300))
+    long = write_tiny_gguf(tmp_path / "long.gguf", TinyConfig(context_length=1000))
+    assert fitted_context(None, 4096, [long, short, None]) == 300
+    assert fitted_context(None, 256, [long, short]) == 256  # the command's default, where that is less
+    assert fitted_context(2000, 4096, [long, short]) == 2000  # as given: loading refuses it
 
 
 def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):

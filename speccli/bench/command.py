@@ -97,12 +97,13 @@ def run_command(request: BenchRequest) -> None:
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
         refuse_overwriting(destination, {"target model": resolved.target_path, "draft model": resolved.draft_path})
+        n_ctx = loaded.target.options.n_ctx  # as asked, or the default fitted to the models
         settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
         measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(
-            command=request.reproducing_command(settings),
+            command=request.reproducing_command(settings, n_ctx),
             settings=settings,
-            n_ctx=request.pair.n_ctx,
+            n_ctx=n_ctx,
             env=environment(
                 request.pair.n_threads, loaded.target.options.n_gpu_layers,
                 loaded.draft.options.n_gpu_layers if loaded.draft is not None else None,

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.util.files import build_atomically
 
 STDOUT_NAME = "-"
@@ -133,11 +133,11 @@ def load_report(path: Path) -> BenchReport:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise SpeccliError(f"{path}: no such file") from None
+        raise UnreadableFileError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise SpeccliError(f"{path}: is a directory, not a bench report") from None
+        raise UnreadableFileError(f"{path}: is a directory, not a bench report") from None
     except (OSError, UnicodeDecodeError) as error:
-        raise SpeccliError(f"{path}: cannot read it as a bench report ({error})") from None
+        raise UnreadableFileError(f"{path}: cannot read it as a bench report ({error})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UnreadableFileError
 
 BUILTIN_PROMPTS = "bench_prompts.jsonl"
+MAX_PROMPTS_BYTES = 16 * 2**20  # far more than any context holds: every prompt must fit one
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,16 @@ def load_prompt_set(path: Path | None) -> PromptSet:
         data = resources.files("speccli.data").joinpath(BUILTIN_PROMPTS).read_bytes()
         return PromptSet("built-in", _parse_prompts(data, BUILTIN_PROMPTS))
     if not path.exists():
-        raise SpeccliError(f"prompts file {path}: no such file")
+        raise UnreadableFileError(f"prompts file {path}: no such file")
     if path.is_dir():
-        raise SpeccliError(f"prompts file {path}: is a directory")
+        raise UnreadableFileError(f"prompts file {path}: is a directory")
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:  # bounded: a device (/dev/zero) or a wrong file must not fill memory
+            data = file.read(MAX_PROMPTS_BYTES + 1)
     except OSError as error:
-        raise SpeccliError(f"prompts file {path}: cannot read it ({error.strerror})") from None
+        raise UnreadableFileError(f"prompts file {path}: cannot read it ({error.strerror})") from None
+    if len(data) > MAX_PROMPTS_BYTES:
+        raise SpeccliError(f"prompts file {path}: more than {MAX_PROMPTS_BYTES // 2**20} MiB; a prompts file holds prompts, one per line")
     return PromptSet(str(path), _parse_prompts(data, str(path)))
 
 

@@ -95,8 +95,9 @@ class BenchRequest:
         with_model = [spec for spec in specs if needs_draft_model(spec)]
         return replace(self.pair, spec=with_model[0] if with_model else specs[0])
 
-    def reproducing_command(self, settings: BenchSettings) -> str:
-        """The command line that repeats this measurement, every default spelled out."""
+    def reproducing_command(self, settings: BenchSettings, n_ctx: int) -> str:
+        """The command line that repeats this measurement, every default spelled out (`n_ctx`: the
+        context the models were loaded with)."""
         pair = self.pair
         sampling = settings.sampling
         words = ["speccli", "bench"] + ([pair.pair] if pair.pair else [])
@@ -114,7 +115,7 @@ class BenchRequest:
             ("--runs", settings.runs),
             ("--warmup", settings.warmup),
             ("--prompts", self.prompts_file),
-            ("--ctx", pair.n_ctx),
+            ("--ctx", n_ctx),
             ("--threads", pair.n_threads),
             ("--ngl", pair.target_n_gpu_layers),
             ("--ngl-draft", pair.draft_n_gpu_layers),

@@ -27,7 +27,7 @@ from speccli.core.stats import RunStats, Source, drafting_record
 Mode = Literal["terminal", "plain", "json"]
 
 REFRESH_HZ = 4
-MAX_POSITION_BARS = 12  # per-position acceptance rows shown; beyond that the panel would outgrow a terminal
+MAX_POSITION_BARS = 12  # per-position acceptance rows, the last pooling any positions past it: more would outgrow a terminal
 
 PROVENANCE_STYLES = {
     Source.DRAFT: "green",
@@ -111,8 +111,8 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
         ]
     speedup = estimated_speedup(stats, target_token_seconds)
     rows.append(("est. speedup", f"{speedup:.2f}x vs target alone" if speedup else "-"))
-    for position, fraction in enumerate(stats.acceptance_by_position()[:MAX_POSITION_BARS], start=1):
-        rows.append((f"  draft {position}", Text(f"{acceptance_bar(fraction)} {fraction:4.0%}", style="green")))
+    for label, fraction in position_rows(stats.positions.drafted_at, stats.positions.accepted_at):
+        rows.append((f"  draft {label}", Text(f"{acceptance_bar(fraction)} {fraction:4.0%}", style="green")))
     text = Text()
     for index, (label, value) in enumerate(rows):
         if index:
@@ -120,6 +120,18 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
         text.append(f"{label:<14}", style="dim")
         text.append(value)
     return text
+
+
+def position_rows(drafted_at: list[int], accepted_at: list[int]) -> list[tuple[str, float]]:
+    """(label, share kept) per draft position, the positions past MAX_POSITION_BARS - 1 pooled into the
+    last row ("12-24"), so a 24-token draft still shows how its far end fared in 12 rows."""
+    shown = MAX_POSITION_BARS - 1 if len(drafted_at) > MAX_POSITION_BARS else len(drafted_at)
+    rows = [(str(position), kept / drafted if drafted else 0.0)
+            for position, (drafted, kept) in enumerate(zip(drafted_at[:shown], accepted_at[:shown]), start=1)]
+    if shown < len(drafted_at):
+        drafted, kept = sum(drafted_at[shown:]), sum(accepted_at[shown:])
+        rows.append((f"{shown + 1}-{len(drafted_at)}", kept / drafted if drafted else 0.0))
+    return rows
 
 
 def _count(n: int, noun: str) -> str:

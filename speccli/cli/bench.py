@@ -11,7 +11,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
     TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked, kept_as_typed,
 )
-from speccli.settings import check_seed, parse_k_sweep, parse_spec_list
+from speccli.settings import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
 
 def bench(
@@ -62,7 +62,7 @@ def bench(
         Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
-    ctx: ContextOption = 2048,
+    ctx: ContextOption = None,
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
     ngl_draft: DraftGpuLayersOption = None,
@@ -85,7 +85,7 @@ def bench(
         compare_command(*compare, console())
         return
     pair_request = PairRequest(
-        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, n_threads=threads,
+        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=BENCH_CTX, n_threads=threads,
         target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft,
     )
     settings = BenchSettings(

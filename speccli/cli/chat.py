@@ -27,7 +27,7 @@ def chat(
         typer.Option("--seed", "-s", help="Random seed; -1 or none: random.", callback=checked(check_seed)),
     ] = None,
     max_tokens: MaxTokensOption = 512,
-    ctx: ContextOption = 4096,
+    ctx: ContextOption = None,
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
     ngl_draft: DraftGpuLayersOption = None,

@@ -85,10 +85,12 @@ MaxTokensOption = Annotated[
     typer.Option("--max-tokens", "-n", help="Most tokens to generate per reply.", callback=checked(settings.check_max_tokens)),
 ]
 ContextOption = Annotated[
-    int,
+    Optional[int],
     typer.Option(
         "--ctx", "-c",
-        help="Context window, in tokens, for both models (at most what they were trained with).",
+        help=f"Context window, in tokens, for both models, at most what they were trained with (default: "
+        f"{settings.CHAT_CTX} for chat and serve, {settings.BENCH_CTX} for bench and quant-check, or less where a "
+        "model was trained with less).",
         callback=checked(settings.check_ctx),
     ),
 ]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked
-from speccli.settings import check_temperature
+from speccli.settings import BENCH_CTX, check_temperature
 
 
 def quant_check(
@@ -27,7 +27,7 @@ def quant_check(
         bool, typer.Option("--sequential", help="Load one model at a time; the reference's rows go to a temp file.")
     ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    n_ctx: ContextOption = 2048,
+    n_ctx: ContextOption = None,
     threads: ThreadsOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -45,6 +45,7 @@ def quant_check(
     from speccli.checks.report import build_report
     from speccli.core.sampling import SamplingParams
     from speccli.errors import SpeccliError, UnreadableFileError
+    from speccli.gguf_meta import fitted_context
     from speccli.llama.model import LoadOptions
     from speccli.llama.tokenizer import load_vocab_only
     from speccli.models.config import load_registry
@@ -65,6 +66,7 @@ def quant_check(
         if vocab.verdict is Verdict.INCOMPATIBLE or vocab.draft.size != vocab.target.size:
             why = vocab.reasons[0] if vocab.reasons else f"{vocab.draft.size} tokens against {vocab.target.size}"
             raise UnreadableFileError(f"{path.name} does not share {reference_path.name}'s vocabulary: {why}")
+    n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
     with load_vocab_only(reference_path) as tokenizer:
         sequences = [TokenSequence(name, tokens) for name, tokens in tokenize_source(source, tokenizer, n_ctx)]
         sequential = sequential or memory_is_short(reference_path, candidate_paths)

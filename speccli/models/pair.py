@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError
+from speccli.gguf_meta import fitted_context
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
-from speccli.settings import check_ctx, check_gpu_layers, check_spec, check_threads
+from speccli.settings import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
 from speccli.vocab.check import ensure_compatible
 
 
@@ -23,11 +24,12 @@ class PairRequest:
     target: str | None = None
     draft: str | None = None
     config: Path | None = None
-    n_ctx: int = 4096
+    n_ctx: int | None = None  # --ctx; None: default_n_ctx, fitted to the models (see `fitted_context`)
     n_threads: int | None = None
     target_n_gpu_layers: int | None = None  # None: the pair's setting from models.toml
     draft_n_gpu_layers: int | None = None
     spec: str | None = None  # the draft source; None: the pair's
+    default_n_ctx: int = CHAT_CTX  # the command's
 
     def validate(self) -> None:
         """Cheap checks, before any file is read (the same ones the command line runs as it parses)."""
@@ -37,7 +39,8 @@ class PairRequest:
                 raise SpeccliError(f"{option} is empty; give a registry name or a GGUF path")
         if self.pair is not None and not self.pair.strip():
             raise SpeccliError("the pair name is empty; `speccli models` lists the pairs")
-        check_ctx(self.n_ctx)
+        if self.n_ctx is not None:
+            check_ctx(self.n_ctx)
         check_threads(self.n_threads)
         check_gpu_layers(self.target_n_gpu_layers, "--ngl")
         check_gpu_layers(self.draft_n_gpu_layers, "--ngl-draft")
@@ -78,10 +81,12 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
 
 def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     resolved = resolve(request, quiet=quiet)
+    # One context for both: the draft model must hold every token the target does.
+    n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path))
 
     def options(requested_layers: int | None, pair_layers: int) -> LoadOptions:
         layers = pair_layers if requested_layers is None else requested_layers
-        return LoadOptions(n_ctx=request.n_ctx, n_threads=request.n_threads, n_gpu_layers=layers)
+        return LoadOptions(n_ctx=n_ctx, n_threads=request.n_threads, n_gpu_layers=layers)
 
     target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers))
     if resolved.draft_path is None:
