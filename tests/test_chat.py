@@ -434,6 +434,31 @@ def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_a_reply_taller_than_a_short_terminal_is_printed_once(endless_pair):
+    """300 tokens of "la " fill 10 rows of a 12-row terminal. A reply that ended between two refreshes
+    was left whole in the live region, taller than the screen, and what had scrolled off it could not be
+    erased: its rows came out twice. The panel too must fit the screen."""
+    session = f"speccli-short-{uuid.uuid4().hex[:8]}"
+    target, draft = endless_pair
+    command = (
+        # The terminal's own size: a COLUMNS or LINES in the tmux server's environment would override it.
+        f"cd {REPO} && env -u COLUMNS -u LINES {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 "
+        "-n 300 -c 4096 --k 4; "
+        "echo EXITED $?; sleep 30"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "12", command], check=True)
+    try:
+        _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
+        subprocess.run(["tmux", "send-keys", "-t", session, "sing", "Enter"], check=True)
+        _wait_for(session, lambda s: "reply cut at 300 tokens" in s)
+        history = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-1000", "-t", session], capture_output=True, text=True).stdout
+        assert history.split().count("la") == 300, history
+        assert "live" not in history, history  # the panel went with the live region
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -91,9 +91,10 @@ def by_source_text(stats: RunStats) -> str:
     )
 
 
-def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
-    """Label/value lines. Plain Text, not a rich Table: it renders several times faster, and the live
-    view redraws it a few times a second while the models run."""
+def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: int | None = None) -> Text:
+    """Label/value lines, the per-position rows cut to fit `max_lines` where given. Plain Text, not a
+    rich Table: it renders several times faster, and the live view redraws it a few times a second
+    while the models run."""
     rows: list[tuple[str, str | Text]] = [
         ("tokens", f"{stats.generated} in {stats.decode_seconds:.2f} s · {stats.tokens_per_second:.1f} tok/s")
     ]
@@ -111,7 +112,10 @@ def stats_text(stats: RunStats, target_token_seconds: float | None) -> Text:
         ]
     speedup = estimated_speedup(stats, target_token_seconds)
     rows.append(("est. speedup", f"{speedup:.2f}x vs target alone" if speedup else "-"))
-    for label, fraction in position_rows(stats.positions.drafted_at, stats.positions.accepted_at):
+    positions = position_rows(stats.positions.drafted_at, stats.positions.accepted_at)
+    if max_lines is not None:
+        positions = positions[: max(0, max_lines - len(rows))]
+    for label, fraction in positions:
         rows.append((f"  draft {label}", Text(f"{acceptance_bar(fraction)} {fraction:4.0%}", style="green")))
     text = Text()
     for index, (label, value) in enumerate(rows):
@@ -143,8 +147,10 @@ def _catch_up_text(stats: RunStats) -> str:
     return f" (catch-up {stats.catch_up_seconds:.2f} s)" if stats.catch_up_seconds else ""
 
 
-def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str) -> Panel:
-    return Panel(stats_text(stats, target_token_seconds), title=title, title_align="left", expand=False)
+def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str, max_height: int | None = None) -> Panel:
+    """The statistics in a box; at most `max_height` lines tall where given (its per-position rows go first)."""
+    lines = None if max_height is None else max_height - 2  # the box's top and bottom
+    return Panel(stats_text(stats, target_token_seconds, lines), title=title, title_align="left", expand=False)
 
 
 def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
@@ -200,6 +206,10 @@ class LiveReply:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        # The rows not yet printed for good go above the live region first: left in it, a reply that
+        # ended between refreshes made the region taller than a short terminal, and what scrolled off
+        # the screen could not be erased (the reply's rows came out twice).
+        self._print_finished_rows()
         self._live.stop()  # transient: the live region goes, the summary line replaces it
         if self._unfinished:
             self._console.print(self._unfinished)
@@ -208,7 +218,9 @@ class LiveReply:
         if self._unfinished:
             yield self._unfinished
         if self._stats is not None:
-            yield stats_panel(self._stats, self._target_token_seconds, "live")
+            # The region must fit the screen (with the row above): what scrolls off cannot be redrawn.
+            room = console.height - 1 - bool(self._unfinished)
+            yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room)
 
     def add(self, text: str, source: Source) -> None:
         self._unfinished.append(text.translate(_CONTROL_PICTURES), PROVENANCE_STYLES[source] if self._provenance else "")
@@ -223,14 +235,18 @@ class LiveReply:
         if now - self._last_refresh < 1 / REFRESH_HZ:
             return
         self._last_refresh = now
-        rows = self._unfinished.wrap(self._console, self._console.width)
-        if len(rows) > 1:
-            # Every row but the last is final. The live region is redrawn during the print, so it
-            # must already hold only the last row.
-            self._unfinished = rows[-1]
-            self._live.console.print(Text("\n").join(rows[:-1]))
-        else:
+        if not self._print_finished_rows():
             self._live.refresh()
+
+    def _print_finished_rows(self) -> bool:
+        """Print every row of the reply but the last for good; False where there is none."""
+        rows = self._unfinished.wrap(self._console, self._console.width)
+        if len(rows) < 2:
+            return False
+        # The live region is redrawn during the print, so it must already hold only the last row.
+        self._unfinished = rows[-1]
+        self._live.console.print(Text("\n").join(rows[:-1]))
+        return True
 
 
 class PlainReply:

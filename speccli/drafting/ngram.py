@@ -62,12 +62,20 @@ class NgramDrafter:
             return Draft.nothing()
         end, length, went_on = match
         key = next(name for shortest, name in MATCH_LENGTH_KEYS if length >= shortest) + "/" + went_on
-        available = min(len(context) - end, request.limit)
+        period = len(context) - end  # what followed the match runs up to the context's end
+        # A match at least that long overlaps itself: the text has been repeating with this period, so
+        # the proposal repeats it on past the context's end. (A reply caught in a loop, "la la la",
+        # had one token to draft a step: its most recent match ends one token before the end.)
+        available = request.limit if length >= period else min(period, request.limit)
+
+        def following(n: int) -> list[int]:
+            return [context[end + i % period] for i in range(n)]
+
         k = request.length_for(key, available, 0)
         if k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
-            proposal = list(context[end : end + min(available, SHADOW_TOKENS)])
+            proposal = following(min(available, SHADOW_TOKENS))
             return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None))
-        return Draft(self.name, key, list(context[end : end + k]), None)
+        return Draft(self.name, key, following(k), None)
 
     def forget(self, n_tokens: int) -> None:
         # Positions were appended in order, so each dropped position is the last of its token's array.
