@@ -19,7 +19,9 @@ from speccli.core.verify import (
     verify_sampled,
     without_token,
 )
-from tests.test_verify_exact import ScriptedUniforms, TinyLanguageModel, random_distribution, target_sequences
+from tests.test_verify_exact import (
+    ScriptedUniforms, TinyLanguageModel, random_distribution, target_sequences, uniforms_at_the_thresholds,
+)
 
 
 def deterministic_output_distribution(p: np.ndarray, token: int, residual=without_token) -> np.ndarray:
@@ -79,7 +81,7 @@ def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: 
             emit_from = residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
         else:
             emit_from = without_token(p_rows[n_accepted], drafted[n_accepted])
-        uniforms = np.where(np.arange(k) < n_accepted, 0.0, 1.0 - 1e-12)
+        uniforms = uniforms_at_the_thresholds(accept, n_accepted)
         cumulative = np.cumsum(emit_from)
         for token in np.flatnonzero(emit_from > 0):
             middle = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]

@@ -2,7 +2,9 @@
 
 No sampling here: the output distribution of one verification position is computed from the same
 functions `verify_sampled` uses, and must equal p to 1e-12. A second test enumerates whole K-token
-steps on a tiny vocabulary, so the chaining of positions (the bonus token included) is exact too.
+steps on a tiny vocabulary, so the chaining of positions (the bonus token included) is exact too: it
+drives the real `verify_sampled` with uniforms just either side of each acceptance probability, so
+the rule's own thresholds are what is checked (negative controls: a looser rule, one uniform shared).
 """
 from __future__ import annotations
 
@@ -93,13 +95,28 @@ def test_rounding_that_leaves_no_residual_falls_back_to_p() -> None:
 
 
 class ScriptedUniforms:
-    """Stands in for numpy's Generator where verify_sampled draws: the uniforms are given."""
+    """Stands in for numpy's Generator where verify_sampled draws: the uniforms are given, in order,
+    one per value drawn (the K acceptance tests, then the one that samples the emitted token)."""
 
     def __init__(self, accept_uniforms: np.ndarray, sample_uniform: float) -> None:
-        self.calls = [accept_uniforms, sample_uniform]
+        self.values = [*map(float, accept_uniforms), float(sample_uniform)]
 
     def random(self, size: int | None = None):
-        return self.calls.pop(0)
+        if size is None:
+            return self.values.pop(0)
+        drawn, self.values = self.values[:size], self.values[size:]
+        return np.array(drawn)
+
+
+def uniforms_at_the_thresholds(accept: np.ndarray, n_accepted: int) -> np.ndarray:
+    """Uniforms that accept the first `n_accepted` drafts and reject the next, each a hair's breadth
+    from its acceptance probability (below it to accept, above it to reject): a rule that accepts with
+    any other probability, or judges two positions with one uniform, gives another verdict."""
+    uniforms = np.full(len(accept), 0.5)  # past the rejection: never read
+    uniforms[:n_accepted] = accept[:n_accepted] * (1 - 1e-9)
+    if n_accepted < len(accept):
+        uniforms[n_accepted] = accept[n_accepted] + (1 - accept[n_accepted]) * 1e-9
+    return uniforms
 
 
 class TinyLanguageModel:
@@ -113,10 +130,11 @@ class TinyLanguageModel:
         return random_distribution(rng, self.vocab, self.sparsity)
 
 
-def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel, k: int) -> dict:
+def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel, k: int, verify=verify_sampled) -> dict:
     """Exact distribution of k+1 tokens made by one verify step (the real `verify_sampled`, driven
-    through every draft sequence and accept/reject outcome by scripted uniforms), topped up with
-    target-only tokens to k+1. Speculative decoding is exact iff this equals the target's joint."""
+    through every draft sequence and accept/reject outcome by uniforms at the acceptance thresholds),
+    topped up with target-only tokens to k+1. Speculative decoding is exact iff this equals the
+    target's joint."""
     joint: dict[tuple[int, ...], float] = {}
     for drafted in itertools.product(range(draft.vocab), repeat=k):
         q_rows = np.array([draft(drafted[:i]) for i in range(k)])
@@ -130,14 +148,14 @@ def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel,
             outcome_probability = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
             if outcome_probability == 0:
                 continue
-            uniforms = np.where(np.arange(k) < n_accepted, 0.0, 1.0)
+            uniforms = uniforms_at_the_thresholds(accept, n_accepted)
             emit_from = (
                 p_rows[k] if n_accepted == k else residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
             )
             cumulative = np.cumsum(emit_from)
             for token in np.flatnonzero(emit_from > 0):
                 middle_of_token = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
-                verdict = verify_sampled(np.array(drafted), q_rows, p_rows, ScriptedUniforms(uniforms, middle_of_token))
+                verdict = verify(np.array(drafted), q_rows, p_rows, ScriptedUniforms(uniforms, middle_of_token))
                 assert verdict == Verdict(n_accepted, int(token))
                 emitted = tuple(drafted[:n_accepted]) + (int(token),)
                 weight = drafted_probability * outcome_probability * emit_from[token]
@@ -167,6 +185,36 @@ def test_a_whole_step_with_its_bonus_token_is_exact(k: int, vocab: int, seed: in
     assert set(speculative) <= set(exact)
     for sequence, probability in exact.items():
         assert abs(speculative.get(sequence, 0.0) - probability) < 1e-12, sequence
+
+
+class DrawnThrough:
+    """A Generator whose acceptance uniforms pass through `change` (the sampling uniform untouched)."""
+
+    def __init__(self, rng, change) -> None:
+        self.rng, self.change = rng, change
+
+    def random(self, size: int | None = None):
+        return self.rng.random() if size is None else self.change(self.rng.random(size))
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    [
+        lambda uniforms: np.full(len(uniforms), uniforms[0]),  # one uniform judges every position
+        lambda uniforms: uniforms**2,  # accepts with sqrt(min(1, p/q))
+    ],
+    ids=["one uniform for all positions", "a looser acceptance"],
+)
+def test_the_enumeration_detects_a_rule_that_accepts_with_another_probability(mistake) -> None:
+    """Negative controls: the step enumeration drives the real rule at each acceptance threshold, so
+    a rule judging with other probabilities, or with correlated uniforms, gives another verdict."""
+    target, draft = TinyLanguageModel(2, 3, 0.0), TinyLanguageModel(102, 3, 0.0)
+
+    def mistaken(drafted, q, p, rng):
+        return verify_sampled(drafted, q, p, DrawnThrough(rng, mistake))
+
+    with pytest.raises(AssertionError):
+        speculative_then_target(target, draft, 3, verify=mistaken)
 
 
 def test_greedy_keeps_matching_drafts_then_takes_the_targets_argmax() -> None:

@@ -42,8 +42,9 @@ def sampled_pairs_and_stats(generator: Generator, prompt: list[int], n: int, max
     token is kept when it comes first.
 
     Each generation asks for k+1 tokens (`max_tokens`), so its first step may draft all k (the engine
-    drafts no more than a reply still needs) and the whole verify rule, bonus token included, shapes
-    the pair.
+    drafts no more than a reply still needs). The pair is shaped by the first two positions' accept
+    and resample, and, at k = 1, by the bonus token; a longer draft's later positions are left to the
+    enumeration in tests/test_verify_exact.py.
     """
     pairs, total = [], RunStats()
     for _ in range(n):
