@@ -102,6 +102,37 @@ def test_seed_minus_one_means_random_in_chat(tiny_pair):
     assert json.loads(result.stdout.splitlines()[0])["finish_reason"] in ("max_tokens", "stop")
 
 
+# --- the reader of stdout went away: exit 141 -----------------------------------------------------------
+
+
+def speccli_to_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """`speccli ARGS | head` where head has already quit: every write to stdout fails (EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run([sys.executable, "-m", "speccli", *args], cwd=REPO, stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+
+
+def test_a_reader_that_went_away_is_exit_141_without_a_word(tiny_pair, tmp_path):
+    """rich ends the process with exit 1 on a broken pipe, and Click does for its own writes: the
+    README promises 141 (as a shell reports SIGPIPE), for help and reports alike."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on\n")
+    bench = ["bench", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft), "--k", "2", "-n", "4", "--runs", "1",
+             "--warmup", "0", "--threads", "1", "--prompts", str(prompts)]
+    for args in (["--help"], ["models"], bench):
+        done = speccli_to_a_closed_pipe(*args)
+        assert (done.returncode, done.stderr) == (141, ""), args
+
+
+def test_bare_speccli_prints_its_help_and_no_error_line():
+    done = subprocess.run([sys.executable, "-m", "speccli"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Usage: speccli" in done.stdout and done.stderr == ""
+
+
 # --- 4: --ctx beyond the models' training context --------------------------------------------------
 
 
@@ -219,6 +250,22 @@ def test_bench_loads_a_model_whose_path_is_not_utf8(non_utf8_pair, tmp_path):
                      "--ctx", "512", "--threads", "1", "--prompts", str(prompts))
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
+
+
+def test_json_naming_a_path_that_is_not_utf8_is_still_utf8(non_utf8_pair, tmp_path):
+    """JSON text must be UTF-8: a name's stray byte is written as it is on stderr (\\udcfe), where
+    check-vocab wrote the raw byte (no parser read it) and bench --json failed to serialize."""
+    target, draft = non_utf8_pair
+    done = subprocess.run([sys.executable, "-m", "speccli", "check-vocab", "--json", draft, target], cwd=REPO,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.decode("utf-8"))["draft"]["path"].endswith("draft\\udcfe.gguf")
+    prompts, report = tmp_path / "prompts.txt", tmp_path / "report.json"
+    prompts.write_text("the cat sat on\n")
+    result = speccli("bench", "-m", target, "-md", draft, "--k", "2", "-n", "4", "--runs", "1", "--warmup", "0",
+                     "--threads", "1", "--prompts", str(prompts), "--json", str(report))
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_bytes().decode("utf-8"))["models"]["draft"]["path"].endswith("draft\\udcfe.gguf")
 
 
 def test_an_error_naming_a_path_that_is_not_utf8_is_one_line(non_utf8_pair, tmp_path):

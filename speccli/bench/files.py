@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.util.format import json_safe
 from speccli.util.files import build_atomically
 
 STDOUT_NAME = "-"
@@ -97,7 +98,7 @@ def _is_stdout(status: os.stat_result) -> bool:
 
 
 def report_json(report: BenchReport) -> str:
-    return report.model_dump_json(indent=2) + "\n"
+    return json.dumps(json_safe(report.model_dump(mode="json")), indent=2, ensure_ascii=False) + "\n"
 
 
 def write_report(destination: JsonDestination, report: BenchReport) -> None:

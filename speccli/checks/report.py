@@ -19,6 +19,7 @@ import numpy as np
 
 from speccli.checks.fidelity import MAX_VERIFY, CandidateMeasurement, Measurement, TopTokens
 from speccli.checks.verdict import RULE, Fidelity, judge
+from speccli.util.format import json_safe
 from speccli.core.sampling import SamplingParams
 
 STRETCH_EDGES = (0, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 1 << 30)
@@ -99,7 +100,7 @@ class QuantCheckReport:
         return 1 if any(c.verdict is Fidelity.BROKEN for c in self.candidates) else 0
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, default=str)
+        return json.dumps(json_safe(asdict(self)), indent=2, default=str)
 
 
 def tokens_per_verify(acceptance: float, k: int) -> float:

@@ -13,11 +13,13 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from typer.core import TyperGroup
 
 from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
+from speccli.util.format import readable
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
 # is one of them either way, so its bases are the classes to catch.
@@ -37,9 +39,12 @@ class SpeccliGroup(TyperGroup):
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
         _write_names_as_given()
+        Console.on_broken_pipe = _reader_went_away
         try:
             exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
+            if type(error).__name__ == "NoArgsIsHelpError":  # bare `speccli`: the help is printed already
+                sys.exit(USAGE_ERROR)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
             if context is not None:
@@ -65,6 +70,15 @@ class SpeccliGroup(TyperGroup):
             raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
 
 
+def _reader_went_away(console: Console) -> None:
+    """What rich does when the reader of stdout goes away (`speccli bench | head`, `--help | head`),
+    with speccli's exit code for it rather than rich's 1: stdout goes to /dev/null, so that nothing
+    fails again as the process ends."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(READER_GONE)
+
+
 def _write_names_as_given() -> None:
     """A file name that is not UTF-8 (`bad\\xffname.gguf`) reaches Python as surrogate escapes; on
     stdout they become the original bytes again, as `ls` prints them, rather than an encoding error
@@ -82,7 +96,7 @@ def _one_line(error: Exception) -> str:
         message = f"{where}{error.strerror or error}"
     else:
         message = str(error)
-    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return readable(message)
 
 
 app = typer.Typer(

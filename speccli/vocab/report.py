@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from speccli.util.format import json_safe
 from speccli.vocab.info import VocabInfo
 
 
@@ -131,7 +132,7 @@ class VocabReport:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False)
+        return json.dumps(json_safe(self.to_dict()), indent=2, ensure_ascii=False)
 
 
 def _describe(info: VocabInfo) -> str:
