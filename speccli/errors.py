@@ -13,6 +13,13 @@ class SpeccliError(Exception):
     exit_code = 1
 
 
+class UsageError(SpeccliError):
+    """A value of the wrong type for an option speccli parses itself (`--k two`): a usage error, as
+    Click's own are for typed options (`--temp abc`)."""
+
+    exit_code = 2
+
+
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
 
 

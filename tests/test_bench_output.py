@@ -3,6 +3,7 @@ report (a closed stdout never costs the file), through symlinks, to stdout or a 
 that cannot hold it; and `--compare` reading reports: one line for a file it cannot use."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from speccli.bench.files import json_destination, write_report
+from speccli.bench.render import render_report
 from speccli.bench.report import SCHEMA_VERSION, BenchReport, report_schema
 from speccli.cli.app import app
 from speccli.errors import SpeccliError
@@ -262,6 +265,18 @@ def test_compare_reads_two_reports(tiny_report_file) -> None:
     assert result.exit_code == 0, result.output
     assert "speedup A → B" in result.stdout and "nothing in models, prompts, settings or environment" in result.stdout
     assert "│ ngram+model K=4 │" in result.stdout
+
+
+def test_the_footnote_explains_only_columns_the_report_has(tiny_report) -> None:
+    """"target alone ±" is a column of the task table, which a report of several configurations has."""
+    def footnote(report: BenchReport) -> str:
+        out = Console(file=io.StringIO(), width=200)
+        render_report(report, out)
+        return " ".join(out.file.getvalue().split())
+
+    assert len(tiny_report.results) == 1 and "target alone ±" not in footnote(tiny_report)
+    several = tiny_report.model_copy(update={"results": [*tiny_report.results] * 2})
+    assert "target alone ±: half the range" in footnote(several)
 
 
 def test_the_chart_draws_the_1x_mark_past_any_bar_below_it() -> None:

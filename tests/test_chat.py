@@ -110,8 +110,11 @@ def test_one_shot_json_record(tiny_pair):
 
 
 def test_prompt_dash_reads_all_of_stdin_as_one_message(tiny_pair):
-    result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="first line\nsecond line\n")
+    """Its last line's newline is the end of the input (`echo ... |`), as for a shell's $(...)."""
+    result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="first line\nsecond line\n\n")
     assert [r["prompt"] for r in records(result.stdout)] == ["first line\nsecond line\n"]
+    result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="Tell me a joke\r\n")
+    assert [r["prompt"] for r in records(result.stdout)] == ["Tell me a joke"]
 
 
 def test_piped_lines_are_turns_with_the_models_chat_template(chat_pair):
@@ -464,7 +467,6 @@ def test_a_reply_taller_than_a_short_terminal_is_printed_once(endless_pair):
     [
         (["--k", "0"], "error: --k (draft tokens per step) must be between 1 and 64, got 0"),
         (["--k", "65"], "error: --k (draft tokens per step) must be between 1 and 64, got 65"),
-        (["--k", "two"], "error: --k needs 'auto' or a whole number from 1 to 64, got 'two'"),
         (["--temp", "-0.5"], "error: --temp must be >= 0 (0 is greedy), got -0.5"),
         (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0"),
         (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5"),
@@ -479,6 +481,12 @@ def test_bad_settings_are_one_line_naming_the_parameter_and_range(tiny_pair, arg
     assert result.exit_code == 1
     assert result.stderr == message + "\n"
     assert result.stdout == ""
+
+
+def test_a_k_that_is_not_a_number_is_a_usage_error_as_a_temperature_that_is_not_is(tiny_pair):
+    result = chat(tiny_pair, "-p", "hello", "--k", "two")
+    assert (result.exit_code, result.stderr) == (2, "error: --k needs 'auto' or a whole number from 1 to 64, got 'two'\n")
+    assert chat(tiny_pair, "-p", "hello", "--temp", "abc").exit_code == 2
 
 
 @pytest.mark.parametrize(

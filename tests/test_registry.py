@@ -381,6 +381,12 @@ def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_
     assert reg.resolve_model("half", registry, fetch=False) == built
     assert list(built.parent.iterdir()) == [built]
 
+    # A build emptied since (a disk that filled, a copy cut short) is not on disk, and is built again.
+    whole = built.read_bytes()
+    built.write_bytes(b"")
+    assert reg.model_statuses(registry)[-1].path is None
+    assert reg.resolve_model("half", registry, quiet=True) == built and built.read_bytes() == whole
+
     # The same content with a new mtime (a re-assembled package) is the same base: no second build,
     # so two runs that each re-assemble the base cannot leave an orphan build behind.
     build_time = built.stat().st_mtime_ns

@@ -523,6 +523,25 @@ def test_a_full_queue_answers_503_with_retry_after_rather_than_hanging(endless_p
         assert metric(get(url, "/metrics")[1], 'requests_total{outcome="queue_full"}') == outcomes.count("refused")
 
 
+def test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest(endless_pair):
+    with serving(endless_pair, n_ctx=8192, max_waiting=0) as url:
+        c = client(url)
+        assert ask(c, "sing", max_tokens=3).choices[0].message.content  # idle: served, not refused
+
+        def attempt(_: int) -> str:
+            try:
+                stream = ask(c, "sing", stream=True, max_tokens=3000)
+            except openai.APIStatusError as error:
+                assert error.status_code == 503
+                return "refused"
+            with stream:
+                return "served" if sum(1 for _ in stream) else "empty"
+
+        with ThreadPoolExecutor(2) as pool:  # with one place to wait in, both would be served
+            outcomes = list(pool.map(attempt, range(2)))
+        assert sorted(outcomes) == ["refused", "served"]
+
+
 # --- the command --------------------------------------------------------------------------------------
 
 
@@ -553,7 +572,7 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
     [
         (["--spec", "oracle"], "--spec must be one of"),
         (["--k", "0"], "--k (draft tokens per step) must be between 1 and 64"),
-        (["--queue", "0"], "--queue"),
+        (["--queue", "-1"], "error: --queue must be at least 0 (0: none waits), got -1"),
         (["--host", ""], "error: --host is empty; give an address (0.0.0.0 listens on every interface)"),
         (["--threads", "513"], "error: --threads must be at most 512 (ggml's limit), got 513"),
     ],

@@ -97,15 +97,19 @@ def render_report(report: BenchReport, console: Console) -> None:
         render_sweep(report.results, report.best, report.measurements, console)
     if report.cannot_pay:
         console.print(f"[bold yellow]{escape(report.cannot_pay)}[/bold yellow]", soft_wrap=True)
+    # The task table, and its "target alone ±" column, comes with several configurations only.
+    spread = (
+        "target alone ±: half the range of the target alone's tok/s over a task's runs, the noise that task's "
+        "speedups carry on this machine. " if len(report.results) > 1 else ""
+    )
     console.print(
         "[dim]tok/s: decode phase, wall-clock, median (min–max) over a task's runs (overall: over every prompt's "
         "runs); speedup: median of per-round ratios. "
         "tok/verify counts the target's correction/bonus token; mean K chosen counts steps that drafted nothing. "
         "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
         "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted. "
-        "target alone ±: half the range of the target alone's tok/s over a task's runs, the noise that task's "
-        "speedups carry on this machine. catch-up: the part of drafting a draft model spent taking in tokens it "
-        "skipped while the lookup drafted.[/dim]"
+        f"{spread}catch-up: the part of drafting a draft model spent taking in tokens it skipped while the "
+        "lookup drafted.[/dim]"
     )
     render_check(report.greedy_check, console)
 

@@ -401,8 +401,11 @@ _REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
 
 
 def one_message(prompt: str, display: Display) -> str:
-    """The message `--prompt` names ('-': all of stdin), refused when empty, like an empty line."""
+    """The message `--prompt` names ('-': all of stdin but the newline ending its last line, as `echo`
+    writes it), refused when empty, like an empty line."""
     text, repaired = as_text(sys.stdin.buffer.read() if prompt == "-" else prompt)
+    if prompt == "-":
+        text = text.removesuffix("\n").removesuffix("\r")
     if not text.strip():
         raise SpeccliError("the prompt read from stdin (--prompt -) is empty" if prompt == "-" else "the prompt (--prompt) is empty")
     if repaired:

@@ -20,7 +20,7 @@ def serve(
     k: KOption = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs; more get 503.")] = 16,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs (0: none); more get 503.")] = 16,
     ctx: ContextOption = None,
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,

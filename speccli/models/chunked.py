@@ -31,7 +31,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from speccli.errors import SpeccliError
 from speccli.models.schema import TomlTable
-from speccli.models.sources import ModelFiles, remove_superseded_builds
+from speccli.models.sources import ModelFiles, is_built, remove_superseded_builds
 from speccli.util.cache import model_cache_dir
 from speccli.util.files import build_atomically, build_lock
 
@@ -95,19 +95,14 @@ class ChunkedPackagesSource:
 
     def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
         built = self._build_path()
-        return [built] if self._is_built(built) else None
-
-    def _is_built(self, built: Path) -> bool:
-        """Built, and still whole: the build is atomic, so a file of another size was damaged since
-        (a copy cut short, a disk that filled) and is built again. (Its sha256 was checked when it was
-        built; hashing a gigabyte at every start would cost seconds.)"""
-        return built.is_file() and (self.size is None or built.stat().st_size == self.size)
+        # Its sha256 was checked when it was built: hashing a gigabyte at every start would cost seconds.
+        return [built] if is_built(built, self.size) else None
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         # `update` changes nothing: a pinned version's files cannot change upstream.
         built = self._build_path()
         with build_lock(built):
-            if not self._is_built(built):
+            if not is_built(built, self.size):
                 _ChunkedBuild(entry.name, self, self._staging(), quiet).run(built)
                 remove_superseded_builds(built)
         return [built]

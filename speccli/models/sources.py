@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -128,14 +129,14 @@ class PackageSource:
 
     def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
         built = self._build_path()
-        return [built] if built is not None and built.is_file() else None
+        return [built] if built is not None and is_built(built) else None
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         built = self._build_path()
         if built is None:
             raise SpeccliError(f"model '{entry.name}': package {self.package} is not installed")
         with build_lock(built):
-            if built.is_file():
+            if is_built(built):
                 # Reused as is: assemble() would re-hash the whole file on every call.
                 return [built]
             try:
@@ -198,13 +199,13 @@ class DerivedSource:
         if base_files is None:
             return None
         built = self._build_path(entry, base_files[0])
-        return [built] if built.is_file() else None
+        return [built] if is_built(built) else None
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         base_files = models.obtain(self.base, update=update, quiet=quiet)
         built = self._build_path(entry, base_files[0])
         with build_lock(built):
-            if not built.is_file():
+            if not is_built(built):
                 with build_status(f"Building {entry.name}: {self.ftype} from {self.base} (llama.cpp quantizer)", quiet):
                     derive_gguf(base_files[0], built, self.ftype)
             # Only now that the new build exists: a failed build keeps the previous one.
@@ -218,6 +219,17 @@ def derive_gguf(source: Path, dest: Path, ftype: str) -> Path:
 
 
 # --- shared by the sources that build files ---------------------------------------------------------
+
+
+def is_built(path: Path, size: int | None = None) -> bool:
+    """A finished build in speccli's cache that is still whole as far as a cheap look can tell: it
+    begins as a GGUF file does, and has `size` bytes where that is known. Builds are atomic, so one that
+    fails this was damaged since (emptied, cut short) and is built again, not reported as pulled."""
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == b"GGUF" and (size is None or os.fstat(file.fileno()).st_size == size)
+    except OSError:
+        return False
 
 
 def remove_superseded_builds(built: Path) -> None:

@@ -39,8 +39,8 @@ class ServeSettings:
             raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
         if not 0 <= self.port <= 65535:
             raise SpeccliError(f"--port must be between 0 and 65535, got {self.port}")
-        if self.max_waiting < 1:
-            raise SpeccliError(f"--queue must be at least 1, got {self.max_waiting}")
+        if self.max_waiting < 0:
+            raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
 
 
 def model_id_for(name: str) -> str:

@@ -103,7 +103,8 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._changed:
-            if len(self._waiting) >= self.max_waiting:
+            # One job runs and max_waiting wait; one still waiting when the worker is idle is about to run.
+            if len(self._waiting) + (self._running is not None) > self.max_waiting:
                 raise QueueFullError
             self._waiting.append(job)
             self.metrics.set_waiting(len(self._waiting))
