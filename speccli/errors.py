@@ -13,7 +13,7 @@ class SpeccliError(Exception):
     exit_code = 1
 
 
-class UsageError(SpeccliError):
+class WrongTypeError(SpeccliError):
     """A value of the wrong type for an option speccli parses itself (`--k two`): a usage error, as
     Click's own are for typed options (`--temp abc`)."""
 

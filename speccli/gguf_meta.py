@@ -9,7 +9,7 @@ from __future__ import annotations
 import mmap
 import struct
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -68,17 +68,6 @@ def trained_context_length(path: Path) -> int | None:
     metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
     length = metadata.get(f"{metadata.get('general.architecture')}.context_length")
     return length if isinstance(length, int) else None
-
-
-def fitted_context(given: int | None, default: int, paths: Iterable[Path | None]) -> int:
-    """The context to load `paths` with: --ctx as given (a model refuses it past its training context
-    as it loads), or else the command's `default` lowered to the shortest training context among them.
-    A default no one asked for must not refuse a model trained on less (2048-token models under chat's
-    4096); a context asked for that the model cannot honour is refused, not quietly shrunk."""
-    if given is not None:
-        return given
-    trained = [trained_context_length(path) for path in paths if path is not None]
-    return min([default, *(length for length in trained if length)])
 
 
 def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:

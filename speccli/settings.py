@@ -12,7 +12,7 @@ import math
 import re
 import secrets
 
-from speccli.errors import SpeccliError, UsageError
+from speccli.errors import SpeccliError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
 AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
@@ -41,7 +41,7 @@ def parse_k(text: str | int, name: str = "--k") -> int | None:
     try:
         k = int(text)
     except ValueError:
-        raise UsageError(f"{name} needs 'auto' or a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
+        raise WrongTypeError(f"{name} needs 'auto' or a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
     return check_k(k, name)
 
 
@@ -61,7 +61,7 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
         # Numbers may be negative ('-1' is K = -1, refused by check_k below, not a broken range).
         match = re.fullmatch(r"(-?\d+)(?:\s*-\s*(-?\d+))?", item)
         if not match:
-            raise UsageError(f"{name} {text!r}: {item!r} is not auto, a number or a range; {usage}")
+            raise WrongTypeError(f"{name} {text!r}: {item!r} is not auto, a number or a range; {usage}")
         low = int(match[1])
         high = low if match[2] is None else int(match[2])
         for value in (low, high):

@@ -110,7 +110,8 @@ def test_one_shot_json_record(tiny_pair):
 
 
 def test_prompt_dash_reads_all_of_stdin_as_one_message(tiny_pair):
-    """Its last line's newline is the end of the input (`echo ... |`), as for a shell's $(...)."""
+    """The newline that ends its last line, as `echo ... |` writes it, is not part of the message (one
+    only: the blank line before it is)."""
     result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="first line\nsecond line\n\n")
     assert [r["prompt"] for r in records(result.stdout)] == ["first line\nsecond line\n"]
     result = chat(tiny_pair, "-p", "-", "-n", "4", "--json", input="Tell me a joke\r\n")

@@ -21,9 +21,10 @@ from typer.testing import CliRunner
 
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import fitted_context, read_gguf_metadata
+from speccli.gguf_meta import read_gguf_metadata
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import check_readable
+from speccli.models.pair import fitted_context
 from speccli.settings import check_seed
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
@@ -72,8 +73,6 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, line):
     [
         (["bench", "--k", "-1"], "error: --k '-1': K (draft tokens per step) must be between 1 and 64, got -1"),
         (["bench", "--k", "2,-3"], "error: --k '2,-3': K (draft tokens per step) must be between 1 and 64, got -3"),
-        (["bench", "--k", "1,x"], "error: --k '1,x': 'x' is not auto, a number or a range; give auto, a number (4), a list "
-         "(auto,1,2,4) or a range (1-8)"),
         (["chat", "--temp", "inf"], "error: --temp must be a finite number, got inf"),
         (["chat", "--temp", "nan"], "error: --temp must be a finite number, got nan"),
         (["bench", "--temp", "inf"], "error: --temp must be a finite number, got inf"),
@@ -88,6 +87,11 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, line):
 )
 def test_bad_settings_are_refused_before_any_model_is_named_or_loaded(args, line):
     assert_one_line(speccli(*args, "-m", MISSING_MODEL), line, 1)
+
+
+def test_a_k_list_with_an_item_that_is_not_a_number_is_a_usage_error():
+    line = "error: --k '1,x': 'x' is not auto, a number or a range; give auto, a number (4), a list (auto,1,2,4) or a range (1-8)"
+    assert_one_line(speccli("bench", "--k", "1,x", "-m", MISSING_MODEL), line, 2)
 
 
 def test_seed_minus_one_draws_a_seed_and_others_pass_unchanged():

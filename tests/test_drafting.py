@@ -76,14 +76,16 @@ def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -
     assert draft.tokens == [7] and draft.key == "ngram:12+/once"
 
 
-def test_ngram_repeats_a_match_that_overlaps_itself_past_the_context_end() -> None:
+def test_ngram_repeats_a_match_as_long_as_its_period_past_the_context_end() -> None:
     """"7 8 7 8 7 8" matches itself two tokens back: a text repeating with period 2, so the proposal
-    goes on repeating it where the earlier text ends. A match shorter than its distance to the end
-    says nothing of what comes after that (no repeating: the proposal stops at the context's end)."""
+    goes on repeating it where the earlier text ends; "1 2 3 1 2 3" has repeated once, a match as long
+    as its period. A match shorter than its distance to the end says nothing of what comes after that
+    (no repeating: the proposal stops at the context's end)."""
     looping = NgramDrafter().propose(request([1, 7, 8, 7, 8, 7, 8], limit=5))
     assert looping.tokens == [7, 8, 7, 8, 7] and looping.key == "ngram:3-5/once"  # "7 8 7 8", once
-    assert NgramDrafter().propose(request([5, 1, 2, 3, 1, 2], limit=5)).tokens == [3, 1, 2]
     assert NgramDrafter().propose(request([4, 4, 4], limit=3)).tokens == [4, 4, 4]
+    assert NgramDrafter().propose(request([1, 2, 3, 1, 2, 3], limit=5)).tokens == [1, 2, 3, 1, 2]
+    assert NgramDrafter().propose(request([5, 1, 2, 3, 1, 2], limit=5)).tokens == [3, 1, 2]
 
 
 def test_ngram_index_holds_a_few_bytes_per_token() -> None:

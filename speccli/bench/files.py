@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.util.files import build_atomically, read_text_input
 from speccli.util.format import json_safe
-from speccli.util.files import build_atomically
 
 STDOUT_NAME = "-"
 
@@ -132,13 +132,15 @@ def load_report(path: Path) -> BenchReport:
     """A report written by `speccli bench --json`, checked against the report's types; one line naming
     the first problem otherwise."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_input(path, str(path)).decode("utf-8")
     except FileNotFoundError:
         raise UnreadableFileError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise UnreadableFileError(f"{path}: is a directory, not a bench report") from None
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
         raise UnreadableFileError(f"{path}: cannot read it as a bench report ({error})") from None
+    except UnicodeDecodeError as error:  # content, as a prompts file's: a value refused
+        raise SpeccliError(f"{path}: cannot read it as a bench report ({error})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:

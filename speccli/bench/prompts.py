@@ -8,9 +8,9 @@ from importlib import resources
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.util.files import read_text_input
 
 BUILTIN_PROMPTS = "bench_prompts.jsonl"
-MAX_PROMPTS_BYTES = 16 * 2**20  # far more than any context holds: every prompt must fit one
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,9 @@ def load_prompt_set(path: Path | None) -> PromptSet:
     if path.is_dir():
         raise UnreadableFileError(f"prompts file {path}: is a directory")
     try:
-        with path.open("rb") as file:  # bounded: a device (/dev/zero) or a wrong file must not fill memory
-            data = file.read(MAX_PROMPTS_BYTES + 1)
+        data = read_text_input(path, f"prompts file {path}")
     except OSError as error:
         raise UnreadableFileError(f"prompts file {path}: cannot read it ({error.strerror})") from None
-    if len(data) > MAX_PROMPTS_BYTES:
-        raise SpeccliError(f"prompts file {path}: more than {MAX_PROMPTS_BYTES // 2**20} MiB; a prompts file holds prompts, one per line")
     return PromptSet(str(path), _parse_prompts(data, str(path)))
 
 

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from speccli.core.stats import RunStats, Source, drafting_record
+from speccli.core.stats import PositionCounts, RunStats, Source, drafting_record
 
 Mode = Literal["terminal", "plain", "json"]
 
@@ -112,7 +112,7 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
         ]
     speedup = estimated_speedup(stats, target_token_seconds)
     rows.append(("est. speedup", f"{speedup:.2f}x vs target alone" if speedup else "-"))
-    positions = position_rows(stats.positions.drafted_at, stats.positions.accepted_at)
+    positions = position_rows(stats.positions)
     if max_lines is not None:
         positions = positions[: max(0, max_lines - len(rows))]
     for label, fraction in positions:
@@ -126,15 +126,15 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
     return text
 
 
-def position_rows(drafted_at: list[int], accepted_at: list[int]) -> list[tuple[str, float]]:
+def position_rows(positions: PositionCounts) -> list[tuple[str, float]]:
     """(label, share kept) per draft position, the positions past MAX_POSITION_BARS - 1 pooled into the
     last row ("12-24"), so a 24-token draft still shows how its far end fared in 12 rows."""
-    shown = MAX_POSITION_BARS - 1 if len(drafted_at) > MAX_POSITION_BARS else len(drafted_at)
-    rows = [(str(position), kept / drafted if drafted else 0.0)
-            for position, (drafted, kept) in enumerate(zip(drafted_at[:shown], accepted_at[:shown]), start=1)]
-    if shown < len(drafted_at):
-        drafted, kept = sum(drafted_at[shown:]), sum(accepted_at[shown:])
-        rows.append((f"{shown + 1}-{len(drafted_at)}", kept / drafted if drafted else 0.0))
+    deepest = len(positions.drafted_at)
+    shown = MAX_POSITION_BARS - 1 if deepest > MAX_POSITION_BARS else deepest
+    rows = [(str(position), share) for position, share in enumerate(positions.acceptance_by_position()[:shown], start=1)]
+    if shown < deepest:
+        pooled = PositionCounts(sum(positions.drafted_at[shown:]), sum(positions.accepted_at[shown:]))
+        rows.append((f"{shown + 1}-{deepest}", pooled.acceptance_rate))
     return rows
 
 
@@ -148,7 +148,8 @@ def _catch_up_text(stats: RunStats) -> str:
 
 
 def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str, max_height: int | None = None) -> Panel:
-    """The statistics in a box; at most `max_height` lines tall where given (its per-position rows go first)."""
+    """The statistics in a box; its per-position rows dropped, where `max_height` is given, as far as
+    needed to keep it that many lines tall (the other rows always show)."""
     lines = None if max_height is None else max_height - 2  # the box's top and bottom
     return Panel(stats_text(stats, target_token_seconds, lines), title=title, title_align="left", expand=False)
 
@@ -218,7 +219,8 @@ class LiveReply:
         if self._unfinished:
             yield self._unfinished
         if self._stats is not None:
-            # The region must fit the screen (with the row above): what scrolls off cannot be redrawn.
+            # The region must fit the screen, with the line the cursor rests on below it and the reply's
+            # unfinished row above: what scrolls off cannot be redrawn.
             room = console.height - 1 - bool(self._unfinished)
             yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room)
 

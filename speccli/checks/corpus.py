@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.util.files import read_text_input
 
 # Three kinds of input where a broken quant shows differently: prose (broad distributions), code
 # (sharp, syntax-driven ones) and a chat turn (instruction-following framing).
@@ -95,7 +96,7 @@ def prompts_file_source(path: Path) -> TextSource:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return read_text_input(path, str(path)).decode("utf-8")
     except UnicodeDecodeError:
         raise UnreadableFileError(f"{path}: not UTF-8 text") from None
     except OSError as error:

@@ -19,7 +19,7 @@ from typer.core import TyperGroup
 from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
-from speccli.util.format import readable
+from speccli.util.format import escape_undecodable
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
 # is one of them either way, so its bases are the classes to catch.
@@ -43,8 +43,9 @@ class SpeccliGroup(TyperGroup):
         try:
             exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
-            if type(error).__name__ == "NoArgsIsHelpError":  # bare `speccli`: the help is printed already
-                sys.exit(USAGE_ERROR)
+            # Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty.
+            if type(error).__name__ == "NoArgsIsHelpError":
+                sys.exit(error.exit_code)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
             if context is not None:
@@ -72,8 +73,10 @@ class SpeccliGroup(TyperGroup):
 
 def _reader_went_away(console: Console) -> None:
     """What rich does when the reader of stdout goes away (`speccli bench | head`, `--help | head`),
-    with speccli's exit code for it rather than rich's 1: stdout goes to /dev/null, so that nothing
-    fails again as the process ends."""
+    with speccli's exit code for it rather than rich's 1: the console falls silent and stdout goes to
+    /dev/null, so that nothing fails again as the process ends. Set on the class, as rich means it to
+    be overridden: Typer makes its own consoles for --help."""
+    console.quiet = True
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     raise SystemExit(READER_GONE)
@@ -96,7 +99,7 @@ def _one_line(error: Exception) -> str:
         message = f"{where}{error.strerror or error}"
     else:
         message = str(error)
-    return readable(message)
+    return escape_undecodable(message)
 
 
 app = typer.Typer(

@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
     SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
-from speccli.settings import check_seed
+from speccli.settings import CHAT_CTX, check_seed
 
 
 def chat(
@@ -58,7 +58,10 @@ def chat(
     from speccli.models.pair import PairRequest
 
     run_chat(
-        PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft, spec),
+        PairRequest(
+            pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
+            target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
+        ),
         sampling=SamplingParams(temperature, top_k, top_p, min_p),
         k=k,
         seed=seed,

@@ -15,7 +15,7 @@ def quant_check(
     candidates: Annotated[list[str], typer.Argument(help="Candidate models (quants of it): registry names or GGUF paths.")],
     text_file: Annotated[Optional[Path], typer.Option("--text", help="Compare over this text file instead of the built-in mix.")] = None,
     prompts_file: Annotated[
-        Optional[Path], typer.Option("--prompts", help="Compare over these prompts (JSON lines with \"prompt\", or one per line).")
+        Optional[Path], typer.Option("--prompts", help="Compare over these prompts (JSON lines with \"prompt\" or \"text\", or one per line).")
     ] = None,
     temperature: Annotated[
         float, typer.Option("--temp", help="Sampling temperature for acceptance; 0 is greedy.", callback=checked(check_temperature))
@@ -45,10 +45,10 @@ def quant_check(
     from speccli.checks.report import build_report
     from speccli.core.sampling import SamplingParams
     from speccli.errors import SpeccliError, UnreadableFileError
-    from speccli.gguf_meta import fitted_context
     from speccli.llama.model import LoadOptions
     from speccli.llama.tokenizer import load_vocab_only
     from speccli.models.config import load_registry
+    from speccli.models.pair import fitted_context
     from speccli.models.resolve import resolve_model
     from speccli.vocab.check import check_pair
     from speccli.vocab.report import Verdict

@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption,
 )
-from speccli.settings import parse_k
+from speccli.settings import CHAT_CTX, parse_k
 
 
 def serve(
@@ -32,7 +32,10 @@ def serve(
     from speccli.server.launch import ServeSettings, bind, build_service, open_models, run_server
 
     ServeSettings(host=host, port=port, max_waiting=queue).validate()
-    request = PairRequest(pair, target, draft, config, ctx, threads, ngl, ngl_draft, spec)
+    request = PairRequest(
+        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
+        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
+    )
     request.validate()
     sock = bind(host, port)  # before loading: a port in use fails at once
     with open_models(request) as (model_id, loaded):

@@ -63,9 +63,10 @@ class NgramDrafter:
         end, length, went_on = match
         key = next(name for shortest, name in MATCH_LENGTH_KEYS if length >= shortest) + "/" + went_on
         period = len(context) - end  # what followed the match runs up to the context's end
-        # A match at least that long overlaps itself: the text has been repeating with this period, so
-        # the proposal repeats it on past the context's end. (A reply caught in a loop, "la la la",
-        # had one token to draft a step: its most recent match ends one token before the end.)
+        # A match at least that long covers a whole period: the text just before the end has repeated
+        # itself (at least twice in a row), so the proposal repeats it on past the context's end. (A
+        # reply caught in a loop, "la la la", had one token to draft a step: its most recent match ends
+        # one token before the end; a longer loop had at most one period's tokens.)
         available = request.limit if length >= period else min(period, request.limit)
 
         def following(n: int) -> list[int]:

@@ -25,6 +25,7 @@ from speccli.errors import SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
+from speccli.settings import CHAT_CTX
 
 
 # How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a
@@ -39,7 +40,7 @@ class ContextFullError(SpeccliError):
 
 @dataclass(frozen=True)
 class LoadOptions:
-    n_ctx: int = 4096
+    n_ctx: int = CHAT_CTX
     n_gpu_layers: int = -1  # -1: offload every layer (ignored by CPU-only builds)
     n_threads: int | None = None  # None: every core; draft and target never run at once
     n_batch: int = 512

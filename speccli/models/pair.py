@@ -6,16 +6,28 @@ read), then load the target and, when the draft source needs one, the draft mode
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.gguf_meta import fitted_context
+from speccli.gguf_meta import trained_context_length
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.settings import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
 from speccli.vocab.check import ensure_compatible
+
+
+def fitted_context(given: int | None, default: int, paths: Iterable[Path | None]) -> int:
+    """The context to load `paths` with: --ctx as given (a model refuses it past its training context
+    as it loads), or else the command's `default` lowered to the shortest training context among them.
+    A default no one asked for must not refuse a model trained on less (2048-token models under chat's
+    4096); a context asked for that the model cannot honour is refused, not quietly shrunk."""
+    if given is not None:
+        return given
+    trained = [trained_context_length(path) for path in paths if path is not None]
+    return min([default, *(length for length in trained if length)])
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def create_app(service: Service) -> Starlette:
         try:
             service.worker.submit(job)
         except QueueFullError:
-            raise APIError(503, "the server is busy: every place in its queue is taken; retry shortly",
+            raise APIError(503, "the server is busy: a request runs and its queue (--queue) is full; retry shortly",
                            kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
         reply = Reply(service, job, body, speculation, chat)
         gone = asyncio.ensure_future(_client_gone(request))

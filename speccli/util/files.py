@@ -1,6 +1,7 @@
 """Files that only ever appear complete: written under a temporary name beside the destination,
 flushed to disk, then renamed over it; clearing the temporary files of builds that were killed; and
-a lock so that concurrent runs build a file once."""
+a lock so that concurrent runs build a file once. And text input (prompts, a text, a report) read
+with a bound."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +19,21 @@ from speccli.errors import SpeccliError
 from speccli.util.cache import speccli_cache_dir
 
 PARTIAL_SUFFIX = ".partial"
+
+
+# The most any text input is read (prompts, a text, a bench report): far more than a context holds, and
+# a device (/dev/zero) or a wrong file named by mistake must not fill memory.
+MAX_TEXT_INPUT_BYTES = 16 * 2**20
+
+
+def read_text_input(path: Path, name: str) -> bytes:
+    """The bytes of `path`, refused past MAX_TEXT_INPUT_BYTES with one line starting with `name`.
+    OSError is the caller's to word."""
+    with path.open("rb") as file:
+        data = file.read(MAX_TEXT_INPUT_BYTES + 1)
+    if len(data) > MAX_TEXT_INPUT_BYTES:
+        raise SpeccliError(f"{name}: more than {MAX_TEXT_INPUT_BYTES // 2**20} MiB; speccli reads no text input that large")
+    return data
 
 
 def partial_path(dest: Path) -> Path:

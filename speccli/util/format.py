@@ -1,6 +1,7 @@
 """Numbers and names as people (and JSON parsers) read them."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -16,17 +17,20 @@ def format_size(size_bytes: int | None) -> str:
     return f"{size:.1f} TB"
 
 
-def readable(text: str) -> str:
+def escape_undecodable(text: str) -> str:
     """`text` with each byte that is not UTF-8 (a file name's, which reaches Python as a surrogate
     escape) written as `\\udce9`, as Python writes it on stderr."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def json_safe(value: Any) -> Any:
-    """`value` (dicts, lists, strings, paths, numbers) with every string and path `readable`: JSON text
-    must be UTF-8, and one file name that is not made a report that no parser would read."""
+    """`value` (dicts, lists, strings, paths, numbers) as valid JSON takes it: every string and path
+    through `escape_undecodable` (JSON text is UTF-8: one file name that is not made a report no parser
+    would read), and a float that is not finite as null (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, (str, os.PathLike)):
-        return readable(os.fspath(value))
+        return escape_undecodable(os.fspath(value))
     if isinstance(value, dict):
         return {json_safe(key): json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
