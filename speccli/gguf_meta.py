@@ -56,6 +56,15 @@ def require_gguf(path: Path) -> None:
         raise unreadable(path, error) from None
 
 
+def starts_as_gguf(path: Path) -> bool:
+    """Whether `path` is a readable file beginning as a GGUF file does (`require_gguf`, as a question)."""
+    try:
+        require_gguf(path)
+    except UnreadableFileError:
+        return False
+    return True
+
+
 def _check_magic(path: Path, first: bytes) -> None:
     if len(first) < 4:
         raise UnreadableFileError(f"{path}: not a GGUF file ({'empty' if not first else 'too short'})")

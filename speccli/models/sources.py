@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from rich.console import Console
 
 from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.gguf_meta import require_gguf, starts_as_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
 from speccli.util.cache import model_cache_dir
@@ -145,11 +145,24 @@ class PackageSource:
                 raise SpeccliError(f"model '{entry.name}': cannot import package {self.package}: {error}") from None
             if not callable(getattr(module, "assemble", None)):
                 raise SpeccliError(f"model '{entry.name}': package {self.package} has no assemble() function")
+            def assembled_gguf(partial: Path) -> None:
+                try:
+                    require_gguf(partial)
+                except UnreadableFileError as error:
+                    what = str(error).removeprefix(f"{partial}: ")
+                    raise SpeccliError(f"model '{entry.name}': package {self.package} assembled a file that is {what}") from None
+
             with build_status(f"Assembling {entry.name} from package {self.package}", quiet):
                 try:
-                    build_atomically(built, lambda partial: module.assemble(output_path=partial, overwrite=True))
-                except (OSError, ValueError) as error:
-                    raise SpeccliError(f"model '{entry.name}': package {self.package} failed to assemble its GGUF: {error}") from None
+                    build_atomically(
+                        built, lambda partial: module.assemble(output_path=partial, overwrite=True), check=assembled_gguf
+                    )
+                except SpeccliError:
+                    raise
+                except Exception as error:  # another package's code: whatever it raises is its failure to report
+                    raise SpeccliError(
+                        f"model '{entry.name}': package {self.package} failed to assemble its GGUF: {type(error).__name__}: {error}"
+                    ) from None
             remove_superseded_builds(built)
         return [built]
 
@@ -203,6 +216,10 @@ class DerivedSource:
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         base_files = models.obtain(self.base, update=update, quiet=quiet)
+        try:  # before llama.cpp's quantizer, which words its refusal otherwise
+            require_gguf(base_files[0])
+        except UnreadableFileError as error:
+            raise UnreadableFileError(f"model '{entry.name}': its base '{self.base}': {error}") from None
         built = self._build_path(entry, base_files[0])
         with build_lock(built):
             if not is_built(built):
@@ -225,11 +242,7 @@ def is_built(path: Path, size: int | None = None) -> bool:
     """A finished build in speccli's cache that is still whole as far as a cheap look can tell: it
     begins as a GGUF file does, and has `size` bytes where that is known. Builds are atomic, so one that
     fails this was damaged since (emptied, cut short) and is built again, not reported as pulled."""
-    try:
-        with path.open("rb") as file:
-            return file.read(4) == b"GGUF" and (size is None or os.fstat(file.fileno()).st_size == size)
-    except OSError:
-        return False
+    return starts_as_gguf(path) and (size is None or path.stat().st_size == size)
 
 
 def remove_superseded_builds(built: Path) -> None:

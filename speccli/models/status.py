@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.console import Group
 from rich.table import Table
 
+from speccli.gguf_meta import starts_as_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
 from speccli.util.format import format_size
@@ -19,6 +20,7 @@ class ModelStatus:
     path: Path | None  # the file llama.cpp loads, when it is on disk
     size_bytes: int | None  # all of the model's files, when on disk
     pairs: tuple[str, ...]
+    is_gguf: bool = True  # False: the file on disk does not begin as a GGUF file (pull and loading refuse it)
 
 
 def model_statuses(registry: Registry) -> list[ModelStatus]:
@@ -34,6 +36,7 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
                 path=cached[0] if cached else None,
                 size_bytes=sum(file.stat().st_size for file in cached) if cached else None,
                 pairs=in_pairs,
+                is_gguf=starts_as_gguf(cached[0]) if cached else True,
             )
         )
     return statuses
@@ -49,7 +52,7 @@ def registry_tables(registry: Registry) -> Group:
             status.name,
             status.source,
             format_size(status.size_bytes),
-            "yes" if status.path else "no",
+            ("yes" if status.is_gguf else "not a GGUF file") if status.path else "no",
             ", ".join(status.pairs),
         )
     pairs = Table(title="Pairs", title_justify="left")
@@ -60,7 +63,7 @@ def registry_tables(registry: Registry) -> Group:
         pairs.add_row(
             pair.name + default,
             pair.target,
-            pair.draft,
+            pair.draft or "none (lookup)",
             "auto" if pair.k is None else str(pair.k),
             pair.spec,
             f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
