@@ -72,10 +72,14 @@ def test_greedy_speculative_equals_target_alone(qwen_pair):
 
 def test_greedy_with_ngram_and_auto_k_equals_target_alone(qwen_pair):
     """The default drafting (ngram+model, K per step) on input the reply repeats: n-gram drafts are
-    taken (a draft model rarely pays on this CPU, so auto may leave it out), and the text is the target's."""
+    taken (a draft model rarely pays on this CPU, so auto may leave it out), and the text is the target's.
+    How much `auto` drafts follows this run's timings: with a busy core beside the tests it drafted 3 of
+    129 tokens, once in a full suite too. So the share the drafts must reach is asserted at a fixed K,
+    and under `auto` only that it drafted at all."""
     target, draft = qwen_pair
     prompts = [f"Repeat this line exactly, three times:\n{text}\n" for text in PROMPTS[:6]]
-    check_greedy_equality(target, make_drafter("ngram+model", draft), AutoK(), max_tokens=24, min_draft_share=0.2, prompts=prompts)
+    check_greedy_equality(target, make_drafter("ngram+model", draft), FixedK(4), max_tokens=24, min_draft_share=0.2, prompts=prompts)
+    check_greedy_equality(target, make_drafter("ngram+model", draft), AutoK(), max_tokens=24, min_draft_share=0.01, prompts=prompts)
 
 
 def test_multi_turn_chat_through_the_template_reuses_the_kv_cache(qwen_pair):
