@@ -27,7 +27,8 @@ from speccli.core.stats import PositionCounts, RunStats, Source, drafting_record
 Mode = Literal["terminal", "plain", "json"]
 
 REFRESH_HZ = 4
-MAX_POSITION_BARS = 12  # per-position acceptance rows, the last pooling any positions past it: more would outgrow a terminal
+# Per-position acceptance rows, the last pooling any positions past it: more would outgrow a terminal.
+MAX_POSITION_BARS = 12
 
 PROVENANCE_STYLES = {
     Source.DRAFT: "green",

@@ -145,7 +145,8 @@ class PackageSource:
                 raise SpeccliError(f"model '{entry.name}': cannot import package {self.package}: {error}") from None
             if not callable(getattr(module, "assemble", None)):
                 raise SpeccliError(f"model '{entry.name}': package {self.package} has no assemble() function")
-            def assembled_gguf(partial: Path) -> None:
+
+            def assembled_gguf(partial: Path) -> None:  # else the file would stay, under the final name
                 try:
                     require_gguf(partial)
                 except UnreadableFileError as error:
@@ -241,7 +242,8 @@ def derive_gguf(source: Path, dest: Path, ftype: str) -> Path:
 def is_built(path: Path, size: int | None = None) -> bool:
     """A finished build in speccli's cache that is still whole as far as a cheap look can tell: it
     begins as a GGUF file does, and has `size` bytes where that is known. Builds are atomic, so one that
-    fails this was damaged since (emptied, cut short) and is built again, not reported as pulled."""
+    fails this was damaged since (emptied, overwritten, or cut short where its size is known) and is
+    built again, not reported as pulled."""
     return starts_as_gguf(path) and (size is None or path.stat().st_size == size)
 
 
