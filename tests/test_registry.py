@@ -162,6 +162,8 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
     ("toml", "message"),
     [
         ("[models.foo]\nurl = \"x\"\n", "models.foo.url: unknown key; expected 'path', 'hf', 'package', 'pypi', 'derive'"),
+        ("[models.qwen2.5-mine]\npath = \"x\"\n", "models.qwen2.5-mine: unknown key; expected 'path', 'hf', 'package', 'pypi', "
+         "'derive'; a name with a dot must be quoted: [models.\"qwen2.5-mine\"]"),
         ("[models.foo]\n", "models.foo: no source; give one of 'path', 'hf', 'package', 'pypi', 'derive'"),
         ("[models.foo]\npath = \"a\"\npackage = \"b\"\n", "models.foo: several sources (path, package); give exactly one"),
         ('[models."a.b"]\nhf = { repo = "org/name" }\n', 'models."a.b".hf.file: missing'),
@@ -816,6 +818,15 @@ def test_pull_command_reports_unknown_names_in_one_line(runner):
         "error: unknown model or pair 'gema3-270m'; close matches: gemma3-270m, gemma3-270m-f32, gemma3-270m-q4km;"
         " `speccli models` lists all\n"
     )
+
+
+def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):
+    """A dotfiles link whose target moved would otherwise drop every entry of the user's in silence."""
+    user_file = reg.user_config_path()
+    user_file.parent.mkdir(parents=True, exist_ok=True)
+    user_file.symlink_to(tmp_path / "moved.toml")
+    with pytest.raises(UnreadableFileError, match=f"^cannot read {user_file}: No such file or directory$"):
+        reg.load_registry()
 
 
 def test_a_models_toml_starting_with_a_byte_order_mark_reads_as_without(tmp_path):

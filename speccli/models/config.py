@@ -8,6 +8,7 @@ a user's pair may name a shipped model and the other way round.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import tomllib
 from collections.abc import Iterable
@@ -72,7 +73,7 @@ def load_registry(extra_config: Path | None = None) -> Registry:
     with resources.as_file(shipped) as shipped_path:
         layers = [_read_layer(Path(shipped_path))]
     user_file = user_config_path()
-    if user_file.exists():
+    if os.path.lexists(user_file):  # a link to nothing is a mistake to report, not a file to skip
         layers.append(_read_layer(user_file))
     if extra_config is not None:
         layers.append(_read_layer(Path(extra_config).expanduser()))

@@ -44,7 +44,12 @@ class TomlTable:
         allowed = tuple(allowed)
         for key in self.values:
             if key not in allowed:
-                raise self.error(f"unknown key; expected {one_of(allowed)}", key)
+                problem = f"unknown key; expected {one_of(allowed)}"
+                if len(self.key_path) >= 2 and isinstance(self.values[key], dict):
+                    # [models.qwen2.5-x] is model "qwen2" with a table "5-x" to TOML: its name wanted quotes.
+                    dotted = ".".join((*self.key_path[1:], key))
+                    problem += f"; a name with a dot must be quoted: [{self.key_path[0]}.\"{dotted}\"]"
+                raise self.error(problem, key)
 
     def table(self, key: str) -> TomlTable:
         return TomlTable(self.file, (*self.key_path, key), self.values[key])
