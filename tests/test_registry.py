@@ -564,6 +564,25 @@ def test_offline_without_cache_names_the_problem(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    "cached, pattern, complaint",
+    [
+        ({"m-q4.gguf": b"GGUF 4", "m-q8.gguf": b"GGUF 8"}, "m-q*.gguf",
+         "model 'm': 'm-q*.gguf' matches several models in org/repo (m-q4.gguf, m-q8.gguf); make it match one"),
+        ({"m-00001-of-00002.gguf": b"GGUF 1"}, "m-*.gguf",
+         "model 'm': the cache holds 1 of the 2 parts of m.gguf; missing: m-00002-of-00002.gguf"),
+    ],
+    ids=["several models", "a part missing"],
+)
+def test_offline_a_pattern_the_cache_cannot_answer_says_why(tmp_path, cached, pattern, complaint):
+    """Offline, both had been "not in the cache", though the cache held files the pattern matched."""
+    put_in_hub_cache("org/repo", cached)
+    config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", pattern))
+    with pytest.raises(SpeccliError) as caught:
+        list(reg.pull_models(reg.load_registry(config), ["m"]))
+    assert str(caught.value) == complaint
+
+
 def test_download_checks_sha256(tmp_path, monkeypatch):
     data = b"GGUF downloaded"
     good = hashlib.sha256(data).hexdigest()
@@ -818,6 +837,14 @@ def test_pull_command_reports_unknown_names_in_one_line(runner):
         "error: unknown model or pair 'gema3-270m'; close matches: gemma3-270m, gemma3-270m-f32, gemma3-270m-q4km;"
         " `speccli models` lists all\n"
     )
+
+
+def test_a_cache_folder_that_is_a_file_is_named_as_set(runner, tmp_path, monkeypatch):
+    """The first write into it had named an internal temporary file (file-sha256.json.PID.tmp)."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "afile"))
+    (tmp_path / "afile").write_text("")
+    result = runner.invoke(app, ["models"])
+    assert (result.exit_code, result.stderr) == (2, f"error: SPECCLI_CACHE_DIR {tmp_path / 'afile'}: not a folder\n")
 
 
 def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):

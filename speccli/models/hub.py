@@ -41,6 +41,10 @@ _SPLIT_PART = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.
 _REACHABLE_TIMEOUT_S = 4
 
 
+class NoMatchError(SpeccliError):
+    """No file matches the entry's pattern."""
+
+
 class HubUnreachableError(SpeccliError):
     """The Hub could not be asked (no network, or HF_HUB_OFFLINE): what is cached may still serve."""
 
@@ -90,8 +94,10 @@ class HubSource:
             return None
         return files
 
-    def _cached_parts(self, entry: ModelEntry) -> list[Path] | None:
-        """The model's files in the Hugging Face cache, as huggingface_hub finds them; None if not all there."""
+    def _cached_parts(self, entry: ModelEntry, *, explain: bool = False) -> list[Path] | None:
+        """The model's files in the Hugging Face cache, as huggingface_hub finds them; None if not all
+        there, or, with `explain`, why not where the cache holds files the pattern matches (several
+        models, or some parts of a split one): offline, "not in the cache" would mislead."""
         snapshot = self._cached_snapshot()
         if snapshot is None:
             return None
@@ -100,9 +106,13 @@ class HubSource:
             return [path.relative_to(snapshot).as_posix() for path in snapshot.rglob("*") if path.is_file()]
 
         try:
-            parts = self._model_parts(entry, snapshot_files)
-        except SpeccliError:
+            parts = self._model_parts(entry, snapshot_files, "the cache")
+        except NoMatchError:
             return None  # nothing cached matches the pattern (yet)
+        except SpeccliError:
+            if explain:
+                raise
+            return None
         files = []
         for part in parts:
             cached = huggingface_hub.try_to_load_from_cache(self.repo, part, revision=self.revision)
@@ -123,6 +133,7 @@ class HubSource:
         except HubUnreachableError:
             if cached is not None:
                 return cached  # offline: what is cached is the newest we can have
+            self._cached_parts(entry, explain=True)
             raise
         if files != cached:
             self._verify(entry, files[0])
@@ -136,20 +147,21 @@ class HubSource:
                 return huggingface_hub.list_repo_files(self.repo, revision=self.revision)
 
         files = []
-        for part in self._model_parts(entry, remote_files):
+        for part in self._model_parts(entry, remote_files, self.repo):
             # hf_hub_download shows progress, resumes a partial download (its `.incomplete` file), and
             # only links a file into the snapshot once it is complete.
             with self._errors(entry, part):
                 files.append(Path(huggingface_hub.hf_hub_download(self.repo, part, revision=self.revision)))
         return files
 
-    def _model_parts(self, entry: ModelEntry, repo_files: Callable[[], list[str]]) -> list[str]:
+    def _model_parts(self, entry: ModelEntry, repo_files: Callable[[], list[str]], where: str) -> list[str]:
         """The repository files making up the model: one file, or every part of a split GGUF, first part
-        first. `repo_files` lists the repository; it is only called for a glob pattern."""
+        first. `repo_files` lists the repository (or what the cache holds of it, `where`); it is only
+        called for a glob pattern."""
         if self.is_pattern:
             matches = sorted(file for file in repo_files() if fnmatch.fnmatchcase(file, self.file))
             if not matches:
-                raise SpeccliError(f"model '{entry.name}': no file in {self.repo} matches '{self.file}'")
+                raise NoMatchError(f"model '{entry.name}': no file in {self.repo} matches '{self.file}'")
         else:
             matches = [self.file]
         split = _SPLIT_PART.fullmatch(matches[0])
@@ -158,6 +170,10 @@ class HubSource:
             parts = [f"{split['prefix']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
             if not self.is_pattern or set(matches) == set(parts):
                 return parts
+            if set(matches) < set(parts):
+                missing = ", ".join(part for part in parts if part not in matches)
+                raise SpeccliError(f"model '{entry.name}': {where} holds {len(matches)} of the {count} parts of "
+                                   f"{split['prefix']}.gguf; missing: {missing}")
         elif len(matches) == 1:
             return matches
         raise SpeccliError(

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from speccli.errors import UnreadableFileError
+
 
 def user_config_path() -> Path:
     config_home = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
@@ -11,12 +13,17 @@ def user_config_path() -> Path:
 
 
 def speccli_cache_dir() -> Path:
-    """${SPECCLI_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/speccli}."""
+    """${SPECCLI_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/speccli}; refused, naming where it was set, if
+    something other than a folder is there (the first write into it would name an internal file)."""
     explicit = os.environ.get("SPECCLI_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache_home).expanduser() / "speccli"
+        folder, named_by = Path(explicit).expanduser(), "SPECCLI_CACHE_DIR"
+    else:
+        cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        folder, named_by = Path(cache_home).expanduser() / "speccli", "the cache folder"
+    if folder.exists() and not folder.is_dir():
+        raise UnreadableFileError(f"{named_by} {folder}: not a folder")
+    return folder
 
 
 def model_cache_dir() -> Path:
