@@ -372,6 +372,13 @@ def test_build_atomically_clears_partials_of_killed_builds_only(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted([dest, running])
 
 
+def test_a_folder_where_a_build_goes_is_named_before_building(tmp_path):
+    dest = tmp_path / "model.gguf"
+    dest.mkdir()
+    with pytest.raises(SpeccliError, match=f"^{dest}: a folder is where speccli puts this built file; remove it$"):
+        reg.build_atomically(dest, lambda partial: pytest.fail("built"))
+
+
 def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_base_content_changes(tmp_path):
     base = write_tiny_gguf(tmp_path / "base.gguf")
     config = write(
@@ -446,11 +453,17 @@ def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_s
     assert built.is_file()
 
 
-def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quantizer_runs(tmp_path):
+def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quantizer_runs(tmp_path, monkeypatch):
     (tmp_path / "notes.gguf").write_text("hello\n")
     config = write(tmp_path / "d.toml", '[models.base]\npath = "notes.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
+    registry = reg.load_registry(config)
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model("half", reg.load_registry(config), quiet=True)
+        reg.resolve_model("half", registry, quiet=True)
+    assert str(caught.value) == f"model 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell') (path set in {config})"
+    # A base from elsewhere (a hub file, a package's build) is checked by the derived model itself.
+    monkeypatch.setattr(reg.LocalSource, "obtain", lambda self, *args, **kwargs: [self.path])
+    with pytest.raises(UnreadableFileError) as caught:
+        reg.resolve_model("half", registry, quiet=True)
     assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell')"
 
 
@@ -521,9 +534,11 @@ def test_package_assembly_failure_is_one_line_and_leaves_no_file(monkeypatch, as
 
 
 def test_package_that_is_not_installed_is_named(tmp_path):
-    config = write(tmp_path / "p.toml", '[models.ghost]\npackage = "no_such_gguf_package"\n')
+    config = write(tmp_path / "p.toml", '[models.ghost]\npackage = "no_such_gguf_package"\n[models.std]\npackage = "json"\n')
     with pytest.raises(SpeccliError, match="^model 'ghost': package no_such_gguf_package is not installed$"):
         reg.resolve_model("ghost", reg.load_registry(config))
+    with pytest.raises(SpeccliError, match="^model 'std': package json imports, but no installed distribution provides it"):
+        reg.resolve_model("std", reg.load_registry(config))
 
 
 # --- Hugging Face -----------------------------------------------------------------------------------
@@ -817,7 +832,7 @@ def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, 
     result = runner.invoke(app, ["pull", "big", "--config", str(local_models.files[-1])])
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why}\n"
+    assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why} (path set in {local_models.files[-1]})\n"
     listed = runner.invoke(app, ["models", "--config", str(local_models.files[-1])])
     assert table_row(listed.stdout, "big")[3] == "not a GGUF file"
 

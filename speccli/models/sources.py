@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import importlib.util
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,8 +82,13 @@ class LocalSource:
         return [self.path] if self.path.is_file() else None
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
+        where = f"(path set in {entry.defined_in})"
         if not self.path.is_file():
-            raise UnreadableFileError(f"model '{entry.name}': {self.path}: {describe_missing(self.path)} (path set in {entry.defined_in})")
+            raise UnreadableFileError(f"model '{entry.name}': {self.path}: {describe_missing(self.path)} {where}")
+        try:
+            require_gguf(self.path)
+        except UnreadableFileError as error:
+            raise UnreadableFileError(f"model '{entry.name}': {error} {where}") from None
         return [self.path]
 
 
@@ -134,6 +140,11 @@ class PackageSource:
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         built = self._build_path()
         if built is None:
+            if importlib.util.find_spec(self.package) is not None:
+                raise SpeccliError(
+                    f"model '{entry.name}': package {self.package} imports, but no installed distribution provides it "
+                    "(its version keys the build): install it with pip"
+                )
             raise SpeccliError(f"model '{entry.name}': package {self.package} is not installed")
         with build_lock(built):
             if is_built(built):

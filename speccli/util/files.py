@@ -46,6 +46,8 @@ def build_atomically(dest: Path, write: Callable[[Path], object], *, check: Call
     and rename it to `dest` (and fsync the folder, so the rename survives a power cut). A build that
     fails, is refused by `check`, or is killed never leaves a file at `dest`: the next run builds again."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.is_dir():  # found now, not after the build, through the temporary file's name
+        raise SpeccliError(f"{dest}: a folder is where speccli puts this built file; remove it")
     remove_abandoned_partials(dest)
     partial = partial_path(dest)
     try:
