@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -408,18 +410,30 @@ def _wait_for(session: str, predicate, timeout: float = 30.0) -> str:
         time.sleep(0.2)
 
 
+@contextmanager
+def chat_in_tmux(pair, chat_options: str, width: int, height: int) -> Iterator[str]:
+    """`speccli chat` on `pair` in a real terminal of `width` x `height` (tmux), at its prompt: the
+    session's name. The shell stays after chat exits, with "EXITED <code>" on screen."""
+    session = f"speccli-chat-{uuid.uuid4().hex[:8]}"
+    target, draft = pair
+    command = (
+        # The terminal's own size: a COLUMNS or LINES in the tmux server's environment would override it.
+        f"cd {REPO} && env -u COLUMNS -u LINES {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 "
+        f"{chat_options}; echo EXITED $?; sleep 30"
+    )
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command], check=True)
+    try:
+        _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
+        yield session
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
-    session = f"speccli-chat-{uuid.uuid4().hex[:8]}"
-    target, draft = endless_pair
-    command = (
-        # A fixed K: under `auto` the tiny models' timings decide whether drafting pays at all, and on a
-        # busy machine it once did not for the first 258 tokens, so the panel had no acceptance to show.
-        f"cd {REPO} && {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 -n 1000000 -c 32768 --k 4; "
-        "echo EXITED $?; sleep 30"
-    )
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command], check=True)
-    try:
+    # A fixed K: under `auto` the tiny models' timings decide whether drafting pays at all, and on a
+    # busy machine it once did not for the first 258 tokens, so the panel had no acceptance to show.
+    with chat_in_tmux(endless_pair, "-n 1000000 -c 32768 --k 4", width=120, height=40) as session:
         screen = _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
         assert "draft accepted" in screen, screen
         subprocess.run(["tmux", "send-keys", "-t", session, "sing", "Enter"], check=True)
@@ -434,8 +448,6 @@ def test_live_display_and_ctrl_c_in_a_real_terminal(endless_pair):
         subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)  # at the prompt: leave
         screen = _wait_for(session, lambda s: "EXITED" in s)
         assert "EXITED 0" in screen and "session: 1 reply" in screen, screen
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
@@ -443,24 +455,12 @@ def test_a_reply_taller_than_a_short_terminal_is_printed_once(endless_pair):
     """300 tokens of "la " fill 10 rows of a 12-row terminal. A reply that ended between two refreshes
     was left whole in the live region, taller than the screen, and what had scrolled off it could not be
     erased: its rows came out twice. The panel too must fit the screen."""
-    session = f"speccli-short-{uuid.uuid4().hex[:8]}"
-    target, draft = endless_pair
-    command = (
-        # The terminal's own size: a COLUMNS or LINES in the tmux server's environment would override it.
-        f"cd {REPO} && env -u COLUMNS -u LINES {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 "
-        "-n 300 -c 4096 --k 4; "
-        "echo EXITED $?; sleep 30"
-    )
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "12", command], check=True)
-    try:
-        _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
+    with chat_in_tmux(endless_pair, "-n 300 -c 4096 --k 4", width=100, height=12) as session:
         subprocess.run(["tmux", "send-keys", "-t", session, "sing", "Enter"], check=True)
         _wait_for(session, lambda s: "reply cut at 300 tokens" in s)
         history = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-1000", "-t", session], capture_output=True, text=True).stdout
         assert history.split().count("la") == 300, history
         assert "live" not in history, history  # the panel went with the live region
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 
 
 @pytest.mark.parametrize(
