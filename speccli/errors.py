@@ -21,6 +21,7 @@ class WrongTypeError(SpeccliError):
 
 
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
+TERMINATED_EXIT_CODE = 143  # SIGTERM, likewise
 
 
 class UnreadableFileError(SpeccliError):

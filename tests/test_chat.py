@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -396,6 +398,32 @@ def test_session_totals_add_runs_of_different_k():
     assert total.positions.drafted_at == [4, 4, 2] and total.positions.accepted_at == [4, 2, 1]
     assert total.generated == 20 and total.draft_lengths == {2: 2, 3: 2}
     assert total.by_source["model"].drafted == 10 and total.steps == 4
+
+
+# --- interrupting a one-shot reply ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("interrupt", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_one_shot_reply_interrupted_is_printed_and_exits_as_interrupted(endless_pair, interrupt, exit_code):
+    """`-p` in a script: the part of the reply made before the interrupt is written, its JSON record says
+    it was interrupted, and the exit code is not 0, so the script does not take it for a whole reply."""
+    target, draft = endless_pair
+    command = [sys.executable, "-m", "speccli", "chat", "-m", str(target), "-md", str(draft), "-t", "1", "-c", "4096",
+               "--k", "4", "--temp", "0", "-n", "1000000", "-p", "sing", "--json"]
+    process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, SPECCLI_LLAMA_LOG="0"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Reading the first line of stderr (the announcement) means the models are loaded; the reply has begun.
+    process.stderr.readline()
+    time.sleep(0.5)
+    process.send_signal(interrupt)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == exit_code, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr and b"Exception ignored" not in stderr
+    if interrupt == signal.SIGINT:
+        [record] = records(stdout.decode())
+        assert record["finish_reason"] == "interrupted" and record["reply"].startswith("la la")
+    else:  # SIGTERM ends the process: the reply stops, and no record is written for it
+        assert stdout == b""
 
 
 # --- a real terminal --------------------------------------------------------------------------------

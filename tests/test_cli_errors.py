@@ -297,9 +297,16 @@ def test_a_symlink_loop_is_named_as_such_not_as_a_missing_file(tmp_path):
 # --- 6: Ctrl-C while a model loads -----------------------------------------------------------------------
 
 
-def test_ctrl_c_during_model_load_exits_130_promptly_without_a_traceback(tiny_pair):
-    """SIGINT is sent as soon as llama.cpp logs that it began reading the first model, so it lands
-    while llama.cpp, not Python, is running: the case the log callback used to swallow."""
+INTERRUPTS = pytest.mark.parametrize(
+    ("interrupt", "exit_code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"]
+)
+
+
+@INTERRUPTS
+def test_an_interrupt_during_model_load_ends_it_promptly_without_a_traceback(tiny_pair, interrupt, exit_code):
+    """The signal is sent as soon as llama.cpp logs that it began reading the first model, so it lands
+    while llama.cpp, not Python, is running: the case the log callback used to swallow. SIGTERM
+    unwinds the same way, with its own exit code."""
     command = [sys.executable, "-m", "speccli", "chat", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft),
                "-t", "1", "-c", "256", "-p", "hello"]
     env = dict(os.environ, SPECCLI_LLAMA_LOG="1", PYTHONPATH=str(REPO))
@@ -308,7 +315,7 @@ def test_ctrl_c_during_model_load_exits_130_promptly_without_a_traceback(tiny_pa
     for line in process.stderr:
         log.append(line)
         if b"llama_model_loader:" in line:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(interrupt)
             sent = time.perf_counter()
             break
     else:
@@ -316,17 +323,19 @@ def test_ctrl_c_during_model_load_exits_130_promptly_without_a_traceback(tiny_pa
     stdout, rest = process.communicate(timeout=30)
     stopped_after = time.perf_counter() - sent
     log_text = (b"".join(log) + rest).decode(errors="replace")
-    assert process.returncode == 130, log_text[-2000:]
+    assert process.returncode == exit_code, log_text[-2000:]
     assert "Traceback" not in log_text and "Exception ignored" not in log_text
     assert stdout == b""  # no reply: it stopped before generating
     assert stopped_after < 5
 
 
 @pytest.mark.gemma
-def test_ctrl_c_during_a_derive_build_exits_130_promptly_and_leaves_no_file(tmp_path):
+@INTERRUPTS
+def test_an_interrupt_during_a_derive_build_ends_it_promptly_and_leaves_no_file(tmp_path, interrupt, exit_code):
     """The F32 build of the Gemma Q4_K_M file (about 1 GB, several seconds) is interrupted once its
     partial file exists: llama.cpp's quantizer cannot be cancelled, so it runs on a worker thread and
-    the waiting main thread takes the Ctrl-C at once."""
+    the waiting main thread takes the Ctrl-C at once. SIGTERM, which would otherwise end the process
+    where it stands, leaves no temporary file either."""
     from speccli.models.config import load_registry
     from speccli.models.resolve import resolve_model
 
@@ -341,11 +350,11 @@ def test_ctrl_c_during_a_derive_build_exits_130_promptly_and_leaves_no_file(tmp_
     while not list(cache.rglob("*.partial")):
         assert process.poll() is None and time.monotonic() < deadline, "the build never started"
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(interrupt)
     sent = time.perf_counter()
     stdout, stderr = process.communicate(timeout=60)
     stopped_after = time.perf_counter() - sent
-    assert process.returncode == 130, stderr.decode(errors="replace")[-2000:]
+    assert process.returncode == exit_code, stderr.decode(errors="replace")[-2000:]
     assert b"Traceback" not in stderr and b"Exception ignored" not in stderr
     assert stopped_after < 2
     assert [p for p in cache.rglob("*") if p.is_file() and p.suffix in (".gguf", ".partial")] == []

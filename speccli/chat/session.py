@@ -39,7 +39,7 @@ from speccli.models.pair import PairRequest, open_pair
 from speccli.drafting.policy import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
-from speccli.util.interrupts import ctrl_c_as_flag
+from speccli.util.interrupts import ctrl_c_as_flag, terminated
 from speccli.util.sequences import common_prefix_length
 
 COMMANDS = {
@@ -187,6 +187,7 @@ class ChatSession:
         self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0
+        self.finish_reason: str | None = None  # the last reply's ("stop", "max_tokens", "interrupted", ...)
         self._said_no_pay = False
 
     def announce(self, description: str) -> None:
@@ -261,6 +262,7 @@ class ChatSession:
         self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
         self.totals = self.totals + run
         self.replies += 1
+        self.finish_reason = reason
         if reason == "interrupted":
             self.display.notice("(stopped; the partial reply stays in the conversation)")
         elif reason == "context":
@@ -380,6 +382,8 @@ def typed_lines(display: Display) -> Iterator[str]:
             line, repaired = as_text(input("> "))
         except (EOFError, KeyboardInterrupt):
             print()
+            if terminated():
+                raise KeyboardInterrupt from None  # SIGTERM: not a chat's usual end, so exit 143
             return
         if repaired:
             display.notice(_REPAIRED)
@@ -448,6 +452,8 @@ def run_chat(
         )
         if message is not None:
             session.send(message)
+            if session.finish_reason == "interrupted":  # printed, but a script must not take it for a whole reply
+                raise KeyboardInterrupt
         elif sys.stdin.isatty():
             session.run(typed_lines(display))
         elif failed := session.run(piped_lines(display)):  # a script feeding chat must see that lines failed

@@ -2,7 +2,8 @@
 turns every error a user can cause into one line and an exit code.
 
 Exit codes: 0 done; 1 a SpeccliError (bad value, failed run); 2 a usage error or a file that cannot
-be read; 3 bench's greedy check failed; 130 interrupted (Ctrl-C); 141 the reader of stdout went away.
+be read; 3 bench's greedy check failed; 130 interrupted (Ctrl-C); 141 the reader of stdout went away;
+143 terminated (SIGTERM, which unwinds as Ctrl-C does).
 check-vocab and quant-check give 1 for their verdict (incompatible, any BROKEN), so every refusal
 there is 2: a script must never read a typo as a verdict.
 """
@@ -20,6 +21,7 @@ from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
 from speccli.util.format import escape_undecodable
+from speccli.util.interrupts import exit_code_for_interrupt, unwind_on_sigterm
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
 # is one of them either way, so its bases are the classes to catch.
@@ -40,6 +42,7 @@ class SpeccliGroup(TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         _write_names_as_given()
         Console.on_broken_pipe = _reader_went_away
+        unwind_on_sigterm()
         try:
             exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
@@ -53,7 +56,9 @@ class SpeccliGroup(TyperGroup):
             typer.echo(f"error: {message}", err=True)
             sys.exit(error.exit_code)
         except typer.Abort:  # Click's Ctrl-C at a prompt; a Ctrl-C elsewhere Typer turns into exit 130 itself
-            sys.exit(INTERRUPTED_EXIT_CODE)
+            sys.exit(exit_code_for_interrupt())
+        if exit_code == INTERRUPTED_EXIT_CODE:
+            exit_code = exit_code_for_interrupt()  # 143 where SIGTERM, not Ctrl-C, was the interrupt
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
     def invoke(self, ctx: typer.Context) -> Any:

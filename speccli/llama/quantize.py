@@ -10,9 +10,9 @@ from pathlib import Path
 
 import llama_cpp
 
-from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
+from speccli.errors import SpeccliError
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
-from speccli.util.interrupts import ctrl_c_as_flag
+from speccli.util.interrupts import ctrl_c_as_flag, exit_code_for_interrupt
 
 # llama.cpp's file types that `quantize_model` can write, by the names llama.cpp's tools use.
 FILE_TYPES = {
@@ -54,7 +54,7 @@ def quantize_model(source: Path, dest: Path, file_type: str) -> None:
         while worker.is_alive():
             worker.join(0.1)
             if interrupted():
-                atexit.register(_exit_before_finalizing, INTERRUPTED_EXIT_CODE)  # runs first: registered last
+                atexit.register(_exit_before_finalizing, exit_code_for_interrupt())  # runs first: registered last
                 raise KeyboardInterrupt
     status = outcome[0] if outcome else -1
     if status != 0:
