@@ -1,6 +1,8 @@
 """Logits -> sampled distribution: each filter against a direct computation, and the sampler's draws."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -24,6 +26,18 @@ def test_temperature_only_is_softmax_of_scaled_logits() -> None:
 def test_greedy_is_one_hot_on_the_argmax() -> None:
     result = probabilities(LOGITS, SamplingParams(temperature=0))
     np.testing.assert_array_equal(result, [[0, 0, 0, 0, 1], [0, 0, 0, 1, 0]])
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-39, 1e-46, 1e-300])
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_a_tiny_temperature_splits_the_mass_among_the_top_ties_without_nan(temperature: float, top_k: int) -> None:
+    """1/temperature past float32's range made the top token's 0 * inf a NaN (a server request with
+    temperature 1e-39 returned empty text); the limit is the mass shared by the tokens tied at the top."""
+    logits = np.array([[1.0, 3.0, 3.0, 2.0], [0.5, -1.0, 0.25, 0.5000001]], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning reaches a server's log either
+        probs = probabilities(logits, SamplingParams(temperature=temperature, top_k=top_k))
+    assert probs.tolist() == [[0, 0.5, 0.5, 0], [0, 0, 0, 1]]
 
 
 def test_top_k_keeps_the_k_largest() -> None:

@@ -389,6 +389,45 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
         assert metric(text, 'requests_total{outcome="rejected"}') >= len(bad_bodies)
 
 
+def test_what_openai_clients_send_and_expect(chat_pair):
+    """Conventions of OpenAI's API that its clients rely on: a null is the default; a streamed reply with
+    `stream_options.include_usage` ends with a chunk without choices that carries the usage; a model can
+    be fetched by its id; an unknown path has code `unknown_url`; and a parameter this server cannot
+    honour is refused (silently ignoring `logprobs` or `tools` would change what the reply means),
+    while the values that ask for nothing pass."""
+    good = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    asks_for_nothing = {"temperature": None, "top_p": None, "top_k": None, "min_p": None, "n": None, "stream": None,
+                        "stream_options": None, "logprobs": False, "top_logprobs": None, "presence_penalty": 0,
+                        "frequency_penalty": 0.0, "tools": [], "tool_choice": "none", "logit_bias": {},
+                        "response_format": {"type": "text"}, "user": "someone"}
+    unsupported = {"logprobs": True, "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -1,
+                   "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                   "logit_bias": {"17": 5}, "response_format": {"type": "json_object"}, "best_of": True}
+    with serving(chat_pair) as url:
+        status, reply, _ = post(url, "/v1/chat/completions", {**good, **asks_for_nothing})
+        assert status == 200 and reply["usage"]["completion_tokens"] > 0, reply
+        for name, value in unsupported.items():
+            status, error, _ = post(url, "/v1/chat/completions", {**good, name: value})
+            assert_openai_error(status, error, 400, "unsupported_parameter")
+            assert error["error"]["param"] == name and "not supported" in error["error"]["message"]
+        for name, value in {"echo": True, "suffix": "end", "best_of": 2, "logprobs": 1}.items():
+            status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, name: value})
+            assert_openai_error(status, error, 400, "unsupported_parameter")
+        c = client(url)
+        chunks = list(ask(c, "hello there", stream=True, stream_options={"include_usage": True}))
+        *_, finish, usage = chunks
+        assert finish.choices[0].finish_reason is not None
+        assert usage.choices == [] and usage.usage.completion_tokens == finish.usage.completion_tokens > 0
+        without = list(ask(c, "hello there", stream=True))
+        assert [chunk.choices[0].delta.content for chunk in without] == [chunk.choices[0].delta.content for chunk in chunks[:-1]]
+        assert c.models.retrieve(MODEL).id == MODEL
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("gpt-5")
+        status, body = get(url, "/v1/nothing-here")
+        assert_openai_error(status, json.loads(body), 404, "unknown_url")
+        assert json.loads(body)["error"]["message"] == "no such path: GET /v1/nothing-here"
+
+
 def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
     with Model(chat_pair[0], LoadOptions(n_ctx=256, n_threads=1)) as target:
         service = build_service(MODEL, target, None, ServeSettings(spec="ngram"))

@@ -62,10 +62,21 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
             result[:] = _filtered_probabilities(row, params)
         return out
     np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
-    out *= np.float32(1 / params.temperature)
+    with np.errstate(over="ignore"):  # a tiny temperature sends the gaps to -inf: probability 0
+        out *= _inverse_temperature(params)
     np.exp(out, out=out)
     out /= out.sum(axis=1, keepdims=True)
     return out
+
+
+# Past this, scaling logit gaps changes nothing: float32 logits that differ at all differ by far more
+# than 1e-30, so every gap becomes -inf either way. The cap keeps 1/temperature finite (1e-39 is a
+# valid temperature), where infinity would make the top token's 0 gap times it NaN.
+_MAX_INVERSE_TEMPERATURE = 1e30
+
+
+def _inverse_temperature(params: SamplingParams) -> np.float32:
+    return np.float32(min(1 / params.temperature, _MAX_INVERSE_TEMPERATURE))
 
 
 def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -96,7 +107,8 @@ def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarr
             keep &= in_top_p
         candidates, values = candidates[keep], values[keep]
     probs = np.zeros(vocab, dtype=np.float32)
-    probs[candidates] = _softmax(values / np.float32(params.temperature))
+    with np.errstate(over="ignore"):
+        probs[candidates] = _softmax((values - values.max()) * _inverse_temperature(params))
     return probs
 
 

@@ -31,7 +31,9 @@ from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.server.metrics import Metrics
-from speccli.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl
+from speccli.server.schemas import (
+    ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl, unsupported_parameter,
+)
 from speccli.settings import needs_draft_model
 from speccli.server.worker import GenerationError, Job, QueueFullError, Speculation, Started, Worker
 
@@ -117,9 +119,19 @@ class Service:
 
 
 def create_app(service: Service) -> Starlette:
+    card = {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "speccli"}
+
+    def _unknown_model(name: str) -> APIError:
+        return APIError(404, f"the model {name!r} does not exist; this server serves {service.model_id!r}",
+                        param="model", code="model_not_found")
+
     async def models(_: Request) -> Response:
-        card = {"id": service.model_id, "object": "model", "created": service.created, "owned_by": "speccli"}
         return JSONResponse({"object": "list", "data": [card]})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model"] != service.model_id:
+            raise _unknown_model(request.path_params["model"])
+        return JSONResponse(card)
 
     async def health(_: Request) -> Response:
         return JSONResponse({"status": "ok", "model": service.model_id})
@@ -138,8 +150,7 @@ def create_app(service: Service) -> Starlette:
 
     async def _generate(request: Request, body: GenerationRequest, tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
         if body.model != service.model_id:
-            raise APIError(404, f"the model {body.model!r} does not exist; this server serves {service.model_id!r}",
-                           param="model", code="model_not_found")
+            raise _unknown_model(body.model)
         speculation = service.speculation_for(body.speculative)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.min_p)
         try:
@@ -181,6 +192,9 @@ def create_app(service: Service) -> Starlette:
             raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
         if not isinstance(payload, dict):
             raise APIError(400, "the request body must be a JSON object")
+        if unsupported := unsupported_parameter(payload):
+            raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
+                           param=unsupported, code="unsupported_parameter")
         try:
             return schema.model_validate(payload)
         except ValidationError as error:
@@ -198,15 +212,18 @@ def create_app(service: Service) -> Starlette:
             service.metrics.record(None, "rejected")
         return error.response()
 
-    async def http_error(_: Request, error: Exception) -> Response:
+    async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        return APIError(error.status_code, str(error.detail), param=None).response()
+        code = "unknown_url" if error.status_code == 404 else None  # OpenAI's code for a path it does not serve
+        message = f"no such path: {request.method} {request.url.path}" if code else str(error.detail)
+        return APIError(error.status_code, message, param=None, code=code).response()
 
     async def unexpected(_: Request, error: Exception) -> Response:
         return APIError(500, f"internal error: {type(error).__name__}", kind="server_error").response()
 
     routes = [
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
@@ -326,6 +343,8 @@ class Reply:
                         if item.trailing_text:
                             out.append(self._chunk({"content": item.trailing_text} if self.chat else item.trailing_text, None))
                         out.append(self._chunk({} if self.chat else "", FINISH_REASONS[item.reason], item.stats))
+                        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                            out.append(self._usage_chunk(item.stats))
                         out.append("data: [DONE]\n\n")
                         yield "".join(out)
                         return
@@ -345,7 +364,15 @@ class Reply:
     def _chunk(self, delta: dict | str, finish_reason: str | None, stats: RunStats | None = None) -> str:
         choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": delta} if self.chat else {"text": delta})
-        chunk = {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        return self._event([choice], stats)
+
+    def _usage_chunk(self, stats: RunStats) -> str:
+        """OpenAI's last chunk with `stream_options.include_usage`: no choices, the usage (here with
+        the statistics, as on the chunk before, which also carries them so that any client finds them)."""
+        return self._event([], stats)
+
+    def _event(self, choices: list[dict], stats: RunStats | None) -> str:
+        chunk = {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"), "choices": choices}
         if stats is not None:
             chunk.update(self._figures(stats))
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"

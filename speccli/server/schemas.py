@@ -1,14 +1,16 @@
 """The OpenAI request bodies the server accepts, checked with pydantic, and the speccli extension field.
 
 Ranges follow OpenAI's where it has them (temperature 0-2, top_p (0, 1]) and llama.cpp's server for
-what OpenAI lacks (top_k, min_p). Defaults are speccli chat's (and llama.cpp's). Unknown fields are
-ignored, as OpenAI-compatible servers do, so clients that send e.g. `user` or `logprobs: false` work.
+what OpenAI lacks (top_k, min_p). Defaults are speccli chat's (and llama.cpp's); a null is the default,
+as OpenAI's API has it. Unknown fields are ignored, as OpenAI-compatible servers do, so clients that
+send e.g. `user` work; OpenAI's parameters this server cannot honour (`UNSUPPORTED`) are refused
+unless set to what means "off", since ignoring one would change what the response means unsaid.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from speccli.settings import MAX_K, SPECS
 
@@ -46,11 +48,35 @@ class SpeculationControl(Strict):
     k: Optional[Union[Annotated[int, Field(ge=1, le=MAX_K)], Literal["auto"]]] = None  # default: the server's --k
 
 
+class StreamOptions(Strict):
+    include_usage: bool = False  # one more chunk at the end, with no choices and the usage
+
+
+# OpenAI parameters with no counterpart here, each with the values that ask for nothing (all others: 400).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+}
+
+
+def unsupported_parameter(body: dict[str, Any]) -> str | None:
+    """The first parameter of UNSUPPORTED that `body` sets to ask for something, if any. A bool is
+    compared with bools only: `"best_of": true` is not a best_of of 1."""
+    for name, off in UNSUPPORTED.items():
+        value = body.get(name)
+        if name in body and not any(value == nothing and isinstance(value, bool) == isinstance(nothing, bool) for nothing in off):
+            return name
+    return None
+
+
 class GenerationRequest(Strict):
     """What chat and text completions share."""
 
     model: str
     stream: bool = False
+    stream_options: Optional[StreamOptions] = None
     temperature: float = Field(0.8, ge=0, le=2, allow_inf_nan=False)
     top_p: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(40, ge=0)
@@ -61,6 +87,11 @@ class GenerationRequest(Strict):
     seed: Optional[int] = Field(None, ge=0)
     n: int = Field(1, ge=1, le=1)  # one sequence at a time: one choice
     speculative: Optional[SpeculationControl] = None
+
+    @field_validator("stream", "temperature", "top_p", "top_k", "min_p", "n", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        return cls.model_fields[info.field_name].default if value is None else value
 
     @field_validator("stop")
     @classmethod
