@@ -45,6 +45,11 @@ def parse_k(text: str | int, name: str = "--k") -> int | None:
     return check_k(k, name)
 
 
+def format_k(k: int | None) -> str:
+    """K as it is typed: 'auto' (None) or the number; `parse_k` reads it back."""
+    return AUTO_K if k is None else str(k)
+
+
 def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
     """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; 'auto,1,4' -> [None, 1, 4] (None: auto,
     first); items may mix: '1-3,8'. Sorted, unique."""

@@ -14,7 +14,10 @@ import numpy as np
 from gguf import GGUFReader
 
 from speccli.llama.quantize import quantize_model
-from speccli.models.registry import build_atomically, load_registry, resolve_model, sha256_of
+from speccli.models.config import load_registry
+from speccli.models.resolve import resolve_model
+from speccli.util.files import build_atomically
+from speccli.util.hashing import sha256_of
 
 REFERENCE_NAME = "gemma3-270m-f32"
 QUANT_TYPES = ("Q8_0", "Q4_K_M", "Q2_K")

@@ -2,6 +2,8 @@
 source, which K `auto` chooses for given costs and acceptance, and how --spec/--k are checked."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import tracemalloc
 from dataclasses import replace
 
@@ -806,3 +808,12 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
         make_drafter("model", None)
     assert make_drafter("ngram", None).name == "ngram"
+
+
+def test_the_engine_and_the_drafters_do_not_import_llama_cpp():
+    """One package talks to llama.cpp (speccli.llama); the speculative loop, the draft sources and the
+    K policy read as plain numpy and Python, and import without it."""
+    modules = ["speccli.core.generator", "speccli.core.parting", "speccli.core.verify", "speccli.drafting.specs"]
+    code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.startswith('llama_cpp')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from speccli.checks.fidelity import STORED_RANGE, _Comparator, _log_softmax, _ReferenceStore
-from speccli.checks.report import tokens_per_verify
 from speccli.checks.verdict import Fidelity, judge
 from speccli.core.sampling import SamplingParams
 
@@ -69,7 +68,3 @@ def test_verdict_rule(acceptance, stretches, expected) -> None:
     assert judge(acceptance, stretches)[0] is expected
 
 
-def test_tokens_per_verify_runs_from_one_token_to_k_plus_one() -> None:
-    assert tokens_per_verify(0.0, 4) == 1.0
-    assert tokens_per_verify(1.0, 4) == 5.0
-    assert tokens_per_verify(0.5, 2) == pytest.approx(1.75)

@@ -3,7 +3,6 @@
 line that repeats them."""
 from __future__ import annotations
 
-import math
 import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
-from speccli.settings import AUTO_K, needs_draft_model, parse_k_sweep, parse_spec_list
+from speccli.settings import format_k, needs_draft_model, parse_k_sweep, parse_spec_list
 
 
 @dataclass(frozen=True)
@@ -24,10 +23,6 @@ class Configuration:
     @property
     def label(self) -> str:
         return f"{self.spec} {'auto' if self.k is None else f'K={self.k}'}"
-
-
-def k_text(k: int | None) -> str:
-    return AUTO_K if k is None else str(k)
 
 
 @dataclass(frozen=True)
@@ -49,8 +44,6 @@ class BenchSettings:
             raise SpeccliError(f"--warmup must be >= 0, got {self.warmup}")
         if self.n_predict < 1:
             raise SpeccliError(f"--n-predict must be >= 1, got {self.n_predict}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise SpeccliError(f"--temp must be a finite number >= 0 (0 is greedy), got {self.temperature}")
         self.sampling.validate()
 
     @property
@@ -105,7 +98,7 @@ class BenchRequest:
             ("--target", pair.target),
             ("--draft", pair.draft),
             ("--spec", ",".join(settings.specs)),
-            ("--k", ",".join(map(k_text, settings.ks))),
+            ("--k", ",".join(map(format_k, settings.ks))),
             ("--n-predict", settings.n_predict),
             ("--temp", f"{sampling.temperature:g}"),
             ("--top-k", sampling.top_k),

@@ -17,7 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
-from speccli.checks.fidelity import MAX_VERIFY, CandidateMeasurement, Measurement, TopTokens
+from speccli.bench.theory import expected_tokens_per_verify, predicted_speedup
+from speccli.checks.fidelity import MAX_VERIFY, STORED_RANGE, CandidateMeasurement, Measurement, TopTokens
 from speccli.checks.verdict import RULE, Fidelity, judge
 from speccli.core.sampling import SamplingParams
 from speccli.util.format import json_safe
@@ -103,10 +104,6 @@ class QuantCheckReport:
         return json.dumps(json_safe(asdict(self)), indent=2, default=str)
 
 
-def tokens_per_verify(acceptance: float, k: int) -> float:
-    return float(sum(acceptance**i for i in range(k + 1)))
-
-
 def build_report(
     measurement: Measurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str
 ) -> QuantCheckReport:
@@ -114,7 +111,7 @@ def build_report(
     candidates = [_candidate(measurement, c, name, tokenizer) for c, name in zip(measurement.candidates, names, strict=True)]
     candidates.sort(key=lambda c: (-c.acceptance, c.kl_mean))
     storage = (
-        "reference log-probabilities stored on disk as uint16 over the top 24 nats of each row (llama.cpp's "
+        f"reference log-probabilities stored on disk as uint16 over the top {STORED_RANGE:g} nats of each row (llama.cpp's "
         "--kl-divergence-base scheme), memory-mapped" if measurement.sequential
         else "reference and candidate loaded together; exact float32 rows"
     )
@@ -148,7 +145,7 @@ def _candidate(measurement: Measurement, candidate: CandidateMeasurement, name: 
         greedy_acceptance=float(candidate.same_top.mean()),
         kl_mean=float(candidate.kl.mean()),
         kl_p99=float(np.percentile(candidate.kl, 99)),
-        tokens_per_verify={k: tokens_per_verify(acceptance, k) for k in range(1, MAX_VERIFY)},
+        tokens_per_verify={k: expected_tokens_per_verify(acceptance, k) for k in range(1, MAX_VERIFY)},
         seconds_per_token=candidate.seconds_per_token,
         draft_speedup=predict_draft_speedup(acceptance, candidate.seconds_per_token, measurement.reference_seconds),
         by_position=stretches,
@@ -166,10 +163,12 @@ CLEARLY_FASTER = 0.9
 def predict_draft_speedup(acceptance: float, draft_seconds: float, reference_seconds: dict[int, float]) -> DraftSpeedup | None:
     if draft_seconds > CLEARLY_FASTER * reference_seconds[1]:
         return None
-    options = []
-    for k in range(1, MAX_VERIFY):
-        expected = tokens_per_verify(acceptance, k)
-        options.append(DraftSpeedup(k, expected, expected * reference_seconds[1] / (k * draft_seconds + reference_seconds[k + 1])))
+    unit = reference_seconds[1]  # the formula's costs are in the reference's 1-token decodes
+    options = [
+        DraftSpeedup(k, expected_tokens_per_verify(acceptance, k),
+                     predicted_speedup(acceptance, k, draft_seconds / unit, reference_seconds[k + 1] / unit))
+        for k in range(1, MAX_VERIFY)
+    ]
     return max(options, key=lambda option: option.speedup)
 
 

@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption,
 )
-from speccli.settings import CHAT_CTX, parse_k
+from speccli.settings import CHAT_CTX, format_k, parse_k
 
 
 def serve(
@@ -44,8 +44,7 @@ def serve(
             host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else parse_k(k), max_waiting=queue
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
-        k_text = "auto" if settings.k is None else settings.k
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
         context = f"{loaded.target.n_ctx}-token context"
         run_server(service, sock, lambda url: typer.echo(
-            f"serving {model_id} (--spec {settings.spec}, --k {k_text}, {context}) at {url}/v1 · Ctrl-C stops", err=True))
+            f"serving {model_id} (--spec {settings.spec}, --k {format_k(settings.k)}, {context}) at {url}/v1 · Ctrl-C stops", err=True))

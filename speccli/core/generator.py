@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -23,9 +23,11 @@ from speccli.core.verify import Verdict, verify_greedy, verify_sampled
 from speccli.drafting.base import Draft, DraftRequest, Drafter
 from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
 from speccli.errors import SpeccliError
-from speccli.llama.model import Model
 from speccli.settings import check_max_tokens
 from speccli.util.sequences import common_prefix_length
+
+if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.llama.model import Model
 
 
 @dataclass(frozen=True)

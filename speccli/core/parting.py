@@ -10,11 +10,13 @@ legitimately choose differently. A parting anywhere else is a bug.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from speccli.llama.model import Model
+if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.llama.model import Model
+
 
 TOP_COMPARED = 10  # logits compared between batched and single decodes: the ones that can win
 

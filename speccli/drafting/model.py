@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from speccli.core.sampling import RowBuffer, probabilities, sample, top_probability
 from speccli.core.stats import StepEvent
 from speccli.drafting.base import Draft, DraftCosts, DraftRequest
-from speccli.llama.model import Model
+
+if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.llama.model import Model
 
 
 # Catch-up sizes timed at calibration: the policy prices a catch-up of n tokens on the line through them

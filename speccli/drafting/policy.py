@@ -20,7 +20,7 @@ chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B in benc
 cost 0.5 of a target step, 19 cost 2.4; the bench's prompts replayed, the replay pricing catch-ups:
 `ngram+model` 1.356 -> 1.363 on Qwen, 1.953 -> 1.963 on Gemma).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
-(probabilities, the verify rule); profiled once per generator at sizes 1, 2, 4, .. 32, interpolated,
+(probabilities, the verify rule); profiled once per policy at PROFILED_SIZES (1, 2, 4, 8, 16, 25), interpolated,
 and refreshed from every step's own timings (the machine's load as a level that scales the whole
 curve and d, the curve's shape per size: see VerifyCosts).
 
@@ -61,8 +61,8 @@ from speccli.util.sequences import common_prefix_length
 # step could yield rarely pay for a wider verify on a CPU; with 24, `--spec ngram` at a 16k-token context
 # peaked 35-40 MiB over the target alone (tests/benchmarks/ngram_memory.py and the README).
 AUTO_MAX_K = 24
-# Verify sizes timed once per generator. The largest is the widest verify `auto` makes: profiling more
-# rows would grow that buffer for nothing (32 rows: 7 MB more at Gemma's vocabulary).
+# Verify sizes timed once per policy (bench's runs share one). The largest is the widest verify `auto`
+# makes: profiling more rows would grow that buffer for nothing (32 rows: 7 MB more at Gemma's vocabulary).
 PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 2.0  # in judged drafts
@@ -337,8 +337,8 @@ class AutoK:
 
     name = "auto"
 
-    def __init__(self, max_k: int = AUTO_MAX_K) -> None:
-        self.max_k = max_k
+    def __init__(self) -> None:
+        self.max_k = AUTO_MAX_K
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyHistory] = {}
         self._lookup_start: int | None = None  # the lookups' ramp start, priced once per reply

@@ -1,14 +1,18 @@
 """A draft source's name (`--spec`) and K (`--k`) -> the drafter and K policy that implement them."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from speccli.drafting.base import Drafter
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK, KPolicy
 from speccli.errors import SpeccliError
-from speccli.llama.model import Model
 from speccli.settings import check_spec
+
+if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.llama.model import Model
 
 
 def make_policy(k: int | None) -> KPolicy:

@@ -10,6 +10,7 @@ from rich.table import Table
 from speccli.gguf_meta import starts_as_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
+from speccli.settings import format_k
 from speccli.util.format import format_size
 
 
@@ -64,7 +65,7 @@ def registry_tables(registry: Registry) -> Group:
             pair.name + default,
             pair.target,
             pair.draft or "none (lookup)",
-            "auto" if pair.k is None else str(pair.k),
+            format_k(pair.k),
             pair.spec,
             f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
         )
