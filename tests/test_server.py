@@ -584,7 +584,9 @@ def test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest(endle
 # --- the command --------------------------------------------------------------------------------------
 
 
-def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_pair):
+@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_pair, interrupt):
+    """A server's usual end is Ctrl-C or a service manager's SIGTERM: exit 0 either way."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
                "--port", "0", "-t", "1", "--ctx", "64", "--k", "2"]
@@ -598,7 +600,7 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
         assert served == chat_pair[0].stem  # a model given as a path is served by its file name
         reply = c.chat.completions.create(model=served, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
         assert reply.model_extra["speculative"]["k"] == 2
-        process.send_signal(signal.SIGINT)
+        process.send_signal(interrupt)
         assert process.wait(timeout=20) == 0
         assert "Traceback" not in process.stderr.read()
     finally:

@@ -31,7 +31,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from speccli.bench.environment import environment, model_file
 from speccli.bench.files import json_destination, refuse_overwriting, write_report
@@ -42,6 +41,7 @@ from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
 from speccli.models.pair import open_pair
+from speccli.util.progress import progress_bar
 
 
 def console(stderr: bool = False) -> Console:
@@ -128,9 +128,7 @@ def run_command(request: BenchRequest) -> None:
 def _measure_with_progress(target, draft, prompt_set: PromptSet, settings: BenchSettings) -> Measured:
     per_round = 1 + len(settings.configurations)
     total = (settings.warmup + settings.runs * len(prompt_set.prompts)) * per_round + 1
-    err = console(stderr=True)
-    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
+    with progress_bar(console(stderr=True)) as bar:
         task_id = bar.add_task("warming up", total=total)
         started = False
 

@@ -40,7 +40,6 @@ from speccli.drafting.policy import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
-from speccli.util.sequences import common_prefix_length
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -230,7 +229,7 @@ class ChatSession:
     def send(self, user_text: str) -> str:
         """Generate and show one reply; returns its text."""
         prompt = self._prompt_that_fits(user_text)
-        prefill_tokens = len(prompt.tokens) - 1 - common_prefix_length(self.generator.tokens, prompt.tokens[:-1])
+        prefill_tokens = len(prompt.tokens) - 1 - self.generator.reused_prefix(prompt.tokens)
         run = RunStats(prompt_tokens=len(prompt.tokens))
         reply_tokens: list[int] = []
         pieces: list[str] = []

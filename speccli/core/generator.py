@@ -63,6 +63,11 @@ class Generator:
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self._target_row = RowBuffer()
 
+    def reused_prefix(self, prompt: Sequence[int]) -> int:
+        """Tokens of `prompt` the caches hold already (a chat's earlier turns): the prefill skips them.
+        The prompt's last token is always decoded, to give the first logits."""
+        return common_prefix_length(self.tokens, prompt[:-1])
+
     def reset(self) -> None:
         self.target.reset()
         if self.drafter is not None:
@@ -126,7 +131,7 @@ class Generator:
         n_ctx = self.target.n_ctx
         if len(prompt) > n_ctx:
             raise SpeccliError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; raise --ctx")
-        shared = common_prefix_length(self.tokens, prompt[:-1])
+        shared = self.reused_prefix(prompt)
         started = time.perf_counter()
         # Until every cache holds the new prompt, only the shared prefix is known to be in them all:
         # if a decode fails half-way, the next call must not trust what this one left behind.
@@ -183,8 +188,9 @@ class Generator:
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
         taken_over = draft.continuation
         step = StepEvent(
-            k, verdict.n_accepted, draft_seconds, target_seconds, other_seconds, draft.source or None, draft.catch_up_seconds,
-            (taken_over.source, len(taken_over.tokens)) if taken_over else None,
+            drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds, target_seconds=target_seconds,
+            other_seconds=other_seconds, source=draft.source or None, catch_up_seconds=draft.catch_up_seconds,
+            continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:
             self.policy.observe(draft, step)

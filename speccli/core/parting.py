@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from speccli.util.sequences import common_prefix_length
+
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
 
@@ -51,8 +53,8 @@ def find_parting(
     Decodes the reference continuation twice, token by token and in batches of k+1 rows as
     verification does, and leaves the target's cache empty.
     """
-    index = next((i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b), None)
-    if index is None:
+    index = common_prefix_length(reference, candidate)
+    if index == min(len(reference), len(candidate)):
         return None
     positions = [*prompt[-1:], *reference[:-1]]  # the tokens whose logits choose reference[0..]
     single = _logit_rows(target, prompt, positions, rows_per_decode=1)

@@ -1,6 +1,6 @@
 """From what the user named (a pair, or --target/--draft, and --spec) to loaded models, checked first.
 
-Chat and bench both start here: resolve names through the registry, refuse a pair whose
+Chat, bench and serve start here: resolve names through the registry, refuse a pair whose
 vocabularies make exact speculative decoding impossible (metadata only, before any weights are
 read), then load the target and, when the draft source needs one, the draft model.
 """

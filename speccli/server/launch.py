@@ -86,8 +86,7 @@ def url_of(sock: socket.socket) -> str:
 def run_server(service: Service, sock: socket.socket, on_ready: Callable[[str], None] = lambda url: None) -> None:
     """Serve until Ctrl-C or SIGTERM, then stop the worker; the caller closes the models. uvicorn
     re-raises the signal once it has shut down; here that is the normal end, not an error."""
-    config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    server = _server(service)
     try:
         on_ready(url_of(sock))
         server.run(sockets=[sock])
@@ -102,10 +101,7 @@ def serving_in_thread(service: Service, host: str = "127.0.0.1", port: int = 0) 
     """The server in a background thread (for tests and benchmarks): yields its base URL once it
     accepts requests, and stops it on leaving."""
     sock = bind(host, port)
-    # As run_server: a stream still open on leaving (a test failing mid-stream) must not keep the worker
-    # decoding past the join, into models the caller then closes.
-    config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    server = _server(service)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="speccli-server", daemon=True)
     thread.start()
     try:
@@ -119,3 +115,11 @@ def serving_in_thread(service: Service, host: str = "127.0.0.1", port: int = 0) 
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def _server(service: Service) -> uvicorn.Server:
+    """uvicorn serving the app quietly. The graceful shutdown is bounded: a stream still open when the
+    server stops (a client that never reads, a test failing mid-stream) must not keep the worker
+    decoding past it, into models the caller then closes."""
+    config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    return uvicorn.Server(config)

@@ -28,7 +28,6 @@ from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.server.metrics import Metrics
-from speccli.util.sequences import common_prefix_length
 
 log = logging.getLogger("speccli.server")
 
@@ -165,7 +164,7 @@ class Worker:
         generator = self._generator_for(job.speculation)
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
-        job.emit(Started(common_prefix_length(generator.tokens, job.prompt[:-1])))
+        job.emit(Started(generator.reused_prefix(job.prompt)))
         run = RunStats(prompt_tokens=len(job.prompt))
         with closing(generator.generate(job.prompt, job.limits)) as events:
             for event in events:

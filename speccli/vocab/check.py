@@ -82,14 +82,13 @@ def ensure_compatible(
     draft: str | Path,
     target: str | Path,
     *,
-    load_tokenizer: TokenizerLoader | None = None,
     names: tuple[str, str] | None = None,
     remedy: str = "",
 ) -> VocabReport:
     """check_pair, raising SpeccliError with the first reason when the pair is incompatible. `names`: the
     draft and target as the user named them (registry names rather than cached files' names); `remedy`:
     what to do instead, said before the pointer to check-vocab."""
-    report = check_pair(draft, target, load_tokenizer=load_tokenizer)
+    report = check_pair(draft, target)
     if report.verdict is Verdict.INCOMPATIBLE:
         more = len(report.reasons) - 1
         also = f" (and {more} more)" if more else ""

@@ -235,9 +235,10 @@ def replay(
             new_tokens = truth[: accepted + 1]
             catch_up_cost = catch_up_decodes(model.caught_up)
             step = StepEvent(
-                len(proposed), accepted, (model.decodes + catch_up_cost) * c * UNIT,
-                verify.decode(len(proposed) + 1) * UNIT, 0.0, draft.source or None, catch_up_cost * c * UNIT,
-                (draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
+                drafted=len(proposed), accepted=accepted, draft_seconds=(model.decodes + catch_up_cost) * c * UNIT,
+                target_seconds=verify.decode(len(proposed) + 1) * UNIT, other_seconds=0.0, source=draft.source or None,
+                catch_up_seconds=catch_up_cost * c * UNIT,
+                continuation=(draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
             )
             policy.observe(draft, step)
             if draft.shadow is not None:

@@ -1,0 +1,56 @@
+"""`speccli quant-check`: resolve the models, refuse candidates with another vocabulary, tokenize the
+text, measure with a progress bar, and build the report (`fidelity` measures, `report` words it)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from speccli.checks.corpus import TextSource, tokenize_source
+from speccli.checks.fidelity import TokenSequence, measure, memory_is_short
+from speccli.checks.report import QuantCheckReport, build_report
+from speccli.core.sampling import SamplingParams
+from speccli.errors import SpeccliError
+from speccli.llama.model import LoadOptions
+from speccli.llama.tokenizer import load_vocab_only
+from speccli.models.config import load_registry
+from speccli.models.pair import fitted_context
+from speccli.models.resolve import resolve_model
+from speccli.settings import BENCH_CTX
+from speccli.util.progress import progress_bar
+from speccli.vocab.check import check_pair
+from speccli.vocab.report import Verdict
+
+
+def run_quant_check(
+    reference: str, candidates: list[str], source: TextSource, params: SamplingParams, *,
+    sequential: bool, n_ctx: int | None, threads: int | None, config: Path | None,
+) -> QuantCheckReport:
+    """Each candidate (a registry name or GGUF path) measured against `reference` over `source`."""
+    params.validate()
+    registry = load_registry(config)
+    reference_path = resolve_model(reference, registry)
+    candidate_paths = [resolve_model(name, registry) for name in candidates]
+    for path in candidate_paths:
+        _require_same_vocabulary(path, reference_path)
+    n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
+    with load_vocab_only(reference_path) as tokenizer:
+        sequences = [TokenSequence(name, tokens) for name, tokens in tokenize_source(source, tokenizer, n_ctx)]
+        sequential = sequential or memory_is_short(reference_path, candidate_paths)
+        total = sum(len(s.tokens) for s in sequences) * (len(candidate_paths) + sequential)
+        with progress_bar(Console(stderr=True)) as bar:
+            task = bar.add_task("loading", total=total)
+            measurement = measure(
+                reference_path, candidate_paths, sequences, params, LoadOptions(n_ctx=n_ctx, n_threads=threads),
+                sequential=sequential, progress=lambda what, done: bar.update(task, advance=done, description=what),
+            )
+        return build_report(measurement, candidates, tokenizer, params, source.description)
+
+
+def _require_same_vocabulary(candidate: Path, reference: Path) -> None:
+    """A quant of the reference has its vocabulary, token for token: its rows are compared position by
+    position, so even a draft-compatible vocabulary of another size is refused."""
+    vocab = check_pair(candidate, reference)
+    if vocab.verdict is Verdict.INCOMPATIBLE or vocab.draft.size != vocab.target.size:
+        why = vocab.reasons[0] if vocab.reasons else f"{vocab.draft.size} tokens against {vocab.target.size}"
+        raise SpeccliError(f"{candidate.name} does not share {reference.name}'s vocabulary: {why}")
