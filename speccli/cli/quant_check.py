@@ -31,8 +31,10 @@ def quant_check(
     threads: ThreadsOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Measure how faithful each CANDIDATE is to REFERENCE: expected speculative acceptance Σmin(p,q), top-1
-    agreement and KL over the same text, with a verdict OK / DEGRADED / BROKEN each.
+    """Measure how faithful quantized models are to a reference: OK / DEGRADED / BROKEN each.
+
+    Each CANDIDATE is compared with REFERENCE over the same text: expected speculative acceptance
+    Σmin(p,q), top-1 agreement and KL.
 
     Exit codes: 0 all OK or DEGRADED, 1 any BROKEN, 2 any refusal (a file unreadable, another vocabulary, a typo).
     """
