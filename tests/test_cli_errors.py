@@ -329,6 +329,32 @@ def test_an_interrupt_during_model_load_ends_it_promptly_without_a_traceback(tin
     assert stopped_after < 5
 
 
+def test_an_interrupt_while_a_model_is_freed_never_frees_it_twice(tiny_pair):
+    """A Ctrl-C just as chat ended (between two of llama.cpp's free calls in Model.close) left the
+    model's fields set, and __del__ freed them again: 'double free or corruption', exit 134. Here the
+    interrupt is raised after the batch is freed, then the model is dropped, as at exit."""
+    script = (
+        "import sys, llama_cpp\n"
+        "from speccli.llama.model import LoadOptions, Model\n"
+        "model = Model(sys.argv[1], LoadOptions(n_ctx=64, n_threads=1))\n"
+        "free_batch = llama_cpp.llama_batch_free\n"
+        "def freed_then_interrupted(batch):\n"
+        "    free_batch(batch)\n"
+        "    raise KeyboardInterrupt\n"
+        "llama_cpp.llama_batch_free = freed_then_interrupted\n"
+        "try:\n"
+        "    model.close()\n"
+        "except KeyboardInterrupt:\n"
+        "    pass\n"
+        "llama_cpp.llama_batch_free = free_batch\n"
+        "del model\n"
+        "print('closed once')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(tiny_pair.target)], cwd=REPO, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+    assert (result.returncode, result.stdout) == (0, "closed once\n"), result.stderr[-2000:]
+
+
 @pytest.mark.gemma
 @INTERRUPTS
 def test_an_interrupt_during_a_derive_build_ends_it_promptly_and_leaves_no_file(tmp_path, interrupt, exit_code):

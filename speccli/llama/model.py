@@ -179,11 +179,19 @@ class Model:
         self.n_past = 0
 
     def close(self) -> None:
-        if getattr(self, "_ctx", None):
-            llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._ctx)
-            llama_cpp.llama_model_free(self._model)
-            self._ctx = None
+        """Free the batch, context and weights, once. Each is taken off the object before llama.cpp frees
+        it: a Ctrl-C landing between two of the calls (Python runs signal handlers between them) used to
+        leave them all set, and `__del__` freed the batch a second time (heap corruption, exit 134). Now
+        the worst an interrupt can do here is leak what is left, as the process ends anyway."""
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if not ctx:
+            return
+        batch, self._batch = getattr(self, "_batch", None), None
+        model, self._model = self._model, None
+        if batch is not None:
+            llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+        llama_cpp.llama_model_free(model)
 
     def __enter__(self) -> Model:
         return self

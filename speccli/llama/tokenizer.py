@@ -118,9 +118,9 @@ class Tokenizer:
         return template.decode("utf-8", errors="replace") if template else None
 
     def close(self) -> None:
-        if self._owns_model and self._model:
-            llama_cpp.llama_model_free(self._model)
-        self._model = None
+        model, self._model = self._model, None  # off the object first, so it is never freed twice (see Model.close)
+        if self._owns_model and model:
+            llama_cpp.llama_model_free(model)
 
     def __enter__(self) -> Tokenizer:
         return self
