@@ -1,11 +1,13 @@
-"""The one line a bench report gives where its own measurements say speculation cannot pay on this
-machine: every configuration slower than the target alone, or `auto` drafting nothing. It names the
-costs that decide it (c, v(n)), so a figure below 1x is never left to speak for itself."""
+"""The one line a bench report gives where speculation did not pay: every configuration slower than the
+target alone, or `auto` drafting nothing. It names the costs that decide it (c, v(n)), so a figure below
+1x is never left to speak for itself, and it says speculation *cannot* pay only where those costs say
+so at the acceptance measured: a short or unlucky run is slower without proving anything."""
 from __future__ import annotations
 
 from typing import Sequence
 
 from speccli.bench.report import ConfigResult, Costs
+from speccli.bench.theory import predicted_speedup
 
 
 def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
@@ -35,7 +37,17 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
             findings.append(f"{best.label} is slower than the target alone ({figures})")
     if idle_auto:
         findings.append(f"{idle} drafted nothing: it decoded with the target alone")
-    return f"{costs_phrase}: speculation cannot pay here; " + "; ".join(findings)
+    if not any(_could_pay(r, costs) for r in results):
+        return f"{costs_phrase}: speculation cannot pay here at the acceptance measured; " + "; ".join(findings)
+    return f"{costs_phrase}: " + "; ".join(findings) + "; at these costs drafting pays only where drafts are kept often enough"
+
+
+def _could_pay(result: ConfigResult, costs: Costs) -> bool:
+    """Whether some K beats the target alone at these costs: with the acceptance this configuration
+    measured (every draft kept where it judged none), a draft model's token at c, a lookup's at 0."""
+    alpha = result.overall.alpha if result.overall.alpha is not None else 1.0
+    c = costs.c if result.spec == "model" else 0.0  # a chain's lookup drafts for free
+    return any(predicted_speedup(alpha, v.k, c, v.relative_to_1_token) > 1 for v in costs.verify if v.k > 0)
 
 
 def _rate(value: float | None) -> str:
