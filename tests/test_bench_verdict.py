@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from speccli.bench.render import render_report
+from speccli.bench.theory import best_configuration
 from speccli.bench.report import BenchReport, Spread
 from speccli.bench.verdict import cannot_pay
 from speccli.cli.app import app
@@ -150,3 +151,10 @@ def test_the_task_table_shows_the_target_alones_own_spread_between_runs_of_each_
     ]
     assert sorted(round(m.wall_tokens_per_second, 1) for m in noisy.measurements if m.mode == "target") == [9.9, 10, 10.2, 18, 20, 22]
     assert task_row(noisy).endswith("±6% │")
+
+
+def test_the_best_configuration_is_not_called_a_gain_when_every_one_is_slower(mixed_report) -> None:
+    slower = best_configuration(with_speedups(mixed_report, 0.8).results)
+    assert slower.reason.startswith(f"none is faster than the target alone; {slower.label} comes closest: 0.80x measured")
+    faster = best_configuration(with_speedups(mixed_report, 1.2).results)
+    assert faster.reason.startswith(f"{faster.label} has the highest measured speedup: 1.20x measured")

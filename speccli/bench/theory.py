@@ -44,10 +44,11 @@ def best_configuration(results: Sequence[ConfigResult]) -> Best | None:
     ranked = sorted(scored, key=lambda r: r.overall.speedup.median, reverse=True)
     best, runner_up = ranked[0], ranked[1]
     speedup = best.overall.speedup
-    reason = (
-        f"{best.label} has the highest measured speedup: {_yield_phrase(best, named=False)}; "
-        f"next is {_yield_phrase(runner_up)}"
+    standing = (
+        f"{best.label} has the highest measured speedup" if speedup.median >= 1
+        else f"none is faster than the target alone; {best.label} comes closest"
     )
+    reason = f"{standing}: {_yield_phrase(best, named=False)}; next is {_yield_phrase(runner_up)}"
     predicted = [r for r in scored if r.overall.predicted]
     if len(predicted) >= 2:
         theory = max(predicted, key=lambda r: r.overall.predicted.speedup)
