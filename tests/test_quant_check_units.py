@@ -1,12 +1,16 @@
 """quant-check's pure parts: the sequential-mode reference store, the verdict rule, derived figures."""
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 import pytest
 
 from speccli.checks.fidelity import STORED_RANGE, _Comparator, _log_softmax, _ReferenceStore
 from speccli.checks.verdict import Fidelity, judge
 from speccli.core.sampling import SamplingParams
+from speccli.errors import SpeccliError
 
 
 def test_reference_store_keeps_log_probabilities_to_a_fraction_of_a_millinat(tmp_path) -> None:
@@ -68,3 +72,26 @@ def test_verdict_rule(acceptance, stretches, expected) -> None:
     assert judge(acceptance, stretches)[0] is expected
 
 
+
+
+def test_a_full_temporary_folder_is_one_line_before_any_row_is_written(tmp_path, monkeypatch) -> None:
+    """The reference's rows are memory-mapped: a write finding the disk full would end the process with
+    SIGBUS. The file's blocks are allocated first, so a full disk is an error that can be worded."""
+    def full(descriptor: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    folder = tmp_path / "speccli-quant-check-x"
+    folder.mkdir()
+    with pytest.raises(SpeccliError) as refused:
+        _ReferenceStore(folder, 1000, 262_144)
+    assert str(refused.value) == (f"{tmp_path}: no room for the 524.3 MB of reference rows quant-check --sequential keeps "
+                                  "there (No space left on device); point TMPDIR at a folder with more space")
+
+
+def test_the_reference_rows_file_is_allocated_whole(tmp_path) -> None:
+    store = _ReferenceStore(tmp_path, 10, 4096)
+    stat = os.stat(tmp_path / "reference-log-p.u16")
+    assert stat.st_size == 10 * 4096 * 2 and store.codes.shape == (10, 4096)
+    if hasattr(os, "posix_fallocate"):
+        assert stat.st_blocks * 512 >= stat.st_size  # blocks reserved, not a sparse file

@@ -21,6 +21,7 @@ range dropped (probability < e^-24 of the top one). That is the only approximati
 from __future__ import annotations
 
 import heapq
+import os
 import statistics
 import tempfile
 import time
@@ -31,7 +32,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speccli.core.sampling import SamplingParams, probabilities
+from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
+from speccli.util.format import format_size
 
 CHUNK = 32  # rows decoded and compared at once: 32 MB per float32 array for a 262k vocabulary
 TOP_SHOWN = 3  # top tokens shown for a worst position
@@ -183,7 +186,9 @@ class _ReferenceStore:
     """The reference's log-probabilities for every position, uint16-coded in a memory-mapped temp file."""
 
     def __init__(self, directory: Path, n_positions: int, n_vocab: int) -> None:
-        self.codes = np.memmap(directory / "reference-log-p.u16", dtype=np.uint16, mode="w+", shape=(n_positions, n_vocab))
+        path = directory / "reference-log-p.u16"
+        _reserve(path, n_positions * n_vocab * np.dtype(np.uint16).itemsize)
+        self.codes = np.memmap(path, dtype=np.uint16, mode="r+", shape=(n_positions, n_vocab))
         self.floor = np.empty(n_positions, dtype=np.float32)  # each row's top minus STORED_RANGE
 
     def write(self, start: int, log_p: np.ndarray) -> None:
@@ -198,6 +203,23 @@ class _ReferenceStore:
         log_p = (codes - 1) * np.float32(STORED_RANGE / _CODE_STEPS) + self.floor[start : start + count, None]
         log_p[codes == 0] = -np.inf
         return log_p
+
+
+def _reserve(path: Path, size: int) -> None:
+    """Create `path` with `size` bytes of disk allocated now. Writes to a memory-mapped file that find
+    no free block end the process with SIGBUS, which Python cannot catch (a full temporary folder:
+    "Bus error", the folder left behind); allocated up front, a full disk is one line here instead."""
+    with path.open("wb") as file:
+        try:
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(file.fileno(), 0, size)
+            else:  # macOS has no fallocate: a sparse file, as before
+                file.truncate(size)
+        except OSError as error:
+            raise SpeccliError(
+                f"{path.parent.parent}: no room for the {format_size(size)} of reference rows quant-check "
+                f"--sequential keeps there ({error.strerror}); point TMPDIR at a folder with more space"
+            ) from None
 
 
 def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -> dict[int, float]:
