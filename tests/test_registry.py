@@ -4,6 +4,7 @@ layout, the Gemma package, llama.cpp's quantizer and the CLI are the real ones."
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import os
 import subprocess
@@ -29,7 +30,7 @@ from speccli.models.status import model_statuses
 from speccli.util.cache import model_cache_dir, user_config_path
 from speccli.util.files import build_atomically
 from speccli.util.format import format_size
-from speccli.util.hashing import sha256_of
+from speccli.util.hashing import cached_sha256, sha256_of
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -1032,3 +1033,34 @@ def test_an_unreachable_package_index_is_one_line(tmp_path, package_index, monke
         "error: model 'chunky': part 1 (chunky-part1==1.0): cannot reach the package index (no network?); `speccli pull chunky` tries again"
     )
     assert result.stderr.endswith(error + "\n")
+
+
+def test_models_already_built_are_used_from_a_cache_that_cannot_take_a_lock(tmp_path, package_index, monkeypatch,
+                                                                            assembled_gemma_cache):
+    """A cache on a read-only mount, with every model built: the lock that serializes builds cannot be
+    created there, and reading a finished build needs none (every command had failed on the lock file)."""
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    write_tiny_gguf(tmp_path / "base.gguf")
+    config = write(tmp_path / "models.toml", chunked_entry()
+                   + '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
+    registry = load_registry(config)
+    built = {name: resolve_model(name, registry, quiet=True) for name in ("chunky", "half")}
+    cache, gemma_path = assembled_gemma_cache
+
+    def read_only(dest):
+        raise OSError(errno.EROFS, "Read-only file system", str(dest))
+
+    monkeypatch.setattr("speccli.models.sources.build_lock", read_only)
+    monkeypatch.setattr("speccli.models.chunked.build_lock", read_only)
+    assert {name: resolve_model(name, registry, quiet=True) for name in built} == built
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(cache))
+    assert resolve_model("gemma3-270m-q4km", load_registry(), quiet=True) == gemma_path
+
+
+def test_a_digest_record_that_cannot_be_written_costs_nothing_but_hashing_again(tmp_path, monkeypatch):
+    model = write_tiny_gguf(tmp_path / "m.gguf")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(blocked / "cache"))  # a folder that cannot be made
+    assert cached_sha256(model) == sha256_of(model)

@@ -101,8 +101,10 @@ class ChunkedPackagesSource:
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         # `update` changes nothing: a pinned version's files cannot change upstream.
         built = self._build_path()
+        if is_built(built, self.size):  # no lock needed to read a finished build (a read-only cache could not create one)
+            return [built]
         with build_lock(built):
-            if not is_built(built, self.size):
+            if not is_built(built, self.size):  # not built by a run this one waited for
                 _ChunkedBuild(entry.name, self, self._staging(), quiet).run(built)
                 remove_superseded_builds(built)
         return [built]

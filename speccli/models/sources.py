@@ -146,9 +146,12 @@ class PackageSource:
                     "(its version keys the build): install it with pip"
                 )
             raise SpeccliError(f"model '{entry.name}': package {self.package} is not installed")
+        # Reused as is (assemble() would re-hash the whole file on every call), and without the lock, which
+        # a read-only cache could not create: only a build needs it.
+        if is_built(built):
+            return [built]
         with build_lock(built):
-            if is_built(built):
-                # Reused as is: assemble() would re-hash the whole file on every call.
+            if is_built(built):  # built by a run this one waited for
                 return [built]
             try:
                 module = importlib.import_module(self.package)
@@ -233,8 +236,10 @@ class DerivedSource:
         except UnreadableFileError as error:
             raise UnreadableFileError(f"model '{entry.name}': its base '{self.base}': {error}") from None
         built = self._build_path(entry, base_files[0])
+        if is_built(built):  # no lock needed to read a finished build (a read-only cache could not create one)
+            return [built]
         with build_lock(built):
-            if not is_built(built):
+            if not is_built(built):  # not built by a run this one waited for
                 with build_status(f"Building {entry.name}: {self.ftype} from {self.base} (llama.cpp quantizer)", quiet):
                     derive_gguf(base_files[0], built, self.ftype)
             # Only now that the new build exists: a failed build keeps the previous one.

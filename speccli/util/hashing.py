@@ -1,6 +1,7 @@
 """sha256 of files, and a record of digests already computed, for large files that would be slow to hash on every use."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -59,5 +60,6 @@ def _write_record(record: dict[str, object]) -> None:
         record_file.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(json.dumps(record, indent=0), encoding="utf-8")
         temporary.replace(record_file)
-    except OSError:
-        temporary.unlink(missing_ok=True)  # only a cache: the next run hashes again
+    except OSError:  # only a cache (a read-only one included): the next run hashes again
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
