@@ -3,6 +3,7 @@ report (a closed stdout never costs the file), through symlinks, to stdout or a 
 that cannot hold it; and `--compare` reading reports: one line for a file it cannot use."""
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -209,6 +210,19 @@ def test_report_is_written_atomically(tiny_report, tmp_path, monkeypatch) -> Non
     assert calls and calls[0][1] == target and calls[0][0].startswith("r.json.") and calls[0][0].endswith(".partial")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert_kept(caught.value, tiny_report)
+
+
+def test_a_report_for_stdout_that_stdout_cannot_take_is_kept_and_named(tiny_report, monkeypatch) -> None:
+    """`--json - > /dev/full`: the finished measurement is kept, as for a file."""
+
+    class FullStdout(io.StringIO):
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    with pytest.raises(SpeccliError, match=r"^--json -: cannot write it to stdout \(No space left on device\); the report is kept in ") as caught:
+        write_report(json_destination(Path("-")), tiny_report)
     assert_kept(caught.value, tiny_report)
 
 

@@ -105,19 +105,22 @@ def write_report(destination: JsonDestination, report: BenchReport) -> None:
     """Write the report; if the destination fails after all (disk full, a folder gone), keep the report
     in the temporary folder and say where, so a finished measurement is never lost."""
     text = report_json(report)
-    if destination.is_stdout:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
     try:
-        if destination.kind == "special":
+        if destination.is_stdout:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        elif destination.kind == "special":
             with open(destination.path, "w", encoding="utf-8") as stream:
                 stream.write(text)
         else:
             build_atomically(destination.path, lambda partial: partial.write_text(text, encoding="utf-8"))
+    except BrokenPipeError:
+        raise  # the reader went away on purpose (`| head`): exit 141, as any command
     except OSError as error:
         kept = _keep_elsewhere(text)
-        raise SpeccliError(f"--json {destination.given}: cannot write it ({error.strerror}); the report is kept in {kept}") from None
+        to_stdout = " to stdout" if destination.is_stdout else ""
+        raise SpeccliError(f"--json {destination.given}: cannot write it{to_stdout} ({error.strerror}); "
+                           f"the report is kept in {kept}") from None
 
 
 def _keep_elsewhere(text: str) -> Path:
