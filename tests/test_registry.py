@@ -872,6 +872,17 @@ def test_a_cache_folder_that_is_a_file_is_named_as_set(runner, tmp_path, monkeyp
     assert (result.exit_code, result.stderr) == (2, f"error: SPECCLI_CACHE_DIR {tmp_path / 'afile'}: not a folder\n")
 
 
+def test_an_empty_home_is_refused_rather_than_caching_at_the_root(runner, monkeypatch):
+    """HOME= makes Python's home folder /, and the cache /.cache: a 253 MB pull went to the root."""
+    for name in ("SPECCLI_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", "")
+    result = runner.invoke(app, ["pull", "gemma3-270m-q4km"])
+    assert (result.exit_code, result.stderr) == (
+        1, "error: HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or SPECCLI_CACHE_DIR\n"
+    )
+
+
 def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):
     """A dotfiles link whose target moved would otherwise drop every entry of the user's in silence."""
     user_file = user_config_path()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from speccli.errors import UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError
 
 
 def user_config_path() -> Path:
@@ -19,6 +19,9 @@ def speccli_cache_dir() -> Path:
     if explicit:
         folder, named_by = Path(explicit).expanduser(), "SPECCLI_CACHE_DIR"
     else:
+        if not os.environ.get("XDG_CACHE_HOME") and os.environ.get("HOME") == "":
+            # Python then takes the home folder to be / and the cache /.cache: gigabytes written at the root.
+            raise SpeccliError("HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or SPECCLI_CACHE_DIR")
         cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         folder, named_by = Path(cache_home).expanduser() / "speccli", "the cache folder"
     if folder.exists() and not folder.is_dir():
