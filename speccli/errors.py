@@ -13,11 +13,16 @@ class SpeccliError(Exception):
     exit_code = 1
 
 
-class WrongTypeError(SpeccliError):
-    """A value of the wrong type for an option speccli parses itself (`--k two`): a usage error, as
-    Click's own are for typed options (`--temp abc`)."""
+class UsageError(SpeccliError):
+    """A command line that cannot mean anything (options that exclude each other): exit 2, as Click's
+    own usage errors."""
 
     exit_code = 2
+
+
+class WrongTypeError(UsageError):
+    """A value of the wrong type for an option speccli parses itself (`--k two`): a usage error, as
+    Click's own are for typed options (`--temp abc`)."""
 
 
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT

@@ -229,6 +229,20 @@ def test_a_report_for_stdout_that_stdout_cannot_take_is_kept_and_named(tiny_repo
 # --- issue 12 #10: --compare with files it cannot use ---------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--compare", "a.json", "b.json", "--json", "out.json"], "--compare measures nothing, so --json would do nothing with it; leave it out"),
+        (["--compare", "a.json", "b.json", "-n", "3", "--k", "5"],
+         "--compare measures nothing, so --k, --n-predict would do nothing with it; leave them out"),
+        (["--schema", "gemma3-270m"], "--schema measures nothing, so the pair argument would do nothing with it; leave it out"),
+    ],
+)
+def test_options_that_would_be_ignored_beside_compare_or_schema_are_refused(args, message) -> None:
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert (result.exit_code, result.stderr, result.stdout) == (2, f"error: {message}\n", "")
+
+
 def _compare(a: Path, b: Path):
     return CliRunner().invoke(app, ["bench", "--compare", str(a), str(b)])
 

@@ -11,10 +11,12 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
     TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked, kept_as_typed,
 )
+from speccli.errors import UsageError
 from speccli.settings import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
 
 def bench(
+    context: typer.Context,
     pair: PairArgument = None,
     k: Annotated[
         Optional[str],
@@ -79,9 +81,11 @@ def bench(
     from speccli.models.pair import PairRequest
 
     if schema:
+        _alone(context, "--schema")
         typer.echo(json.dumps(report_schema(), indent=2))
         return
     if compare:
+        _alone(context, "--compare")
         compare_command(*compare, console())
         return
     pair_request = PairRequest(
@@ -94,3 +98,15 @@ def bench(
     run_command(BenchRequest(
         pair=pair_request, spec_list=spec, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path
     ))
+
+
+def _alone(context: typer.Context, option: str) -> None:
+    """--compare and --schema measure nothing: any other option given with them would be ignored in silence
+    (`--compare A B --json out.json` wrote nothing), so it is refused."""
+    ignored = [
+        param.opts[0] if param.opts[0].startswith("-") else f"the {param.name} argument"
+        for param in context.command.params
+        if param.opts[0] != option and getattr(context.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
+    ]
+    if ignored:
+        raise UsageError(f"{option} measures nothing, so {', '.join(ignored)} would do nothing with it; leave {'it' if len(ignored) == 1 else 'them'} out")
