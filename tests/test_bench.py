@@ -362,11 +362,11 @@ def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, mes
 def test_a_file_that_cannot_be_read_is_exit_2_as_for_models(pair_args, tmp_path) -> None:
     missing = tmp_path / "missing.json"
     for args, line in (
-        (["--prompts", str(missing)], f"error: prompts file {missing}: no such file"),
-        (["--prompts", str(tmp_path)], f"error: prompts file {tmp_path}: is a directory"),
-        (["--compare", str(missing), str(missing)], f"error: {missing}: no such file"),
+        ([*pair_args, *FAST, "--prompts", str(missing)], f"error: prompts file {missing}: no such file"),
+        ([*pair_args, *FAST, "--prompts", str(tmp_path)], f"error: prompts file {tmp_path}: is a directory"),
+        (["--compare", str(missing), str(missing)], f"error: {missing}: no such file"),  # alone: it measures nothing
     ):
-        result = invoke(*pair_args, *FAST, *args)
+        result = invoke(*args)
         assert (result.exit_code, result.stderr) == (2, line + "\n")
 
 
