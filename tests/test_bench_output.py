@@ -226,6 +226,22 @@ def test_a_report_for_stdout_that_stdout_cannot_take_is_kept_and_named(tiny_repo
     assert_kept(caught.value, tiny_report)
 
 
+def test_a_report_for_a_fifo_whose_reader_left_is_kept_and_named(tiny_report, tmp_path, monkeypatch) -> None:
+    """A broken pipe ends a command quietly only where it is stdout's (`| head`); a FIFO given to --json
+    whose reader went away must not take the finished measurement with it."""
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    destination = json_destination(fifo)
+
+    def reader_gone(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr("speccli.bench.files.open", reader_gone, raising=False)
+    with pytest.raises(SpeccliError, match=r"^--json .*report\.fifo: its reader went away; the report is kept in ") as caught:
+        write_report(destination, tiny_report)
+    assert_kept(caught.value, tiny_report)
+
+
 # --- issue 12 #10: --compare with files it cannot use ---------------------------------------------------
 
 

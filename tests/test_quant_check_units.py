@@ -85,8 +85,17 @@ def test_a_full_temporary_folder_is_one_line_before_any_row_is_written(tmp_path,
     folder.mkdir()
     with pytest.raises(SpeccliError) as refused:
         _ReferenceStore(folder, 1000, 262_144)
-    assert str(refused.value) == (f"{tmp_path}: no room for the 524.3 MB of reference rows quant-check --sequential keeps "
-                                  "there (No space left on device); point TMPDIR at a folder with more space")
+    assert str(refused.value) == (f"{tmp_path}: no room for the 524.3 MB of reference rows quant-check's sequential mode "
+                                  "keeps there (No space left on device); point TMPDIR at a folder with more space")
+
+
+def test_a_file_system_that_cannot_reserve_blocks_gets_a_sparse_file_as_before(tmp_path, monkeypatch) -> None:
+    def unsupported(descriptor: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported, raising=False)
+    store = _ReferenceStore(tmp_path, 10, 4096)
+    assert os.stat(tmp_path / "reference-log-p.u16").st_size == 10 * 4096 * 2 and store.codes.shape == (10, 4096)
 
 
 def test_the_reference_rows_file_is_allocated_whole(tmp_path) -> None:

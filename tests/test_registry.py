@@ -872,7 +872,7 @@ def test_a_cache_folder_that_is_a_file_is_named_as_set(runner, tmp_path, monkeyp
     assert (result.exit_code, result.stderr) == (2, f"error: SPECCLI_CACHE_DIR {tmp_path / 'afile'}: not a folder\n")
 
 
-def test_an_empty_home_is_refused_rather_than_caching_at_the_root(runner, monkeypatch):
+def test_an_empty_home_is_refused_rather_than_caching_at_the_root(runner, tmp_path, monkeypatch):
     """HOME= makes Python's home folder /, and the cache /.cache: a 253 MB pull went to the root."""
     for name in ("SPECCLI_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(name, raising=False)
@@ -880,6 +880,14 @@ def test_an_empty_home_is_refused_rather_than_caching_at_the_root(runner, monkey
     result = runner.invoke(app, ["pull", "gemma3-270m-q4km"])
     assert (result.exit_code, result.stderr) == (
         1, "error: HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or SPECCLI_CACHE_DIR\n"
+    )
+    # A hub download: huggingface_hub's cache would be /.cache/huggingface.
+    for name in ("HF_HOME", "HF_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    config = write(tmp_path / "hub.toml", hub_entry("h", "org/x", "x.gguf"))
+    result = runner.invoke(app, ["pull", "h", "--config", str(config)])
+    assert (result.exit_code, result.stderr) == (
+        1, "error: HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or HF_HOME\n"
     )
 
 
@@ -1067,6 +1075,19 @@ def test_models_already_built_are_used_from_a_cache_that_cannot_take_a_lock(tmp_
     assert {name: resolve_model(name, registry, quiet=True) for name in built} == built
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(cache))
     assert resolve_model("gemma3-270m-q4km", load_registry(), quiet=True) == gemma_path
+
+
+def test_a_superseded_derived_build_left_by_a_stopped_run_goes_at_the_next_use(tmp_path):
+    """A run stopped between a new build and its clean-up leaves the old build (gigabytes, for a real
+    model) beside it: the next use of the finished build removes it."""
+    write_tiny_gguf(tmp_path / "base.gguf")
+    registry = load_registry(write(tmp_path / "models.toml",
+                                   '[models.base]\npath = "base.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n'))
+    built = resolve_model("half", registry, quiet=True)
+    stale = built.parent / "older-base.gguf"
+    stale.write_bytes(b"GGUF old")
+    assert resolve_model("half", registry, quiet=True) == built
+    assert list(built.parent.iterdir()) == [built]
 
 
 def test_a_digest_record_that_cannot_be_written_costs_nothing_but_hashing_again(tmp_path, monkeypatch):

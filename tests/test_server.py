@@ -423,6 +423,9 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         assert c.models.retrieve(MODEL).id == MODEL
         with pytest.raises(openai.NotFoundError):
             c.models.retrieve("gpt-5")
+        status, error, _ = post(url, "/v1/chat/completions", {**good, "stream_options": {"include_usage": True}})
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "stream_options"
         status, body = get(url, "/v1/nothing-here")
         assert_openai_error(status, json.loads(body), 404, "unknown_url")
         assert json.loads(body)["error"]["message"] == "no such path: GET /v1/nothing-here"

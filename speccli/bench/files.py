@@ -115,7 +115,10 @@ def write_report(destination: JsonDestination, report: BenchReport) -> None:
         else:
             build_atomically(destination.path, lambda partial: partial.write_text(text, encoding="utf-8"))
     except BrokenPipeError:
-        raise  # the reader went away on purpose (`| head`): exit 141, as any command
+        if destination.is_stdout:
+            raise  # the reader went away on purpose (`| head`): exit 141, as any command
+        kept = _keep_elsewhere(text)  # a FIFO whose reader left: the report must not go with it
+        raise SpeccliError(f"--json {destination.given}: its reader went away; the report is kept in {kept}") from None
     except OSError as error:
         kept = _keep_elsewhere(text)
         to_stdout = " to stdout" if destination.is_stdout else ""

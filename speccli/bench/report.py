@@ -299,7 +299,7 @@ class BenchReport(Part):
     costs: Costs
     results: list[ConfigResult]  # one per (spec, K), specs in the order asked for, auto first
     best: Best | None  # None for a single configuration
-    cannot_pay: str | None  # one line where the measurements say speculation cannot pay here
+    cannot_pay: str | None  # one line where speculation did not pay here, and whether the costs say it cannot
     greedy_check: GreedyCheck
     measurements: list[Measurement]  # every measured generation, warm-ups left out
 

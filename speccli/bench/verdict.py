@@ -11,7 +11,8 @@ from speccli.bench.theory import predicted_speedup
 
 
 def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
-    """The line, or None where some configuration gains and auto (if asked for) drafted."""
+    """The line (saying speculation cannot pay where the costs say so), or None where some configuration
+    gains and auto (if asked for) drafted."""
     measured = [r for r in results if r.overall.speedup]
     all_slower = bool(measured) and len(measured) == len(results) and all(r.overall.speedup.median < 1 for r in measured)
     idle_auto = [r for r in results if r.k is None and r.overall.drafted == 0]
@@ -39,14 +40,17 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
         findings.append(f"{idle} drafted nothing: it decoded with the target alone")
     if not any(_could_pay(r, costs) for r in results):
         return f"{costs_phrase}: speculation cannot pay here at the acceptance measured; " + "; ".join(findings)
-    return f"{costs_phrase}: " + "; ".join(findings) + "; at these costs drafting pays only where drafts are kept often enough"
+    return (f"{costs_phrase}: " + "; ".join(findings) + "; yet at these costs and the acceptance measured some K "
+            "would gain, so this run is no verdict on speculation here")
 
 
 def _could_pay(result: ConfigResult, costs: Costs) -> bool:
     """Whether some K beats the target alone at these costs: with the acceptance this configuration
     measured (every draft kept where it judged none), a draft model's token at c, a lookup's at 0."""
     alpha = result.overall.alpha if result.overall.alpha is not None else 1.0
-    c = costs.c if result.spec == "model" else 0.0  # a chain's lookup drafts for free
+    # Any spec with the lookup is priced as the lookup alone, at 0: an optimistic bound, so that a line
+    # saying it cannot pay is never wrong.
+    c = costs.c if result.spec == "model" else 0.0
     return any(predicted_speedup(alpha, v.k, c, v.relative_to_1_token) > 1 for v in costs.verify if v.k > 0)
 
 

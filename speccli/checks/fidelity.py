@@ -20,6 +20,7 @@ range dropped (probability < e^-24 of the top one). That is the only approximati
 """
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import statistics
@@ -211,15 +212,16 @@ def _reserve(path: Path, size: int) -> None:
     "Bus error", the folder left behind); allocated up front, a full disk is one line here instead."""
     with path.open("wb") as file:
         try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(file.fileno(), 0, size)
-            else:  # macOS has no fallocate: a sparse file, as before
-                file.truncate(size)
+            if not hasattr(os, "posix_fallocate"):  # macOS
+                raise OSError(errno.EOPNOTSUPP, "no fallocate")
+            os.posix_fallocate(file.fileno(), 0, size)
         except OSError as error:
-            raise SpeccliError(
-                f"{path.parent.parent}: no room for the {format_size(size)} of reference rows quant-check "
-                f"--sequential keeps there ({error.strerror}); point TMPDIR at a folder with more space"
-            ) from None
+            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise SpeccliError(
+                    f"{path.parent.parent}: no room for the {format_size(size)} of reference rows quant-check's "
+                    f"sequential mode keeps there ({error.strerror}); point TMPDIR at a folder with more space"
+                ) from None
+            file.truncate(size)  # a file system that cannot reserve blocks: a sparse file, as before
 
 
 def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -> dict[int, float]:

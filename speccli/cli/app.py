@@ -21,7 +21,7 @@ from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
 from speccli.util.format import escape_undecodable
-from speccli.util.interrupts import exit_code_for_interrupt, unwind_on_sigterm
+from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
 # is one of them either way, so its bases are the classes to catch.
@@ -42,9 +42,9 @@ class SpeccliGroup(TyperGroup):
             return super().main(*args, standalone_mode=False, **kwargs)
         _write_names_as_given()
         Console.on_broken_pipe = _reader_went_away
-        unwind_on_sigterm()
         try:
-            exit_code = super().main(*args, standalone_mode=False, **kwargs)
+            with sigterm_unwinds():
+                exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
             # Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty.
             if type(error).__name__ == "NoArgsIsHelpError":

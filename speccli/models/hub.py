@@ -27,6 +27,7 @@ from huggingface_hub.utils import validate_repo_id
 from speccli.errors import SpeccliError
 from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles
+from speccli.util.cache import refuse_empty_home
 from speccli.util.hashing import cached_sha256
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class HubSource:
         return files
 
     def _download(self, entry: ModelEntry) -> list[Path]:
+        refuse_empty_home("HF_HOME", "HF_HUB_CACHE")  # huggingface_hub would download into /.cache/huggingface
         _ensure_reachable(entry, self)
 
         def remote_files() -> list[str]:

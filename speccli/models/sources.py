@@ -14,7 +14,7 @@ import importlib.metadata
 import importlib.util
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -237,6 +237,8 @@ class DerivedSource:
             raise UnreadableFileError(f"model '{entry.name}': its base '{self.base}': {error}") from None
         built = self._build_path(entry, base_files[0])
         if is_built(built):  # no lock needed to read a finished build (a read-only cache could not create one)
+            with suppress(OSError):  # left by a run stopped before its clean-up; read-only: kept
+                remove_superseded_builds(built)
             return [built]
         with build_lock(built):
             if not is_built(built):  # not built by a run this one waited for

@@ -151,6 +151,8 @@ def create_app(service: Service) -> Starlette:
     async def _generate(request: Request, body: GenerationRequest, tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
         if body.model != service.model_id:
             raise _unknown_model(body.model)
+        if body.stream_options is not None and not body.stream:
+            raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")
         speculation = service.speculation_for(body.speculative)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.min_p)
         try:

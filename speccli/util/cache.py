@@ -19,14 +19,20 @@ def speccli_cache_dir() -> Path:
     if explicit:
         folder, named_by = Path(explicit).expanduser(), "SPECCLI_CACHE_DIR"
     else:
-        if not os.environ.get("XDG_CACHE_HOME") and os.environ.get("HOME") == "":
-            # Python then takes the home folder to be / and the cache /.cache: gigabytes written at the root.
-            raise SpeccliError("HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or SPECCLI_CACHE_DIR")
+        refuse_empty_home("SPECCLI_CACHE_DIR")
         cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         folder, named_by = Path(cache_home).expanduser() / "speccli", "the cache folder"
     if folder.exists() and not folder.is_dir():
         raise UnreadableFileError(f"{named_by} {folder}: not a folder")
     return folder
+
+
+def refuse_empty_home(*own_variables: str) -> None:
+    """An empty HOME makes Python's home folder /, and a cache under it /.cache: gigabytes written at the
+    root (this tool's builds, and huggingface_hub's downloads alike). Refused where no other variable
+    (the cache's `own_variables`, or XDG_CACHE_HOME) says where the cache goes."""
+    if os.environ.get("HOME") == "" and not any(os.environ.get(name) for name in ("XDG_CACHE_HOME", *own_variables)):
+        raise SpeccliError(f"HOME is set but empty, so there is no cache folder: set HOME, XDG_CACHE_HOME or {own_variables[0]}")
 
 
 def model_cache_dir() -> Path:

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from speccli.errors import SpeccliError
 from speccli.util.cache import speccli_cache_dir
 
 _BLOCK = 8 << 20
@@ -48,13 +49,16 @@ def cached_sha256(file: Path) -> str:
 def _read_record() -> dict[str, object]:
     try:
         record = json.loads(_record_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, SpeccliError):  # none, unreadable, or no cache folder at all: hash again
         return {}
     return record if isinstance(record, dict) else {}
 
 
 def _write_record(record: dict[str, object]) -> None:
-    record_file = _record_file()
+    try:
+        record_file = _record_file()
+    except SpeccliError:  # no cache folder (an empty HOME): nothing to remember the digest in
+        return
     temporary = record_file.with_name(f"{record_file.name}.{os.getpid()}.tmp")
     try:
         record_file.parent.mkdir(parents=True, exist_ok=True)

@@ -13,12 +13,21 @@ from speccli.errors import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 _terminated = threading.Event()
 
 
-def unwind_on_sigterm() -> None:
-    """From now on SIGTERM raises KeyboardInterrupt as Ctrl-C does, so that the same clean-up runs (a
-    build's temporary file removed, models freed) where Python's default would end the process at once;
-    `exit_code_for_interrupt` then gives 143, not 130. Only the main thread can set a handler."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM raises KeyboardInterrupt as Ctrl-C does, so that the same clean-up
+    runs (a build's temporary file removed, models freed) where Python's default would end the process
+    at once; `exit_code_for_interrupt` then gives 143, not 130. The previous handler comes back after
+    (a test calling the CLI in-process keeps its own). Only the main thread can set a handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _terminated.clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _on_sigterm(_signum: int, _frame: object) -> None:
