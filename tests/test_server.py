@@ -212,6 +212,24 @@ def test_text_completion_of_a_raw_prompt_whole_and_streamed(chat_pair):
     assert chunks[-1].model_extra["speculative"]["drafted"] == whole.model_extra["speculative"]["drafted"]
 
 
+def test_a_completion_prompt_in_any_of_openais_forms(chat_pair):
+    """Text, token ids, or a batch of one of either (as clients that batch send it) give the same reply;
+    a batch of two, or an id past the vocabulary, is refused."""
+    with Model(chat_pair[0], LoadOptions(n_ctx=256, n_threads=1)) as target:
+        ids = target.tokenizer.tokenize("once upon a time", True, True)
+    with serving(chat_pair) as url:
+        c = client(url)
+        replies = [c.completions.create(model=MODEL, prompt=prompt, **GREEDY).choices[0].text
+                   for prompt in ("once upon a time", ["once upon a time"], ids, [ids])]
+        two, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": ["a", "b"], "max_tokens": 4})
+        past, past_error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": [1, 10**6], "max_tokens": 4})
+    assert len(set(replies)) == 1 and replies[0]
+    assert_openai_error(two, error, 400)
+    assert error["error"]["param"] == "prompt" and "one prompt at a time, got 2" in error["error"]["message"]
+    assert_openai_error(past, past_error, 400)
+    assert past_error["error"]["message"] == "prompt: token id 1000000 is past this model's vocabulary of 512"
+
+
 def test_stop_string_ends_the_reply_before_it(endless_pair):
     with serving(endless_pair) as url:
         reply = ask(client(url), "sing", max_tokens=12, stop=["la la"])

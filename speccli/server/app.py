@@ -101,8 +101,14 @@ class Service:
             tokens.insert(0, tokenizer.bos_id)
         return tokens
 
-    def text_prompt(self, prompt: str) -> list[int]:
-        return self.target.tokenizer.tokenize(prompt, True, True)
+    def text_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Text as the tokenizer reads it (BOS first where the model wants one); token ids as given."""
+        if isinstance(prompt, str):
+            return self.target.tokenizer.tokenize(prompt, True, True)
+        n_vocab = self.target.n_vocab
+        if max(prompt) >= n_vocab:
+            raise APIError(400, f"prompt: token id {max(prompt)} is past this model's vocabulary of {n_vocab}", param="prompt")
+        return prompt
 
     def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...]) -> GenerationLimits:
         """Refuses a prompt, or prompt plus max_tokens, that the context cannot hold (as OpenAI does);

@@ -116,4 +116,19 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: str = Field(min_length=1)
+    prompt: Union[str, list[int]]  # text, or token ids taken as they are
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        """OpenAI's forms: text, token ids, or a list of either, a batch; one sequence runs at a time, so
+        a batch holds one."""
+        if isinstance(prompt, list) and prompt and all(isinstance(item, (str, list)) for item in prompt):
+            if len(prompt) > 1:
+                raise ValueError(f"one prompt at a time, got {len(prompt)}")
+            prompt = prompt[0]
+        if prompt in ("", []):
+            raise ValueError("the prompt is empty")
+        if isinstance(prompt, list) and not all(type(token) is int and token >= 0 for token in prompt):
+            raise ValueError("token ids must be whole numbers >= 0")
+        return prompt
