@@ -384,3 +384,20 @@ def test_an_interrupt_during_a_derive_build_ends_it_promptly_and_leaves_no_file(
     assert b"Traceback" not in stderr and b"Exception ignored" not in stderr
     assert stopped_after < 2
     assert [p for p in cache.rglob("*") if p.is_file() and p.suffix in (".gguf", ".partial")] == []
+
+
+@pytest.mark.parametrize(
+    ("switch", "env", "traceback_shown"),
+    [(["--debug"], {}, True), ([], {"SPECCLI_DEBUG": "1"}, True), ([], {"SPECCLI_DEBUG": "0"}, False), ([], {}, False)],
+    ids=["--debug", "SPECCLI_DEBUG=1", "SPECCLI_DEBUG=0", "neither"],
+)
+def test_debug_adds_the_traceback_and_changes_no_exit_code(tmp_path, switch, env, traceback_shown):
+    """A script run with --debug must see the same exit codes (a missing file is 2, in check-vocab too)."""
+    missing = tmp_path / "gone.gguf"
+    clean = {name: value for name, value in os.environ.items() if name != "SPECCLI_DEBUG"}
+    for command in (["chat", "-m", str(missing), "-p", "hi"], ["check-vocab", str(missing), str(missing)]):
+        result = subprocess.run([sys.executable, "-m", "speccli", *switch, *command], cwd=REPO, capture_output=True,
+                                text=True, env={**clean, "PYTHONPATH": str(REPO), **env})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines()[-1] == f"error: {missing}: no such file"
+        assert ("Traceback" in result.stderr) == traceback_shown

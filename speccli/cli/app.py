@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Annotated, Any
 
 import typer
@@ -69,11 +70,16 @@ class SpeccliGroup(TyperGroup):
             sys.stderr.close()
             raise typer.Exit(READER_GONE) from None
         except (SpeccliError, OSError) as error:
-            if os.environ.get("SPECCLI_DEBUG"):
-                raise
+            if debugging():
+                traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
             typer.echo(f"error: {_one_line(error)}", err=True)
             code = getattr(error, "exit_code", USAGE_ERROR)
             raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
+
+
+def debugging() -> bool:
+    """`--debug`, or SPECCLI_DEBUG set to anything but empty, 0, false or no."""
+    return os.environ.get("SPECCLI_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _reader_went_away(console: Console) -> None:
