@@ -27,7 +27,7 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.chat.session import ChatSession, Conversation, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
-from speccli.chat.view import Display, acceptance_bar, estimated_speedup, stats_panel, stats_record
+from speccli.chat.view import Display, LiveReply, acceptance_bar, estimated_speedup, stats_panel, stats_record
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.base import DraftCosts
@@ -385,6 +385,22 @@ def test_the_panel_pools_draft_positions_past_its_rows():
     assert position_lines[0].split() == ["draft", "1", "██████████", "100%"]
     assert position_lines[1].split() == ["draft", "2", "█████", "50%"]
     assert position_lines[-1].split() == ["draft", "12-24", "█████", "50%"]  # 13 of 26 kept
+
+
+def test_the_live_panel_takes_at_most_half_the_screen_so_the_reply_stays_in_view():
+    """With 24 draft positions its 12 position rows made the panel 21 lines: in a 24-row terminal the
+    reply streaming above it had one row left. Now it drops position rows to stay within half."""
+    stats = RunStats()
+    stats.add(StepEvent(drafted=24, accepted=24, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.0, source="model"))
+    from rich.console import Console
+
+    for height, most in ((24, 12), (40, 20), (15, 9)):  # 9: the rows that always show, position rows gone
+        console = Console(file=io.StringIO(), width=100, height=height, record=True, color_system=None)
+        reply = LiveReply(console, provenance=False, target_token_seconds=0.1)
+        reply._stats = stats  # the panel as the next refresh draws it
+        console.print(reply)
+        panel = console.export_text().rstrip("\n").splitlines()
+        assert len(panel) == most and "live" in panel[0], panel
 
 
 def test_speedup_estimate_and_bars():

@@ -221,8 +221,10 @@ class LiveReply:
             yield self._unfinished
         if self._stats is not None:
             # The region must fit the screen, with the line the cursor rests on below it and the reply's
-            # unfinished row above: what scrolls off cannot be redrawn.
-            room = console.height - 1 - bool(self._unfinished)
+            # unfinished row above: what scrolls off cannot be redrawn. And the panel takes at most half
+            # the screen, so the reply stays in view: with 12 position rows it filled 21 of a 24-row
+            # terminal's rows, leaving one for the reply streaming above it.
+            room = min(console.height - 1 - bool(self._unfinished), console.height // 2)
             yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room)
 
     def add(self, text: str, source: Source) -> None:
