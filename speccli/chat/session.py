@@ -230,7 +230,6 @@ class ChatSession:
         """Generate and show one reply; returns its text."""
         prompt = self._prompt_that_fits(user_text)
         prefill_tokens = len(prompt.tokens) - 1 - self.generator.reused_prefix(prompt.tokens)
-        run = RunStats(prompt_tokens=len(prompt.tokens))
         reply_tokens: list[int] = []
         pieces: list[str] = []
         reason = "interrupted"
@@ -246,17 +245,16 @@ class ChatSession:
                     source = event.source
                     reply_tokens.append(event.token)
                     pieces.append(event.text)
-                    run.generated += 1
                     view.add(event.text, source)
                 elif isinstance(event, StepEvent):
-                    run.add(event)
-                    view.update(run)
+                    view.update(self.generator.reply_stats)
                 elif isinstance(event, DoneEvent):
-                    run, reason = event.stats, event.reason
+                    reason = event.reason
                     pieces.append(event.trailing_text)
                     view.add(event.trailing_text, source)
                 if interrupted():
                     break
+        run = self.generator.reply_stats  # complete, or as far as an interrupted reply got
         reply_text = "".join(pieces)
         self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
         self.totals = self.totals + run

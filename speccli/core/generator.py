@@ -61,6 +61,7 @@ class Generator:
         self.policy = policy or AutoK()
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
+        self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
         self._target_row = RowBuffer()
 
     def reused_prefix(self, prompt: Sequence[int]) -> int:
@@ -77,7 +78,9 @@ class Generator:
     def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
         limits.validate()
         self.policy.begin_reply()
-        stats = RunStats(prompt_tokens=len(prompt))
+        # Shared with the caller, who may stop reading before DoneEvent (Ctrl-C, a client gone) and still
+        # report what the reply cost, its prefill included.
+        self.reply_stats = stats = RunStats(prompt_tokens=len(prompt))
         stats.prefill_seconds = self._prefill(prompt)
         text = TextAssembler(limits.stop)
         tokenizer = self.target.tokenizer

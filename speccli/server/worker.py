@@ -23,7 +23,7 @@ import numpy as np
 
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
-from speccli.core.stats import DoneEvent, RunStats, StepEvent, TokenEvent
+from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
@@ -165,16 +165,12 @@ class Worker:
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
-        run = RunStats(prompt_tokens=len(job.prompt))
         with closing(generator.generate(job.prompt, job.limits)) as events:
             for event in events:
                 if job.cancelled.is_set():
-                    self.metrics.record(run, "cancelled")
+                    self.metrics.record(generator.reply_stats, "cancelled")
                     return
-                if isinstance(event, StepEvent):
-                    run.add(event)
-                elif isinstance(event, TokenEvent):
-                    run.generated += 1
+                if isinstance(event, TokenEvent):
                     job.emit(event)
                 elif isinstance(event, DoneEvent):
                     self.metrics.record(event.stats, "completed")
