@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -528,6 +529,15 @@ def test_bad_settings_are_one_line_naming_the_parameter_and_range(tiny_pair, arg
     assert result.exit_code == 1
     assert result.stderr == message + "\n"
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_a_message_longer_than_the_context_is_one_line_naming_what_it_counted(chat_pair, system):
+    result = chat(chat_pair, "-p", "word " * 600, *(["--system", system] if system else []))
+    alongside = "with the system prompt" if system else "as the chat format frames it"
+    assert result.exit_code == 1 and result.stdout == ""
+    assert re.fullmatch(rf"error: this message needs \d+ tokens {alongside}, but the context holds 512; "
+                        r"shorten it or raise --ctx\n", result.stderr), result.stderr
 
 
 def test_a_k_that_is_not_a_number_is_a_usage_error_as_a_temperature_that_is_not_is(tiny_pair):

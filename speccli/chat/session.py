@@ -299,8 +299,9 @@ class ChatSession:
 
     def _refuse_if_too_long(self, prompt: Prompt) -> None:
         if len(prompt.tokens) >= self.n_ctx:
+            alongside = "with the system prompt" if self.conversation.system else "as the chat format frames it"
             raise SpeccliError(
-                f"this message needs {len(prompt.tokens)} tokens with the system prompt, but the context "
+                f"this message needs {len(prompt.tokens)} tokens {alongside}, but the context "
                 f"holds {self.n_ctx}; shorten it or raise --ctx"
             )
 
