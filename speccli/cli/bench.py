@@ -109,4 +109,5 @@ def _alone(context: typer.Context, option: str) -> None:
         if param.opts[0] != option and getattr(context.get_parameter_source(param.name), "name", None) == "COMMANDLINE"
     ]
     if ignored:
-        raise UsageError(f"{option} measures nothing, so {', '.join(ignored)} would do nothing with it; leave {'it' if len(ignored) == 1 else 'them'} out")
+        them = "it" if len(ignored) == 1 else "them"
+        raise UsageError(f"{option} measures nothing, so {', '.join(ignored)} would do nothing with it; leave {them} out")

@@ -20,9 +20,9 @@ chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B in benc
 cost 0.5 of a target step, 19 cost 2.4; the bench's prompts replayed, the replay pricing catch-ups:
 `ngram+model` 1.356 -> 1.363 on Qwen, 1.953 -> 1.963 on Gemma).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
-(probabilities, the verify rule); profiled once per policy at PROFILED_SIZES (1, 2, 4, 8, 16, 25), interpolated,
-and refreshed from every step's own timings (the machine's load as a level that scales the whole
-curve and d, the curve's shape per size: see VerifyCosts).
+(probabilities, the verify rule); profiled once per policy at PROFILED_SIZES (1, 2, 4, 8, 16, 25),
+interpolated, and refreshed from every step's own timings (the machine's load as a level that scales
+the whole curve and d, the curve's shape per size: see VerifyCosts).
 
 A lookup's proposal is judged even where it is not drafted (the estimates chose no tokens of it, or
 a chain preferred the draft model): a token proposed with certainty is kept with the probability that

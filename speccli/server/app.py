@@ -107,7 +107,8 @@ class Service:
             return self.target.tokenizer.tokenize(prompt, True, True)
         n_vocab = self.target.n_vocab
         if max(prompt) >= n_vocab:
-            raise APIError(400, f"prompt: token id {max(prompt)} is past this model's vocabulary of {n_vocab}", param="prompt")
+            raise APIError(400, f"prompt: token id {max(prompt)} is past this model's vocabulary of {n_vocab}",
+                           param="prompt")
         return prompt
 
     def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...]) -> GenerationLimits:

@@ -56,7 +56,8 @@ class StreamOptions(Strict):
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"),
+    "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "functions": (None, []), "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
 }
 
@@ -66,7 +67,8 @@ def unsupported_parameter(body: dict[str, Any]) -> str | None:
     compared with bools only: `"best_of": true` is not a best_of of 1."""
     for name, off in UNSUPPORTED.items():
         value = body.get(name)
-        if name in body and not any(value == nothing and isinstance(value, bool) == isinstance(nothing, bool) for nothing in off):
+        asks_nothing = any(value == nothing and isinstance(value, bool) == isinstance(nothing, bool) for nothing in off)
+        if name in body and not asks_nothing:
             return name
     return None
 

@@ -36,7 +36,7 @@ def _on_sigterm(_signum: int, _frame: object) -> None:
 
 
 def terminated() -> bool:
-    """Whether SIGTERM has arrived (with `unwind_on_sigterm` set)."""
+    """Whether SIGTERM has arrived since `sigterm_unwinds` began (or within a `ctrl_c_as_flag` block)."""
     return _terminated.is_set()
 
 
