@@ -102,6 +102,20 @@ def test_one_shot_to_a_pipe_is_plain_text_with_stats_on_stderr(tiny_pair):
     assert "tok/s" in result.stderr and "acceptance" in result.stderr
 
 
+def test_a_reply_cut_while_it_writes_the_end_of_turn_marker_leaves_the_marker_out(tiny_dir):
+    """Without a chat template a reply ends at the next "\nUser:". A pair whose every token is "\nUser"
+    (all logits equal, greedy takes token 0) cut at 2 tokens had given "\nUser\nUser": the second was
+    held back as the marker's beginning, and then printed when the token limit came first."""
+    vocab = spm_vocabulary(512)
+    vocab = replace(vocab, tokens=("\nUser",) + vocab.tokens[1:], token_types=(int(TokenType.NORMAL),) + vocab.token_types[1:],
+                    unk_id=None)
+    pair = write_related_pair(tiny_dir / "marker", target_layers=2, draft_layers=1,
+                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="marker")
+    result = chat(pair, "-p", "hello", "-n", "2", "--temp", "0", "--json")
+    [record] = records(result.stdout)
+    assert (record["reply"], record["finish_reason"], record["stats"]["generated_tokens"]) == ("\nUser", "max_tokens", 2)
+
+
 def test_one_shot_json_record(tiny_pair):
     result = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1", "--k", "3", "--json")
     assert result.exit_code == 0, result.stderr

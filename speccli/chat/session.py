@@ -250,8 +250,11 @@ class ChatSession:
                     view.update(self.generator.reply_stats)
                 elif isinstance(event, DoneEvent):
                     reason = event.reason
-                    pieces.append(event.trailing_text)
-                    view.add(event.trailing_text, source)
+                    # Text held back as it may begin the format's end-of-turn marker: a reply cut there
+                    # (--max-tokens, a full context) had stopped writing its text ("Hey\nUser").
+                    trailing = "" if begins_a_stop(event.trailing_text, limits.stop) else event.trailing_text
+                    pieces.append(trailing)
+                    view.add(trailing, source)
                 if interrupted():
                     break
         run = self.generator.reply_stats  # complete, or as far as an interrupted reply got
@@ -369,6 +372,10 @@ def as_text(data: str | bytes) -> tuple[str, bool]:
         return raw.decode("utf-8"), False
     except UnicodeDecodeError:
         return raw.decode("utf-8", "replace"), True
+
+
+def begins_a_stop(text: str, stops: tuple[str, ...]) -> bool:
+    return bool(text) and any(stop.startswith(text) for stop in stops)
 
 
 def typed_lines(display: Display) -> Iterator[str]:
