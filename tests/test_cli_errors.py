@@ -401,3 +401,12 @@ def test_debug_adds_the_traceback_and_changes_no_exit_code(tmp_path, switch, env
         assert result.returncode == 2, result.stderr
         assert result.stderr.splitlines()[-1] == f"error: {missing}: no such file"
         assert ("Traceback" in result.stderr) == traceback_shown
+
+
+def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
+    """`speccli check-vocab A B >&-`: Python's sys.stdout is None and every print vanished, exit 0."""
+    missing = tmp_path / "x.gguf"
+    result = subprocess.run([sys.executable, "-m", "speccli", "check-vocab", str(missing), str(missing)], cwd=REPO,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: os.close(1))
+    assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")

@@ -63,6 +63,10 @@ class SpeccliGroup(TyperGroup):
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
     def invoke(self, ctx: typer.Context) -> Any:
+        if sys.stdout is None and ctx.invoked_subcommand != "serve":  # serve writes to stderr only
+            # Python's stdout where the shell closed it (`>&-`): every print would vanish, and exit 0.
+            typer.echo("error: stdout is closed, so the output would go nowhere", err=True)
+            raise typer.Exit(USAGE_ERROR)
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
