@@ -455,6 +455,7 @@ def test_a_one_shot_reply_interrupted_is_printed_and_exits_as_interrupted(endles
         assert record["finish_reason"] == "interrupted" and record["reply"].startswith("la la")
         # What the stopped reply cost, its prefill included (it had been reported as 0.0).
         assert record["stats"]["prefill_seconds"] > 0 and record["stats"]["generated_tokens"] == record["reply"].count("la")
+        assert "(stopped)\n" in stderr.decode() and b"stays in the conversation" not in stderr  # no conversation goes on
     else:  # SIGTERM ends the process: the reply stops, and no record is written for it
         assert stdout == b""
 

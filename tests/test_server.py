@@ -230,6 +230,21 @@ def test_a_completion_prompt_in_any_of_openais_forms(chat_pair):
     assert past_error["error"]["message"] == "prompt: token id 1000000 is past this model's vocabulary of 512"
 
 
+def test_a_reply_cut_while_it_writes_the_end_of_turn_marker_leaves_the_marker_out(tiny_dir):
+    """As chat: without a chat template a reply ends at the next "\nUser:"; a pair whose every token is
+    "\nUser", cut at 2 tokens, had answered "\nUser\nUser", the second the marker's beginning."""
+    vocab = spm_vocabulary(512)
+    vocab = replace(vocab, tokens=("\nUser",) + vocab.tokens[1:], token_types=(int(TokenType.NORMAL),) + vocab.token_types[1:],
+                    unk_id=None)
+    pair = write_related_pair(tiny_dir / "server_marker", target_layers=2, draft_layers=1,
+                              config=TinyConfig(head_scale=0.0, vocab=vocab), name="server_marker")
+    with serving(pair) as url:
+        c = client(url)
+        whole = ask(c, "hello", max_tokens=2)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in ask(c, "hello", max_tokens=2, stream=True))
+    assert (whole.choices[0].message.content, whole.choices[0].finish_reason, streamed) == ("\nUser", "length", "\nUser")
+
+
 def test_stop_string_ends_the_reply_before_it(endless_pair):
     with serving(endless_pair) as url:
         reply = ask(client(url), "sing", max_tokens=12, stop=["la la"])

@@ -33,6 +33,7 @@ from speccli.chat.template import ChatFormat, Message, chat_format_for
 from speccli.chat.view import Display, Mode
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
+from speccli.core.text import begins_a_stop
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
@@ -174,8 +175,10 @@ class ChatSession:
         seed: int | None = None,
         max_tokens: int = 512,
         system: str | None = None,
+        one_shot: bool = False,
     ) -> None:
         check_max_tokens(max_tokens, "max tokens")
+        self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.generator = Generator(target, make_drafter(spec, draft), sampling, make_policy(k), seed)
         self.display = display
@@ -264,9 +267,10 @@ class ChatSession:
         self.replies += 1
         self.finish_reason = reason
         if reason == "interrupted":
-            self.display.notice("(stopped; the partial reply stays in the conversation)")
+            self.display.notice("(stopped)" if self.one_shot else "(stopped; the partial reply stays in the conversation)")
         elif reason == "context":
-            self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut; the next turn drops the oldest turns)")
+            next_turn = "" if self.one_shot else "; the next turn drops the oldest turns"
+            self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut{next_turn})")
         elif reason == "max_tokens":
             self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
         drafting = self.generator.policy.reply
@@ -374,10 +378,6 @@ def as_text(data: str | bytes) -> tuple[str, bool]:
         return raw.decode("utf-8", "replace"), True
 
 
-def begins_a_stop(text: str, stops: tuple[str, ...]) -> bool:
-    return bool(text) and any(stop.startswith(text) for stop in stops)
-
-
 def typed_lines(display: Display) -> Iterator[str]:
     """Lines typed at a terminal, until Ctrl-D or Ctrl-C."""
     import readline  # noqa: F401  (input() then gets line editing and history)
@@ -448,7 +448,7 @@ def run_chat(
         session = ChatSession(
             pair.target, pair.draft, display,
             sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else parse_k(k),
-            seed=seed, max_tokens=max_tokens, system=system,
+            seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None,
         )
         resolved = pair.resolved
         drafting = f"draft {resolved.draft_name}" if resolved.draft_name else "no draft model"

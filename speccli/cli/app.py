@@ -82,8 +82,8 @@ class SpeccliGroup(TyperGroup):
 
 
 def debugging() -> bool:
-    """`--debug`, or SPECCLI_DEBUG set to anything but empty, 0, false or no."""
-    return os.environ.get("SPECCLI_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+    """`--debug`, or SPECCLI_DEBUG set to anything but empty, 0, false, no or off."""
+    return os.environ.get("SPECCLI_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _reader_went_away(console: Console) -> None:

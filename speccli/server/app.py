@@ -28,6 +28,7 @@ from speccli.chat.template import ChatFormat, chat_format_for
 from speccli.core.generator import GenerationLimits
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
+from speccli.core.text import begins_a_stop
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.server.metrics import Metrics
@@ -211,7 +212,8 @@ def create_app(service: Service) -> Starlette:
             # (content given as parts: the part's field, not "should be a valid string").
             first = max(error.errors(), key=lambda detail: len(detail["loc"]))
             where = _field_path(first["loc"])
-            raise APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None) from None
+            message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
+            raise APIError(400, f"{where}: {message}" if where else message, param=where or None) from None
 
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
@@ -318,6 +320,12 @@ class Reply:
         self.created = int(time.time())
         self.cached_tokens = 0
 
+    def _trailing_text(self, done: DoneEvent) -> str:
+        """The text held back at the end, less any part of the chat format's end-of-turn marker that a
+        reply cut by max_tokens had begun ("Hi\nUser" at the plain transcript's "\nUser:"), as chat does."""
+        marker = self.chat and begins_a_stop(done.trailing_text, self.service.chat_format.stop)
+        return "" if marker else done.trailing_text
+
     async def collect(self, gone: asyncio.Future, items: list[object]) -> dict:
         pieces: list[str] = []
         while True:
@@ -327,7 +335,7 @@ class Reply:
                 elif isinstance(item, TokenEvent):
                     pieces.append(item.text)
                 elif isinstance(item, DoneEvent):
-                    pieces.append(item.trailing_text)
+                    pieces.append(self._trailing_text(item))
                     choice = {"index": 0, "finish_reason": FINISH_REASONS[item.reason], "logprobs": None}
                     text = "".join(pieces)
                     choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
@@ -349,8 +357,8 @@ class Reply:
                     elif isinstance(item, TokenEvent) and item.text:
                         out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
                     elif isinstance(item, DoneEvent):
-                        if item.trailing_text:
-                            out.append(self._chunk({"content": item.trailing_text} if self.chat else item.trailing_text, None))
+                        if trailing := self._trailing_text(item):
+                            out.append(self._chunk({"content": trailing} if self.chat else trailing, None))
                         out.append(self._chunk({} if self.chat else "", FINISH_REASONS[item.reason], item.stats))
                         if self.body.stream_options is not None and self.body.stream_options.include_usage:
                             out.append(self._usage_chunk(item.stats))

@@ -59,6 +59,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tools": (None, []), "tool_choice": (None, "none", "auto"),
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,),
 }
 
 
