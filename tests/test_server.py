@@ -225,7 +225,7 @@ def test_a_completion_prompt_in_any_of_openais_forms(chat_pair):
         past, past_error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": [1, 10**6], "max_tokens": 4})
     assert len(set(replies)) == 1 and replies[0]
     assert_openai_error(two, error, 400)
-    assert error["error"]["param"] == "prompt" and "one prompt at a time, got 2" in error["error"]["message"]
+    assert (error["error"]["param"], error["error"]["message"]) == ("prompt", "prompt: one prompt at a time, got 2")
     assert_openai_error(past, past_error, 400)
     assert past_error["error"]["message"] == "prompt: token id 1000000 is past this model's vocabulary of 512"
 
