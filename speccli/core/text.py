@@ -7,7 +7,7 @@ from typing import Sequence
 
 def begins_a_stop(text: str, stops: Sequence[str]) -> bool:
     """Whether `text` is the beginning of a stop string: what a reply cut by a token limit had held back
-    as it wrote a chat format's end-of-turn marker ("Hey\nUser" at the plain transcript's "\nUser:")."""
+    as it wrote a chat format's end-of-turn marker ("Hey\\nUser" at the plain transcript's "\\nUser:")."""
     return bool(text) and any(stop.startswith(text) for stop in stops)
 
 

@@ -322,7 +322,7 @@ class Reply:
 
     def _trailing_text(self, done: DoneEvent) -> str:
         """The text held back at the end, less any part of the chat format's end-of-turn marker that a
-        reply cut by max_tokens had begun ("Hi\nUser" at the plain transcript's "\nUser:"), as chat does."""
+        reply cut by max_tokens had begun ("Hi\\nUser" at the plain transcript's "\\nUser:"), as chat does."""
         marker = self.chat and begins_a_stop(done.trailing_text, self.service.chat_format.stop)
         return "" if marker else done.trailing_text
 
