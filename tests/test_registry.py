@@ -1070,8 +1070,7 @@ def test_models_already_built_are_used_from_a_cache_that_cannot_take_a_lock(tmp_
     def read_only(dest):
         raise OSError(errno.EROFS, "Read-only file system", str(dest))
 
-    monkeypatch.setattr("speccli.models.sources.build_lock", read_only)
-    monkeypatch.setattr("speccli.models.chunked.build_lock", read_only)
+    monkeypatch.setattr("speccli.util.files.build_lock", read_only)  # every source builds through build_once
     assert {name: resolve_model(name, registry, quiet=True) for name in built} == built
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(cache))
     assert resolve_model("gemma3-270m-q4km", load_registry(), quiet=True) == gemma_path

