@@ -1,7 +1,8 @@
-"""A fast GGUF key/value reader: the header and metadata section only, never the tensor data.
+"""A fast GGUF header reader: the key/value metadata and the tensor table, never the tensor data.
 
 gguf's GGUFReader takes ~10 s on Gemma 3 270M (262,144 tokens), so this module parses the GGUF
-header itself and stops at the end of the key-value section: ~0.07 s for that file, whatever its size.
+header itself and stops at the end of the key-value section (or of the tensor table, for the size a
+whole file has): ~0.07 s for that file, whatever its size.
 tests/test_gguf_meta.py cross-checks it against gguf.GGUFReader on real files.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import mmap
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -19,6 +20,21 @@ from speccli.errors import UnreadableFileError, unreadable
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _MAX_KV_COUNT = 1 << 20  # far above any real file; guards against garbage headers
+_MAX_DIMS = 8  # GGML_MAX_DIMS is 4; anything past this is a garbage header
+_DEFAULT_ALIGNMENT = 32  # where `general.alignment` is absent (gguf spec)
+# ggml tensor types (ggml.h): id -> (elements per block, bytes per block). A tensor of another type
+# leaves a file's size unknown (Q8_1, 9, is left out: only a compute type, its layout differs between
+# versions). tests/test_gguf_meta.py checks these against gguf.GGML_QUANT_SIZES.
+GGML_BLOCK_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17),
+}
+
+
+_Parsed = TypeVar("_Parsed")
 
 
 class _Truncated(Exception):
@@ -32,18 +48,37 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
     so the time depends on the vocabulary, not on the file size. String arrays come back as lists of
     bytes, numeric arrays as numpy arrays, strings as str.
     """
+    metadata, tensor_count, _ = _parse(path, lambda data: _read_metadata(data, wanted))
+    return metadata, tensor_count
+
+
+def needed_size(path: Path) -> int | None:
+    """The bytes a GGUF file must have to hold every tensor its tensor table lists: the end of the
+    furthest tensor's data. None where a tensor's type is one this reader does not know the size of.
+    Raises UnreadableFileError where the header itself is cut short or corrupt."""
+    return _parse(path, _needed_size)
+
+
+def require_whole_gguf(path: Path) -> None:
+    """Raise UnreadableFileError unless `path` is a readable GGUF file whose header is whole and whose
+    size holds every tensor it lists (where their types say how big they are): the damage a copy, a
+    download or a write cut short leaves, found without reading the tensor data."""
+    needed = needed_size(path)
     try:
-        with path.open("rb") as file:
-            _check_magic(path, file.read(4))
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                try:
-                    return _parse_metadata(data, wanted)
-                except _Truncated:
-                    raise UnreadableFileError(f"{path}: truncated or corrupt GGUF metadata") from None
-                except ValueError as error:
-                    raise UnreadableFileError(f"{path}: unsupported or corrupt GGUF file ({error})") from None
+        size = path.stat().st_size
     except OSError as error:
         raise unreadable(path, error) from None
+    if needed is not None and size < needed:
+        raise UnreadableFileError(f"{path}: cut short: {size:,} bytes of the {needed:,} its tensors need")
+
+
+def is_whole_gguf(path: Path) -> bool:
+    """`require_whole_gguf`, as a question."""
+    try:
+        require_whole_gguf(path)
+    except UnreadableFileError:
+        return False
+    return True
 
 
 def require_gguf(path: Path) -> None:
@@ -79,7 +114,47 @@ def trained_context_length(path: Path) -> int | None:
     return length if isinstance(length, int) else None
 
 
-def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int]:
+def _parse(path: Path, parse: Callable[[mmap.mmap], _Parsed]) -> _Parsed:
+    """`parse` over the memory-mapped file, its failures as one UnreadableFileError naming `path`."""
+    try:
+        with path.open("rb") as file:
+            _check_magic(path, file.read(4))
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                try:
+                    return parse(data)
+                except _Truncated:
+                    raise UnreadableFileError(f"{path}: truncated or corrupt GGUF metadata") from None
+                except ValueError as error:
+                    raise UnreadableFileError(f"{path}: unsupported or corrupt GGUF file ({error})") from None
+    except OSError as error:
+        raise unreadable(path, error) from None
+
+
+def _needed_size(data: mmap.mmap) -> int | None:
+    metadata, tensor_count, reader = _read_metadata(data, lambda key: key == "general.alignment")
+    end, known = 0, True
+    for _ in range(tensor_count):
+        reader.string()  # the tensor's name
+        n_dims = reader.unpack("I")
+        if n_dims > _MAX_DIMS:
+            raise _Truncated
+        elements = 1
+        for _ in range(n_dims):
+            elements *= reader.unpack("Q")
+        tensor_type, offset = reader.unpack("I"), reader.unpack("Q")
+        if tensor_type not in GGML_BLOCK_SIZES:
+            known = False  # read on: a table cut short is still damage to report
+            continue
+        block_elements, block_bytes = GGML_BLOCK_SIZES[tensor_type]
+        end = max(end, offset + -(-elements // block_elements) * block_bytes)
+    alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"general.alignment {alignment!r}")
+    data_start = -(-reader.offset // alignment) * alignment
+    return data_start + end if known else None
+
+
+def _read_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int, _Reader]:
     if len(data) < 8:  # the magic, and not all of the version after it
         raise _Truncated
     # A big-endian file has its version (2 or 3) in the high bytes when read little-endian.
@@ -101,7 +176,7 @@ def _parse_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dic
             metadata[key] = reader.value(value_type)
         else:
             reader.skip_value(value_type)
-    return metadata, tensor_count
+    return metadata, tensor_count, reader
 
 
 class _Reader:

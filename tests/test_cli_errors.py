@@ -21,9 +21,8 @@ from typer.testing import CliRunner
 
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import read_gguf_metadata
+from speccli.gguf_meta import read_gguf_metadata, require_gguf
 from speccli.llama.model import LoadOptions, Model
-from speccli.llama.tokenizer import check_readable
 from speccli.models.pair import fitted_context
 from speccli.settings import check_seed
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
@@ -280,6 +279,14 @@ def test_an_error_naming_a_path_that_is_not_utf8_is_one_line(non_utf8_pair, tmp_
     assert result.stderr.splitlines() == [f"error: {bytes(tmp_path).decode()}/gone\\udcff.gguf: no such file"]
 
 
+def test_a_model_file_cut_short_is_one_line_before_llama_cpp_reads_it(tiny_pair, tmp_path):
+    whole = tiny_pair.target.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    result = speccli("chat", "-m", str(cut), "--spec", "ngram", "-t", "1", "-c", "256", "-p", "hello")
+    assert_one_line(result, f"error: {cut}: cut short: {len(whole) // 2:,} bytes of the {len(whole):,} its tensors need", 2)
+
+
 # --- 17: a loop of symbolic links ---------------------------------------------------------------------
 
 
@@ -287,7 +294,7 @@ def test_a_symlink_loop_is_named_as_such_not_as_a_missing_file(tmp_path):
     (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
     (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
     (tmp_path / "dangling.gguf").symlink_to(tmp_path / "gone.gguf")
-    for read in (check_readable, lambda path: read_gguf_metadata(path, lambda key: True)):
+    for read in (require_gguf, lambda path: read_gguf_metadata(path, lambda key: True)):
         with pytest.raises(UnreadableFileError, match=r"a\.gguf: a loop of symbolic links, not a file$"):
             read(tmp_path / "a.gguf")
         with pytest.raises(UnreadableFileError, match=r"dangling\.gguf: a symbolic link to .*gone\.gguf, which does not exist$"):

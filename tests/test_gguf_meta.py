@@ -21,9 +21,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from speccli.gguf_meta import read_gguf_metadata
+from speccli.errors import UnreadableFileError
+from speccli.gguf_meta import GGML_BLOCK_SIZES, needed_size, read_gguf_metadata, require_whole_gguf
+from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
 LLAMA_CPP_PYTHON = version("llama_cpp_python")
 TEST_DATA = Path.home() / ".cache" / "speccli" / "test-data"
@@ -124,3 +126,58 @@ def test_gemma_reads_the_same_as_gguf_reader():
     from speccli.models.resolve import resolve_model
 
     assert_same_metadata(resolve_model("gemma3-270m-q4km", load_registry(), quiet=True))
+
+
+# --- the size a whole file has ---------------------------------------------------------------------
+
+
+def test_block_sizes_are_ggmls():
+    for type_id, block in GGML_BLOCK_SIZES.items():
+        assert GGML_QUANT_SIZES[GGMLQuantizationType(type_id)] == block, GGMLQuantizationType(type_id).name
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_needed_size_is_where_gguf_reader_finds_the_last_tensor_data_ending(tmp_path, alignment):
+    metadata = {} if alignment is None else {"general.alignment": alignment}
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", TinyConfig(metadata=metadata))
+    tensors = GGUFReader(path).tensors
+    assert len(tensors) > 5
+    needed = max(tensor.data_offset + tensor.n_bytes for tensor in tensors)
+    assert needed_size(path) == needed
+    require_whole_gguf(path)
+
+    whole = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:needed])
+    require_whole_gguf(cut)  # the file's padding past the last tensor is not needed
+    cut.write_bytes(whole[:needed - 1])
+    with pytest.raises(UnreadableFileError) as caught:
+        require_whole_gguf(cut)
+    assert str(caught.value) == f"{cut}: cut short: {needed - 1:,} bytes of the {needed:,} its tensors need"
+    cut.write_bytes(whole[:tensors[0].data_offset - 100])  # inside the tensor table
+    with pytest.raises(UnreadableFileError, match=r"truncated or corrupt GGUF metadata$"):
+        require_whole_gguf(cut)
+
+
+def test_a_tensor_of_a_type_without_a_known_size_leaves_the_size_unknown(tmp_path):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    data = bytearray(path.read_bytes())
+    first = GGUFReader(path).tensors[0]
+    # The first tensor-info's type field: it follows the name, the dimension count and the dimensions.
+    name = first.name.encode()
+    type_offset = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 4 + 8 * len(first.shape)
+    assert int.from_bytes(data[type_offset:type_offset + 4], "little") == first.tensor_type
+    data[type_offset:type_offset + 4] = (9).to_bytes(4, "little")  # Q8_1: a compute type, left out
+    path.write_bytes(data)
+    assert needed_size(path) is None
+    require_whole_gguf(path)
+
+
+@pytest.mark.gemma
+def test_the_bundled_model_is_exactly_the_size_its_tensors_need():
+    """Q4_K_M mixes Q4_K, Q6_K and F32 tensors: the block sizes checked on a real file, to the byte."""
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_model
+
+    path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
+    assert needed_size(path) == path.stat().st_size

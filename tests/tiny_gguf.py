@@ -193,6 +193,8 @@ def write_tiny_gguf(path: str | Path, config: TinyConfig = TinyConfig()) -> Path
         value, value_type = value if isinstance(value, tuple) and isinstance(value[-1], GGUFValueType) else (
             value, _value_type(value))
         writer.add_key_value(key, value, value_type)
+    if isinstance(metadata.get("general.alignment"), int):  # the key says where the writer puts tensor data
+        writer.data_alignment = metadata["general.alignment"]
     if not config.vocab_only:
         for name, tensor in _tensors(config, vocab.size):
             writer.add_tensor(name, tensor)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from rich.console import Console
 
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import require_gguf, starts_as_gguf
+from speccli.gguf_meta import is_whole_gguf, require_gguf, require_whole_gguf, starts_as_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
 from speccli.util.cache import model_cache_dir
@@ -160,7 +160,7 @@ class PackageSource:
 
         def assembled_gguf(partial: Path) -> None:  # else the file would stay, under the final name
             try:
-                require_gguf(partial)
+                require_whole_gguf(partial)
             except UnreadableFileError as error:
                 what = str(error).removeprefix(f"{partial}: ")
                 raise SpeccliError(f"model '{entry.name}': package {self.package} assembled a file that is {what}") from None
@@ -255,11 +255,13 @@ def derive_gguf(source: Path, dest: Path, ftype: str) -> Path:
 
 
 def is_built(path: Path, size: int | None = None) -> bool:
-    """A finished build in speccli's cache that is still whole as far as a cheap look can tell: it
-    begins as a GGUF file does, and has `size` bytes where that is known. Builds are atomic, so one that
-    fails this was damaged since (emptied, overwritten, or cut short where its size is known) and is
-    built again, not reported as pulled."""
-    return starts_as_gguf(path) and (size is None or path.stat().st_size == size)
+    """A finished build in speccli's cache that is still whole as far as a cheap look can tell: it has
+    `size` bytes where that is known (and begins as a GGUF file does), else its header is whole and its
+    size holds every tensor the header lists. Builds are atomic, so one that fails this was damaged
+    since (emptied, overwritten, cut short) and is built again, not reported as pulled."""
+    if size is None:
+        return is_whole_gguf(path)
+    return starts_as_gguf(path) and path.stat().st_size == size
 
 
 def remove_superseded_builds(built: Path) -> None:
