@@ -144,6 +144,14 @@ def test_text_never_splits_a_utf8_character_and_holds_back_stop_prefixes() -> No
     assert assembler.flush() == ""
 
 
+def test_a_character_cut_at_the_end_is_left_out_but_bytes_that_are_not_utf8_are_replaced() -> None:
+    assembler = TextAssembler(stop=[])
+    assert assembler.push(b"caf\xc3") == "caf"
+    assert assembler.flush() == ""  # a reply cut after the first byte of "é": not "caf\ufffd"
+    assert assembler.push(b"\xff ok \xe2\x82") == "\ufffd ok "  # no character begins with 0xff
+    assert assembler.flush() == ""
+
+
 def test_a_target_with_extra_vocabulary_runs_with_a_smaller_draft(tmp_path) -> None:
     """check-vocab tolerates a target padded past the draft's vocabulary. Padding ids the target
     emits are shown to the draft as token 0 (its proposals change, the output distribution does not)."""

@@ -36,5 +36,9 @@ class TextAssembler:
         return text
 
     def flush(self) -> str:
-        text, self._held = ("" if self.stopped else self._held + self._decoder.decode(b"", final=True)), ""
+        """The text held back, at the reply's end. A character whose first bytes came but not the rest
+        (a reply cut by its token limit mid-character) is left out rather than shown as U+FFFD: the
+        decoder holds back only such bytes, having replaced bytes that begin no character as they came."""
+        text, self._held = ("" if self.stopped else self._held), ""
+        self._decoder.reset()
         return text
