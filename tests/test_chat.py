@@ -230,6 +230,16 @@ def test_every_slash_command(tiny_pair):
     assert replies[1]["prefill_tokens"] == replies[1]["stats"]["prompt_tokens"] - 1
 
 
+def test_a_system_prompt_can_be_removed(tiny_pair):
+    lines = ["hi", "/reset", "/system be brief", "hi", "/reset", "/system clear", "/system", "hi"]
+    result = chat(tiny_pair, "-n", "2", "--json", input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.stderr
+    alone, with_system, after = [r["stats"]["prompt_tokens"] for r in records(result.stdout) if "prompt" in r]
+    assert alone == after < with_system
+    assert "(system prompt removed; the next turn re-reads the conversation)" in result.stderr
+    assert "(system prompt: none)" in result.stderr
+
+
 def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
     lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "hello"]
     result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
@@ -523,6 +533,24 @@ def test_a_reply_taller_than_a_short_terminal_is_printed_once(endless_pair):
         history = subprocess.run(["tmux", "capture-pane", "-p", "-S", "-1000", "-t", session], capture_output=True, text=True).stdout
         assert history.split().count("la") == 300, history
         assert "live" not in history, history  # the panel went with the live region
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
+def test_a_pasted_block_of_lines_is_one_message(endless_pair, tmp_path):
+    """Pasted (as a terminal marks a paste) and sent with Enter: one turn, not one per line."""
+    pasted = tmp_path / "paste.txt"
+    pasted.write_text("first line\nsecond line\nthird line")
+    with chat_in_tmux(endless_pair, "-n 3 -c 4096 --k 4", width=100, height=30) as session:
+        buffer = session  # tmux buffers are global: named after the session, so tests in parallel keep theirs
+        subprocess.run(["tmux", "load-buffer", "-b", buffer, str(pasted)], check=True)
+        subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", buffer, "-t", session], check=True)
+        screen = _wait_for(session, lambda s: "third line" in s, timeout=10)
+        assert "reply cut" not in screen, screen  # nothing sent before Enter
+        subprocess.run(["tmux", "send-keys", "-t", session, "Enter"], check=True)
+        _wait_for(session, lambda s: "reply cut at 3 tokens" in s)
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-d"], check=True)
+        screen = _wait_for(session, lambda s: "EXITED" in s)
+        assert "EXITED 0" in screen and "session: 1 reply" in screen, screen
 
 
 @pytest.mark.parametrize(

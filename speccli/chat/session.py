@@ -47,7 +47,7 @@ COMMANDS = {
     "/reset": "forget the conversation (the system prompt stays)",
     "/k N|auto": f"draft tokens per step: 1 to {MAX_K}, or auto (chosen per step from measured costs)",
     "/temp X": "sampling temperature; 0 is greedy",
-    "/system TEXT": "set the system prompt (shows it without TEXT)",
+    "/system TEXT": "set the system prompt (shows it without TEXT; /system clear removes it)",
     "/provenance": "toggle coloring tokens by origin",
     "/help": "this list",
     "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
@@ -116,7 +116,7 @@ class Conversation:
         del self.turns[0]
         self._forget_tokens()
 
-    def set_system(self, system: str) -> None:
+    def set_system(self, system: str | None) -> None:
         self.system = system
         self._forget_tokens()
 
@@ -335,7 +335,10 @@ class ChatSession:
             self.generator.sampling = sampling
             self.display.notice(f"(temperature = {sampling.temperature:g}{', greedy' if sampling.greedy else ''})")
         elif name == "/system":
-            if argument:
+            if argument == "clear":
+                self.conversation.set_system(None)
+                self.display.notice("(system prompt removed; the next turn re-reads the conversation)")
+            elif argument:
                 self.conversation.set_system(argument)
                 self.display.notice("(system prompt set; the next turn re-reads the conversation)")
             else:
@@ -379,8 +382,13 @@ def as_text(data: str | bytes) -> tuple[str, bool]:
 
 
 def typed_lines(display: Display) -> Iterator[str]:
-    """Lines typed at a terminal, until Ctrl-D or Ctrl-C."""
-    import readline  # noqa: F401  (input() then gets line editing and history)
+    """Messages typed at a terminal, until Ctrl-D or Ctrl-C. A paste of several lines is one message,
+    sent with Enter, where the terminal marks pastes (bracketed paste; most do)."""
+    import readline  # input() then gets line editing and history
+
+    # Python turns readline's bracketed paste off (it printed escapes where stdout is no terminal);
+    # input() uses readline only where both ends are one. Without it, each pasted line was a turn.
+    readline.parse_and_bind("set enable-bracketed-paste on")
 
     while True:
         try:
