@@ -5,6 +5,10 @@ engine, and bad input fails with one line before anything is loaded or written."
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -28,6 +32,7 @@ from speccli.models.pair import PairRequest
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
+REPO = Path(__file__).resolve().parents[1]
 FAST = ["--n-predict", "12", "--runs", "1", "--warmup", "0", "--ctx", "2048", "--threads", "1"]
 BUILTIN_TASKS = ["code", "json", "summarize", "story", "qa", "rewrite", "quote", "table"]
 
@@ -108,7 +113,7 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     assert [(r["spec"], r["k"], r["label"]) for r in report["results"]] == [("model", 3, "model K=3")]
     assert report["command"].startswith("speccli bench --target ")
     assert "--spec model --k 3 --n-predict 12 --temp 0 --top-k 0 --top-p 1 --min-p 0" in report["command"]
-    assert report["best"] is None and report["schema_version"] == 4
+    assert report["best"] is None and report["schema_version"] == 5
     result_k = report["results"][0]
     assert_complete(result_k["overall"], 3)
     assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == BUILTIN_TASKS
@@ -127,6 +132,57 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     spec = [m["stats"]["positions"] for m in report["measurements"] if m["mode"] == "speculative"]
     assert result_k["overall"]["judged"] == sum(p["judged"] for p in spec) > 0
     assert result_k["overall"]["drafted"] == sum(m["stats"]["positions"]["drafted"] for m in report["measurements"])
+
+
+@pytest.mark.parametrize(("interrupt", "exit_code", "name"), [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")],
+                         ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_run_reports_the_rounds_it_finished(pair_args, tmp_path, schema, interrupt, exit_code, name) -> None:
+    """The signal is real, sent to a real process once it has measured three rounds (a line on stderr
+    after each generation says how far it is: the only change to the command)."""
+    out = tmp_path / "stopped.json"
+    script = (
+        "import sys, speccli.bench.measure as measure\n"
+        "from speccli.cli.app import main\n"
+        "measured = measure.measure_generation\n"
+        "def counted(*args, **kwargs):\n"
+        "    generation = measured(*args, **kwargs)\n"
+        "    print('measured', generation.measurement.run, file=sys.stderr, flush=True)\n"
+        "    return generation\n"
+        "measure.measure_generation = counted\n"
+        "sys.argv[0] = 'speccli'\n"
+        "main()\n"
+    )
+    command = [sys.executable, "-c", script, "bench", *pair_args, "--spec", "model", "--k", "2", "-n", "12", "--runs", "50",
+               "--warmup", "1", "--ctx", "2048", "--threads", "1", "--json", str(out)]
+    process = subprocess.Popen(command, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    measured = 0
+    for line in process.stderr:
+        measured += line.startswith(b"measured ") and not line.startswith(b"measured -")  # warm-up rounds: run -1
+        if measured == 6:  # three rounds: the target alone and K=2 each
+            process.send_signal(interrupt)
+            break
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == exit_code, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr
+    report = json.loads(out.read_text())
+    validate(report, schema)
+    rounds = len(report["measurements"]) // 2
+    assert 3 <= rounds <= 4  # the round under way when the signal came is left out, or was just done
+    assert report["stopped"] == f"stopped by {name} after {rounds} of 400 rounds: every figure is from those"
+    assert report["results"][0]["overall"]["runs"] == rounds
+    assert [task["task"] for task in report["results"][0]["tasks"]] == BUILTIN_TASKS[:rounds]
+    assert report["stopped"] in " ".join(stdout.decode().split())
+
+
+def test_an_interrupt_in_the_warm_up_has_nothing_to_report(pair_args, tmp_path, monkeypatch) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(measure, "measure_generation", interrupted)
+    out = tmp_path / "report.json"
+    result = invoke(*pair_args, "--spec", "model", "--k", "2", *FAST, "--warmup", "1", "--json", str(out))
+    assert result.exit_code == 130 and not out.exists()
 
 
 def test_sweep_reports_each_k_best_and_chart(pair_args, tmp_path, schema) -> None:

@@ -84,7 +84,7 @@ def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_re
     document = json.loads(tiny_report_file.read_text())
     jsonschema.Draft202012Validator.check_schema(report_schema())
     validate(document)
-    assert document["schema_version"] == SCHEMA_VERSION == 4 and document["settings"]["k"] == [4]
+    assert document["schema_version"] == SCHEMA_VERSION == 5 and document["settings"]["k"] == [4]
     assert document["settings"]["spec"] == ["ngram+model"] and document["results"][0]["label"] == "ngram+model K=4"
     # the schema requires every field the types write, nested ones included
     for name in ("results", "measurements", "greedy_check"):
@@ -271,10 +271,10 @@ def _compare(a: Path, b: Path):
         (lambda d: d["results"][0].update(k="four"), "not a valid bench report: results.0.k: Input should be a valid integer"),
         (lambda d: d["settings"].update(temperature="hot"), "not a valid bench report: settings.temperature: Input should be a valid number"),
         (lambda d: d.update(results={}), "not a valid bench report: results: Input should be a valid array"),
-        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 4; it was written by an older speccli"),
-        (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 4; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 5; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 5; it was written by an older speccli"),
         (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
-        (lambda d: d.update(schema_version="4"), "bench report schema version '4', this speccli reads only version 4"),
+        (lambda d: d.update(schema_version="5"), "bench report schema version '5', this speccli reads only version 5"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
     ],
     ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-3",
@@ -291,6 +291,17 @@ def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path,
         assert result.stdout == ""
         lines = result.stderr.strip().splitlines()
         assert lines == [f"error: {bad}: {message}"] or (len(lines) == 1 and lines[0].startswith(f"error: {bad}: {message}")), lines
+
+
+def test_a_version_4_report_is_compared_as_one_that_ran_to_its_end(tiny_report_file, tmp_path) -> None:
+    document = json.loads(tiny_report_file.read_text())
+    assert document.pop("stopped") is None
+    document["schema_version"] = 4
+    older = tmp_path / "older.json"
+    older.write_text(json.dumps(document))
+    result = _compare(older, tiny_report_file)
+    assert result.exit_code == 0, result.output
+    assert "differs: nothing in models, prompts, settings or environment" in result.stdout
 
 
 def test_compare_names_the_settings_that_differ(tiny_report_file, tmp_path) -> None:

@@ -79,6 +79,7 @@ def build_report(
         cannot_pay=measured.cannot_pay,
         greedy_check=measured.greedy_check,
         measurements=measured.measurements,
+        stopped=measured.stopped,
     )
 
 
@@ -123,6 +124,8 @@ def run_command(request: BenchRequest) -> None:
     if destination is not None and not destination.is_stdout:
         out.print(f"  wrote {destination.given}")
     raise_if_failed(report.greedy_check)
+    if report.stopped:
+        raise KeyboardInterrupt  # reported; the exit code still says the run was stopped (130, 143)
 
 
 def _measure_with_progress(target, draft, prompt_set: PromptSet, settings: BenchSettings) -> Measured:

@@ -32,6 +32,7 @@ from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.settings import needs_draft_model
+from speccli.util.interrupts import terminated
 
 
 @dataclass
@@ -129,6 +130,7 @@ class Measured:
     cannot_pay: str | None
     greedy_check: GreedyCheck
     measurements: list[Measurement]
+    stopped: str | None = None  # where an interrupt ended the run early: how far it got
 
 
 Progress = Callable[[str], None]  # advance by one generation, describing the next
@@ -194,11 +196,23 @@ def run_bench(
     profiler.sample(reps=2)  # and one more after every round
 
     rounds: list[Round] = []
-    for run in range(settings.runs):
-        for index in range(len(prompt_set.prompts)):
-            rounds.append(run_round(index, run, settings.seed + run, reverse=bool(len(rounds) % 2)))
-            profiler.sample()
+    planned = settings.runs * len(prompt_set.prompts)
+    stopped = None
+    try:
+        for run in range(settings.runs):
+            for index in range(len(prompt_set.prompts)):
+                rounds.append(run_round(index, run, settings.seed + run, reverse=bool(len(rounds) % 2)))
+                profiler.sample()
+    except KeyboardInterrupt:
+        if not rounds:
+            raise
+        # The rounds finished are a measurement of their own, and may have taken an hour: report them.
+        stopped = (
+            f"stopped by {'SIGTERM' if terminated() else 'Ctrl-C'} after {len(rounds)} of {planned} rounds: "
+            "every figure is from those"
+        )
     costs = profiler.costs()
+    measured_tasks = [task for task in prompt_set.tasks if any(r.task == task for r in rounds)]
 
     results = [
         ConfigResult(
@@ -208,7 +222,7 @@ def run_bench(
             overall=summarize(rounds, configuration, costs),
             tasks=[
                 TaskSummary(task=task, **dict(summarize([r for r in rounds if r.task == task], configuration, costs)))
-                for task in prompt_set.tasks
+                for task in measured_tasks
             ],
         )
         for configuration in configurations
@@ -220,4 +234,5 @@ def run_bench(
         cannot_pay=cannot_pay(results, costs),
         greedy_check=check.result(),
         measurements=[m for r in rounds for m in (r.baseline, *r.speculative.values())],
+        stopped=stopped,
     )

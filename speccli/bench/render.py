@@ -109,6 +109,8 @@ def render_report(report: BenchReport, console: Console) -> None:
         "lookup drafted.[/dim]"
     )
     render_check(report.greedy_check, console)
+    if report.stopped:  # last, where the eye lands: the figures above are from part of the run
+        console.print(f"[bold yellow]{escape(report.stopped)}[/bold yellow]", soft_wrap=True)
 
 
 def _figures_row(label: str, s: Summary, bold: bool = False) -> list[str]:

@@ -18,8 +18,9 @@ from speccli.core.stats import RunStats
 
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
-# catch-up time and the steps a source took another's draft over.
-SCHEMA_VERSION = 4
+# catch-up time and the steps a source took another's draft over; 5: `stopped`, a run an interrupt ended
+# early, reported from the rounds it finished (a version-4 report reads as one that ran to its end).
+SCHEMA_VERSION = 5
 KIND = "speccli-bench"
 
 
@@ -287,7 +288,7 @@ NOTES = {
 class BenchReport(Part):
     """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
 
-    schema_version: Literal[4]
+    schema_version: Literal[5]
     kind: Literal["speccli-bench"]
     created: str  # ISO 8601, UTC
     command: str  # the command line that repeats the measurement
@@ -302,6 +303,7 @@ class BenchReport(Part):
     cannot_pay: str | None  # one line where speculation did not pay here, and whether the costs say it cannot
     greedy_check: GreedyCheck
     measurements: list[Measurement]  # every measured generation, warm-ups left out
+    stopped: str | None  # where an interrupt (Ctrl-C, SIGTERM) ended the run early: after how many rounds
 
 
 def report_schema() -> dict:
