@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +161,47 @@ def test_a_truncated_candidate_is_one_line_exit_2(gemma: dict[str, Path], tmp_pa
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().startswith(f"error: {truncated}")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def _poisoned(source: Path, destination: Path, tensor: str, value: float) -> Path:
+    """A copy of `source` with every weight of one tensor set to `value`: a file broken as a bad
+    conversion or a backend bug breaks one."""
+    from gguf import GGUFReader
+
+    shutil.copyfile(source, destination)
+    reader = GGUFReader(destination, "r+")  # the file memory-mapped for writing
+    [weights] = [t for t in reader.tensors if t.name == tensor]
+    weights.data[...] = value
+    reader.data.flush()
+    return destination
+
+
+@pytest.mark.parametrize("mode", [[], ["--sequential"]], ids=["exact", "sequential"])
+def test_logits_that_are_not_finite_are_broken_in_a_candidate_and_refused_in_a_reference(tiny_model: Path, tmp_path: Path,
+                                                                                         mode: list[str]) -> None:
+    nan = _poisoned(tiny_model, tmp_path / "nan.gguf", "output_norm.weight", float("nan"))
+    result = _run(tiny_model, nan, "--threads", "1", "--json", *mode)
+    assert result.exit_code == 1, result.output  # 1: a candidate is BROKEN
+    [candidate] = json.loads(result.stdout)["candidates"]
+    assert candidate["verdict"] == "BROKEN" and candidate["acceptance"] == 0
+    assert re.fullmatch(r"logits not finite \(NaN or infinity\) at (\d+) of \1 positions", candidate["reason"])
+    assert candidate["kl_mean"] is None  # infinite: JSON has no Infinity
+
+    result = _run(nan, tiny_model, "--threads", "1", *mode)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"error: {nan}: its logits are not finite (NaN or infinity) at position 0 of sequence 1, so it "
+                             "cannot serve as the reference: check the file against its source\n")
+
+
+def test_a_long_candidate_path_folds_and_leaves_every_figure_whole(tiny_model: Path, tmp_path: Path) -> None:
+    """The candidate column had kept its whole path on one line, and every figure came out as "…"."""
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 4) / "candidate.gguf"
+    deep.parent.mkdir()
+    shutil.copyfile(tiny_model, deep)
+    result = CliRunner(env={"COLUMNS": "100"}).invoke(app, ["quant-check", str(tiny_model), str(deep), "-t", "1"])
+    assert result.exit_code == 0, result.output
+    [row] = [line for line in result.stdout.splitlines() if line.startswith("│ 1 │")]
+    assert re.search(r"│ OK +│ 1\.000±0\.000 │ 1\.000 │ +0\.0000 │ +0\.000 │", row), result.stdout
 
 
 def test_text_and_prompts_together_are_refused_before_loading_anything(gemma: dict[str, Path], short_text: Path) -> None:

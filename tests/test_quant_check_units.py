@@ -42,10 +42,27 @@ def test_stored_reference_gives_the_same_figures_as_exact_rows(tmp_path) -> None
 def test_identical_rows_score_acceptance_one_and_kl_zero() -> None:
     logits = np.random.default_rng(2).standard_normal((3, 1000)).astype(np.float32)
     comparator = _Comparator(SamplingParams(temperature=1.0))
-    acceptance, kl, same_top, _ = comparator.compare(comparator.reference(logits), logits.copy())
+    acceptance, kl, same_top, _, broken = comparator.compare(comparator.reference(logits), logits.copy())
     np.testing.assert_allclose(acceptance, 1.0, atol=1e-5)
     np.testing.assert_allclose(kl, 0.0, atol=1e-6)
-    assert same_top.all()
+    assert same_top.all() and not broken.any()
+
+
+def test_a_row_with_a_nan_or_infinite_logit_accepts_nothing() -> None:
+    """np.nansum had made such a row's KL 0, and NaN failed every comparison of the verdict rule: a
+    candidate whose every row was NaN came out DEGRADED, KL 0.0000, exit 0."""
+    logits = np.random.default_rng(4).standard_normal((4, 1000)).astype(np.float32)
+    candidate = logits.copy()
+    candidate[1, 7], candidate[2, :], candidate[3, 0] = np.nan, np.nan, np.inf
+    comparator = _Comparator(SamplingParams(temperature=0.7, top_k=40))
+    acceptance, kl, same_top, _, broken = comparator.compare(comparator.reference(logits), candidate)
+    assert broken.tolist() == [False, True, True, True]
+    assert acceptance[0] == pytest.approx(1.0, abs=1e-5) and (acceptance[1:] == 0).all()
+    assert np.isinf(kl[1:]).all() and same_top.tolist() == [True, False, False, False]
+    masked = logits.copy()
+    masked[0, 5] = -np.inf  # a token masked out: a model may do that
+    assert not comparator.compare(comparator.reference(logits), masked)[4].any()
+    assert judge(0.0, [], broken=3, positions=4) == (Fidelity.BROKEN, "logits not finite (NaN or infinity) at 3 of 4 positions")
 
 
 def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -> None:
@@ -54,7 +71,7 @@ def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -
     comparator = _Comparator(SamplingParams(temperature=1.0))
     store = _ReferenceStore(tmp_path, 6, 4096)
     store.write(0, _log_softmax(logits))
-    _, kl, _, _ = comparator.compare(comparator.reference_from_log_p(store.read(0, 6)), logits.copy())
+    _, kl, _, _, _ = comparator.compare(comparator.reference_from_log_p(store.read(0, 6)), logits.copy())
     assert (kl >= 0).all() and kl.max() < 1e-4
 
 

@@ -76,6 +76,7 @@ class CandidateMeasurement:
     acceptance: np.ndarray  # float64 per position: Σ min(p, q)
     kl: np.ndarray  # float64 per position: KL(p‖q), raw distributions
     same_top: np.ndarray  # bool per position: raw argmaxes agree
+    broken: np.ndarray  # bool per position: the candidate's logits hold a NaN or +inf there
     worst: list[WorstPosition]
     seconds_per_token: float  # median time of a 1-token decode (one logits row)
 
@@ -108,19 +109,20 @@ class _Comparator:
         self.raw_is_sampled = params == SamplingParams(temperature=1.0)
 
     def reference(self, logits: np.ndarray) -> _ReferenceRows:
-        log_p = _log_softmax(logits)
-        return self._rows_from_log_p(log_p, logits.argmax(axis=1))
+        return self.reference_from_log_p(_log_softmax(logits))
 
     def reference_from_log_p(self, log_p: np.ndarray) -> _ReferenceRows:
         # Log-probabilities are logits too (softmax is shift-invariant), so the settings apply alike.
-        return self._rows_from_log_p(log_p, log_p.argmax(axis=1))
-
-    def _rows_from_log_p(self, log_p: np.ndarray, top: np.ndarray) -> _ReferenceRows:
         p = np.exp(log_p) if self.raw_is_sampled else probabilities(log_p, self.params)
-        return _ReferenceRows(log_p, p, top)
+        return _ReferenceRows(log_p, p, log_p.argmax(axis=1))
 
-    def compare(self, reference: _ReferenceRows, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(acceptance, kl, same_top, q) for each row."""
+    def compare(self, reference: _ReferenceRows, logits: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(acceptance, kl, same_top, q, broken) for each row. A row with a NaN or +inf logit (`broken`:
+        a file whose weights or backend went wrong) has no distribution: nothing drafted from it could
+        be accepted, so its acceptance is 0 and its KL infinite."""
+        broken = ~_finite_rows(logits)
+        if broken.any():  # computed on a stand-in (uniform) row, then overwritten
+            logits = np.where(broken[:, None], np.float32(0), logits)
         log_q = _log_softmax(logits)
         q = np.exp(log_q) if self.raw_is_sampled else probabilities(logits, self.params)
         acceptance = np.minimum(reference.p, q).sum(axis=1, dtype=np.float64)
@@ -133,7 +135,22 @@ class _Comparator:
         # The stored rows' rounding leaves an identical row at about -1e-6, where KL is 0: never below.
         kl = np.maximum(np.nansum(terms, axis=1, dtype=np.float64), 0.0)
         same_top = reference.top == logits.argmax(axis=1)
-        return acceptance, kl, same_top, q
+        acceptance[broken], kl[broken], same_top[broken] = 0.0, np.inf, False
+        return acceptance, kl, same_top, q, broken
+
+
+def _finite_rows(logits: np.ndarray) -> np.ndarray:
+    """Rows without NaN or +inf (-inf is a token masked out, which a model may do)."""
+    return ~(np.isnan(logits) | np.isposinf(logits)).any(axis=1)
+
+
+def _refuse_broken_reference(path: Path, logits: np.ndarray, sequence: int, start: int) -> None:
+    broken = np.flatnonzero(~_finite_rows(logits))
+    if len(broken):
+        raise SpeccliError(
+            f"{path}: its logits are not finite (NaN or infinity) at position {start + int(broken[0])} of "
+            f"sequence {sequence + 1}, so it cannot serve as the reference: check the file against its source"
+        )
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -156,14 +173,15 @@ class _Accumulator:
         self.acceptance = np.empty(n_positions)
         self.kl = np.empty(n_positions)
         self.same_top = np.empty(n_positions, dtype=bool)
+        self.broken = np.empty(n_positions, dtype=bool)
         self.filled = 0
         self._worst: list[tuple[float, int, WorstPosition]] = []  # max-heap on acceptance via negation
 
     def add(self, sequence: int, first_offset: int, reference: _ReferenceRows, figures) -> None:
-        acceptance, kl, same_top, q = figures
+        acceptance, kl, same_top, q, broken = figures
         n = len(acceptance)
         span = slice(self.filled, self.filled + n)
-        self.acceptance[span], self.kl[span], self.same_top[span] = acceptance, kl, same_top
+        self.acceptance[span], self.kl[span], self.same_top[span], self.broken[span] = acceptance, kl, same_top, broken
         for row in np.argsort(acceptance)[:WORST_KEPT]:
             key = -float(acceptance[row])
             if len(self._worst) == WORST_KEPT and key <= self._worst[0][0]:
@@ -283,7 +301,7 @@ def measure(
                 accumulator.add(index, start, rows, comparator.compare(rows, logits))
                 advance(path.name, len(chunk))
         candidates.append(CandidateMeasurement(
-            path, accumulator.acceptance, accumulator.kl, accumulator.same_top, accumulator.worst(), seconds
+            path, accumulator.acceptance, accumulator.kl, accumulator.same_top, accumulator.broken, accumulator.worst(), seconds
         ))
 
     if sequential:
@@ -294,7 +312,9 @@ def measure(
                 for index, start, position, chunk in chunks():
                     if start == 0:
                         reference.reset()
-                    store.write(position, _log_softmax(reference.decode(chunk, n_logit_rows=len(chunk))))
+                    logits = reference.decode(chunk, n_logit_rows=len(chunk))
+                    _refuse_broken_reference(reference_path, logits, index, start)
+                    store.write(position, _log_softmax(logits))
                     advance(reference_path.name, len(chunk))
             for path in candidate_paths:
                 run_candidate(path, lambda _i, _s, position, chunk: comparator.reference_from_log_p(store.read(position, len(chunk))))
@@ -302,10 +322,12 @@ def measure(
         with Model(reference_path, options) as reference:
             reference_seconds = decode_seconds(reference, timing_context, range(1, MAX_VERIFY + 1))
 
-            def decoded_reference(_index, start, _position, chunk):
+            def decoded_reference(index, start, _position, chunk):
                 if start == 0:
                     reference.reset()
-                return comparator.reference(reference.decode(chunk, n_logit_rows=len(chunk)))
+                logits = reference.decode(chunk, n_logit_rows=len(chunk))
+                _refuse_broken_reference(reference_path, logits, index, start)
+                return comparator.reference(logits)
 
             for path in candidate_paths:
                 run_candidate(path, decoded_reference)

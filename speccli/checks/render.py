@@ -36,7 +36,12 @@ def _ranking(report: QuantCheckReport) -> Table:
         ("#", "right"), ("candidate", "left"), ("verdict", "left"), ("accept Σmin", "right"), ("top-1", "right"),
         ("KL mean", "right"), ("KL p99", "right"), ("tok/verify K=1/4/8", "right"), ("as a draft", "right"),
     ]:
-        table.add_column(name, justify=justify, no_wrap=name in {"candidate", "verdict"})
+        # The figures keep their width; a long candidate path folds onto more lines instead of
+        # squeezing every figure to "…".
+        if name == "candidate":
+            table.add_column(name, justify=justify, overflow="fold")
+        else:
+            table.add_column(name, justify=justify, no_wrap=True)
     for rank, c in enumerate(report.candidates, start=1):
         speedup = f"{c.draft_speedup.speedup:.2f}x K={c.draft_speedup.k}" if c.draft_speedup else "not faster"
         table.add_row(

@@ -133,8 +133,10 @@ def build_report(
 def _candidate(measurement: Measurement, candidate: CandidateMeasurement, name: str, tokenizer: _Tokenizer) -> CandidateReport:
     acceptance = float(candidate.acceptance.mean())
     stretches = _stretches(measurement.offsets, candidate.acceptance)
-    verdict, reason = judge(acceptance, [(s.positions, s.count, s.acceptance) for s in stretches])
     n = len(candidate.acceptance)
+    verdict, reason = judge(
+        acceptance, [(s.positions, s.count, s.acceptance) for s in stretches], int(candidate.broken.sum()), n
+    )
     return CandidateReport(
         name=name,
         path=str(candidate.path),
@@ -144,13 +146,21 @@ def _candidate(measurement: Measurement, candidate: CandidateMeasurement, name: 
         acceptance_stderr=float(candidate.acceptance.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
         greedy_acceptance=float(candidate.same_top.mean()),
         kl_mean=float(candidate.kl.mean()),
-        kl_p99=float(np.percentile(candidate.kl, 99)),
+        kl_p99=_percentile_99(candidate.kl),
         tokens_per_verify={k: expected_tokens_per_verify(acceptance, k) for k in range(1, MAX_VERIFY)},
         seconds_per_token=candidate.seconds_per_token,
         draft_speedup=predict_draft_speedup(acceptance, candidate.seconds_per_token, measurement.reference_seconds),
         by_position=stretches,
         worst=[_evidence(measurement, w, tokenizer) for w in candidate.worst],
     )
+
+
+def _percentile_99(values: np.ndarray) -> float:
+    """np.percentile, with infinite values (positions whose logits were not finite) giving infinity
+    where its interpolation between two of them would give NaN."""
+    with np.errstate(invalid="ignore"):
+        value = float(np.percentile(values, 99))
+    return math.inf if math.isnan(value) else value
 
 
 # A candidate whose token takes more than this share r of the reference's is not shown as a draft:

@@ -28,8 +28,11 @@ class Fidelity(str, Enum):
     BROKEN = "BROKEN"
 
 
-def judge(acceptance: float, stretches: list[tuple[str, int, float]]) -> tuple[Fidelity, str]:
-    """The verdict and its reason, from the mean acceptance and (label, positions, acceptance) per stretch."""
+def judge(acceptance: float, stretches: list[tuple[str, int, float]], broken: int = 0, positions: int = 0) -> tuple[Fidelity, str]:
+    """The verdict and its reason, from the mean acceptance, (label, positions, acceptance) per stretch,
+    and the positions where the logits held a NaN or +inf, of how many."""
+    if broken:
+        return Fidelity.BROKEN, f"logits not finite (NaN or infinity) at {broken} of {positions} positions"
     if acceptance < BROKEN_ACCEPTANCE:
         return Fidelity.BROKEN, f"expected acceptance {acceptance:.3f} < {BROKEN_ACCEPTANCE:.2f}"
     for label, positions, stretch_acceptance in stretches:
