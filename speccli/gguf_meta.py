@@ -20,8 +20,10 @@ from speccli.errors import UnreadableFileError, unreadable
 _SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 _MAX_KV_COUNT = 1 << 20  # far above any real file; guards against garbage headers
+_MAX_NESTING = 8  # arrays of arrays: none in real files; deeper is a crafted header
 _MAX_DIMS = 8  # GGML_MAX_DIMS is 4; anything past this is a garbage header
 _DEFAULT_ALIGNMENT = 32  # where `general.alignment` is absent (gguf spec)
+_TOKENS = "tokenizer.ggml.tokens"
 # ggml tensor types (ggml.h): id -> (elements per block, bytes per block). A tensor of another type
 # leaves a file's size unknown (Q8_1, 9, is left out: only a compute type, its layout differs between
 # versions). tests/test_gguf_meta.py checks these against gguf.GGML_QUANT_SIZES.
@@ -56,14 +58,44 @@ def needed_size(path: Path) -> int | None:
     """The bytes a GGUF file must have to hold every tensor its tensor table lists: the end of the
     furthest tensor's data. None where a tensor's type is one this reader does not know the size of.
     Raises UnreadableFileError where the header itself is cut short or corrupt."""
-    return _parse(path, _needed_size)
+    return _parse(path, lambda data: _read_header(data, lambda key: False))[1]
 
 
 def require_whole_gguf(path: Path) -> None:
     """Raise UnreadableFileError unless `path` is a readable GGUF file whose header is whole and whose
     size holds every tensor it lists (where their types say how big they are): the damage a copy, a
     download or a write cut short leaves, found without reading the tensor data."""
-    needed = needed_size(path)
+    _require_size(path, needed_size(path))
+
+
+def require_loadable_gguf(path: Path, *, weights: bool) -> None:
+    """Raise UnreadableFileError, in one line, for what llama.cpp would fail on or abort the process
+    over as it loads `path`: anything not GGUF, a header cut short, a vocabulary that holds one token's
+    text twice (a GGML_ASSERT in llama.cpp's vocabulary loader), and where the weights are wanted, a
+    file cut short of its tensors."""
+    metadata, needed = _parse(path, lambda data: _read_header(data, lambda key: key == _TOKENS))
+    tokens = metadata.get(_TOKENS)
+    if isinstance(tokens, list):
+        require_distinct_tokens(path, tokens)
+    if weights:
+        _require_size(path, needed)
+
+
+def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
+    """Raise UnreadableFileError where two ids of the vocabulary have the same text."""
+    if len(set(tokens)) == len(tokens):
+        return
+    first_id: dict[bytes, int] = {}
+    for token_id, text in enumerate(tokens):
+        if text in first_id:
+            raise UnreadableFileError(
+                f"{path}: its vocabulary holds the token {text.decode('utf-8', 'replace')!r} twice (ids "
+                f"{first_id[text]} and {token_id}), which llama.cpp cannot load"
+            )
+        first_id[text] = token_id
+
+
+def _require_size(path: Path, needed: int | None) -> None:
     try:
         size = path.stat().st_size
     except OSError as error:
@@ -130,8 +162,9 @@ def _parse(path: Path, parse: Callable[[mmap.mmap], _Parsed]) -> _Parsed:
         raise unreadable(path, error) from None
 
 
-def _needed_size(data: mmap.mmap) -> int | None:
-    metadata, tensor_count, reader = _read_metadata(data, lambda key: key == "general.alignment")
+def _read_header(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int | None]:
+    """The `wanted` metadata, and the size the tensor table says the file needs (see `needed_size`)."""
+    metadata, tensor_count, reader = _read_metadata(data, lambda key: key == "general.alignment" or wanted(key))
     end, known = 0, True
     for _ in range(tensor_count):
         reader.string()  # the tensor's name
@@ -151,7 +184,7 @@ def _needed_size(data: mmap.mmap) -> int | None:
     if not isinstance(alignment, int) or alignment <= 0:
         raise ValueError(f"general.alignment {alignment!r}")
     data_start = -(-reader.offset // alignment) * alignment
-    return data_start + end if known else None
+    return metadata, data_start + end if known else None
 
 
 def _read_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int, _Reader]:
@@ -179,6 +212,12 @@ def _read_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict
     return metadata, tensor_count, reader
 
 
+def _check_depth(item_type: int, depth: int) -> None:
+    # Read recursively: a crafted header of arrays nested thousands deep would exhaust Python's stack.
+    if item_type == _ARRAY and depth + 2 > _MAX_NESTING:  # the items would be arrays at level depth + 2
+        raise ValueError(f"arrays nested more than {_MAX_NESTING} deep")
+
+
 class _Reader:
     """Sequential little- or big-endian reads from a buffer; running past its end raises _Truncated."""
 
@@ -204,11 +243,12 @@ class _Reader:
         self.offset = end
         return text
 
-    def value(self, value_type: int) -> Any:
+    def value(self, value_type: int, depth: int = 0) -> Any:
         if value_type == _STRING:
             return self.string().decode("utf-8", errors="replace")
         if value_type == _ARRAY:
             item_type, count = self.unpack("I"), self.unpack("Q")
+            _check_depth(item_type, depth)
             if item_type == _STRING:
                 return self._strings(count)
             if item_type in _SCALAR_FORMATS:
@@ -219,14 +259,15 @@ class _Reader:
                 array = np.frombuffer(self.data, dtype=dtype, count=count, offset=self.offset).copy()
                 self.offset = end
                 return array
-            return [self.value(item_type) for _ in range(count)]
+            return [self.value(item_type, depth + 1) for _ in range(count)]
         if value_type in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[value_type])
         raise ValueError(f"unknown value type {value_type}")
 
-    def skip_value(self, value_type: int) -> None:
+    def skip_value(self, value_type: int, depth: int = 0) -> None:
         if value_type == _ARRAY:
             item_type, count = self.unpack("I"), self.unpack("Q")
+            _check_depth(item_type, depth)
             if item_type in _SCALAR_FORMATS:
                 self.offset += count * struct.calcsize(_SCALAR_FORMATS[item_type])
                 if self.offset > len(self.data):
@@ -235,7 +276,7 @@ class _Reader:
                 self._strings(count, keep=False)
             else:
                 for _ in range(count):
-                    self.skip_value(item_type)
+                    self.skip_value(item_type, depth + 1)
         else:
             self.value(value_type)
 

@@ -25,7 +25,7 @@ from speccli.gguf_meta import read_gguf_metadata, require_gguf
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
 from speccli.settings import check_seed
-from tests.tiny_gguf import TinyConfig, write_tiny_gguf
+from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/nonexistent/model.gguf"  # an argument that fails if anything tries to load it
@@ -285,6 +285,16 @@ def test_a_model_file_cut_short_is_one_line_before_llama_cpp_reads_it(tiny_pair,
     cut.write_bytes(whole[: len(whole) // 2])
     result = speccli("chat", "-m", str(cut), "--spec", "ngram", "-t", "1", "-c", "256", "-p", "hello")
     assert_one_line(result, f"error: {cut}: cut short: {len(whole) // 2:,} bytes of the {len(whole):,} its tensors need", 2)
+
+
+def test_a_vocabulary_with_a_token_twice_is_one_line_not_an_abort_in_llama_cpp(tmp_path):
+    """llama.cpp's vocabulary loader asserts that every token text is distinct: the process aborted
+    (exit 134, a debugger's backtrace on stdout)."""
+    vocab = spm_vocabulary()
+    twice = write_tiny_gguf(tmp_path / "twice.gguf", TinyConfig(vocab=vocab.with_token(400, vocab.tokens[401])))
+    result = speccli("chat", "-m", str(twice), "--spec", "ngram", "-t", "1", "-c", "256", "-p", "hello")
+    assert_one_line(result, f"error: {twice}: its vocabulary holds the token {vocab.tokens[401]!r} twice (ids 400 and 401), "
+                            "which llama.cpp cannot load", 2)
 
 
 # --- 17: a loop of symbolic links ---------------------------------------------------------------------

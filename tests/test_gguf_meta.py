@@ -181,3 +181,26 @@ def test_the_bundled_model_is_exactly_the_size_its_tensors_need():
 
     path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     assert needed_size(path) == path.stat().st_size
+
+
+@pytest.mark.parametrize("depth, readable", [(8, True), (9, False), (2000, False)])
+def test_arrays_nested_deeper_than_any_real_file_are_refused_not_a_recursion_error(tmp_path, depth, readable):
+    """A 24 KB crafted header of arrays nested 2000 deep ended in Python's RecursionError, a traceback."""
+    def u32(value: int) -> bytes:
+        return value.to_bytes(4, "little")
+
+    def u64(value: int) -> bytes:
+        return value.to_bytes(8, "little")
+
+    key = b"general.nested"
+    array, uint32 = 9, 4  # GGUF value types
+    value = u32(array) + (u32(array) + u64(1)) * (depth - 1) + u32(uint32) + u64(1) + u32(7)  # `depth` arrays of one
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(b"GGUF" + u32(3) + u64(0) + u64(1) + u64(len(key)) + key + value)
+    if readable:
+        assert read_gguf_metadata(path, lambda key: True)[0]["general.nested"] == [[[[[[[[7]]]]]]]]
+        assert read_gguf_metadata(path, lambda key: False) == ({}, 0)
+    else:
+        for wanted in (lambda key: True, lambda key: False):
+            with pytest.raises(UnreadableFileError, match=r"unsupported or corrupt GGUF file \(arrays nested more than 8 deep\)$"):
+                read_gguf_metadata(path, wanted)

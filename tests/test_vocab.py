@@ -254,6 +254,16 @@ BAD_FILES = {
         )),
         r"corrupt tokenizer metadata \(tokenizer\.ggml\.scores is not a numeric array\)",
     ),
+    "a token twice": (
+        lambda good, d: write_tiny_gguf(d / "twice.gguf", TinyConfig(
+            vocab=spm_vocabulary().with_token(400, spm_vocabulary().tokens[401]),
+        )),
+        r"its vocabulary holds the token '.+' twice \(ids 400 and 401\), which llama\.cpp cannot load",
+    ),
+    "cut short of its tensors": (
+        lambda good, d: truncated_copy(good, d / "cut.gguf", good.stat().st_size // 2),
+        r"cut short: [\d,]+ bytes of the [\d,]+ its tensors need",
+    ),
     "no tokenizer metadata": (
         lambda good, d: write_tiny_gguf(d / "no-tokenizer.gguf", TinyConfig(
             vocab_only=True,

@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Sequence
 import llama_cpp
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import require_gguf, require_whole_gguf
+from speccli.gguf_meta import require_loadable_gguf
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
 from speccli.util.interrupts import ctrl_c_as_flag
 
@@ -33,12 +33,10 @@ def interruptible() -> Iterator[Callable[[], bool]]:
 
 def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.llama_model_p:
     init_backend()
-    # Refused in one line where llama.cpp would only fail to load: a missing or unreadable file, a
-    # directory, a loop of symbolic links, anything not GGUF, and (weights only) a file cut short.
-    if vocab_only:
-        require_gguf(path)
-    else:
-        require_whole_gguf(path)
+    # Refused in one line where llama.cpp would fail to load or abort: a missing or unreadable file, a
+    # directory, a loop of symbolic links, anything not GGUF, a token twice in the vocabulary, and
+    # (weights only) a file cut short.
+    require_loadable_gguf(path, weights=not vocab_only)
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers  # -1: every layer
     params.vocab_only = vocab_only

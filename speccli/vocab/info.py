@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import read_gguf_metadata
+from speccli.gguf_meta import read_gguf_metadata, require_distinct_tokens, require_whole_gguf
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ def read_vocab(path: str | Path) -> VocabInfo:
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(model, str) or not isinstance(tokens, list):
         raise UnreadableFileError(f"{path}: GGUF file without tokenizer metadata (no tokenizer.ggml.model/tokens)")
+    require_distinct_tokens(path, tokens)
+    require_whole_gguf(path)  # a file cut short holds its vocabulary, but no pair could load it
     special_ids, settings = {}, {}
     for key, value in metadata.items():
         name = key.removeprefix("tokenizer.ggml.")
