@@ -204,6 +204,20 @@ def test_a_long_candidate_path_folds_and_leaves_every_figure_whole(tiny_model: P
     assert re.search(r"│ OK +│ 1\.000±0\.000 │ 1\.000 │ +0\.0000 │ +0\.000 │", row), result.stdout
 
 
+@pytest.mark.parametrize(("command", "exit_code"), [(["quant-check", "half", "nosuchmodel"], 2),
+                                                    (["chat", "-m", "half", "-md", "nosuchmodel", "-p", "hi"], 1)],
+                         ids=["quant-check", "chat"])
+def test_a_mistyped_name_is_refused_before_another_model_is_built(tiny_model: Path, tmp_path: Path, monkeypatch, command,
+                                                                  exit_code) -> None:
+    """The reference (a target) was built or downloaded first, then the typo in the next name reported."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "models.toml"
+    config.write_text(f'[models.base]\npath = "{tiny_model}"\n[models.half]\nderive = {{ from = "base", ftype = "F16" }}\n')
+    result = CliRunner().invoke(app, [*command, "--config", str(config)])
+    assert result.exit_code == exit_code and result.stderr.startswith("error: unknown model 'nosuchmodel'"), result.output
+    assert not (tmp_path / "cache" / "models" / "derived").exists()
+
+
 def test_text_and_prompts_together_are_refused_before_loading_anything(gemma: dict[str, Path], short_text: Path) -> None:
     result = _run(gemma["reference"], gemma["Q8_0"], "--text", short_text, "--prompts", short_text)
     assert result.exit_code == 2  # 1 means a candidate is BROKEN

@@ -15,7 +15,7 @@ from speccli.llama.model import LoadOptions
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry
 from speccli.models.pair import fitted_context
-from speccli.models.resolve import resolve_model
+from speccli.models.resolve import resolve_models
 from speccli.settings import BENCH_CTX
 from speccli.util.progress import progress_bar
 from speccli.vocab.check import check_pair
@@ -29,8 +29,7 @@ def run_quant_check(
     """Each candidate (a registry name or GGUF path) measured against `reference` over `source`."""
     params.validate()
     registry = load_registry(config)
-    reference_path = resolve_model(reference, registry)
-    candidate_paths = [resolve_model(name, registry) for name in candidates]
+    reference_path, *candidate_paths = resolve_models([reference, *candidates], registry)
     for path in candidate_paths:
         _require_same_vocabulary(path, reference_path)
     n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])

@@ -3,7 +3,7 @@ Each source knows how to find and obtain its own files (sources.py, hub.py, chun
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,15 @@ class RegistryFiles:
     def obtain(self, name: str, *, update: bool, quiet: bool) -> list[Path]:
         entry = self.registry.models[name]
         return entry.source.obtain(entry, self, update=update, quiet=quiet)
+
+
+def resolve_models(names_or_paths: Sequence[str], registry: Registry, *, fetch: bool = True, quiet: bool = False) -> list[Path]:
+    """`resolve_model` for each, every name and path checked before any model is fetched or built: a
+    mistyped second name must not wait for a download of the first."""
+    for name_or_path in names_or_paths:
+        if name_or_path not in registry.models:
+            resolve_model(name_or_path, registry)  # a path (no fetching), or refused
+    return [resolve_model(name_or_path, registry, fetch=fetch, quiet=quiet) for name_or_path in names_or_paths]
 
 
 def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, quiet: bool = False) -> Path:
@@ -104,12 +113,13 @@ def resolve_pair(
         raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec ngram+model")
     else:
         draft_name = None
+    paths = resolve_models([target_name, *([draft_name] if draft_name is not None else [])], registry, fetch=fetch, quiet=quiet)
     return ResolvedPair(
         name=pair.name if pair else None,
         target_name=target_name,
         draft_name=draft_name,
-        target_path=resolve_model(target_name, registry, fetch=fetch, quiet=quiet),
-        draft_path=None if draft_name is None else resolve_model(draft_name, registry, fetch=fetch, quiet=quiet),
+        target_path=paths[0],
+        draft_path=paths[1] if draft_name is not None else None,
         k=pair.k if pair else DEFAULT_K,
         spec=spec,
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
