@@ -42,6 +42,7 @@ TOP_SHOWN = 3  # top tokens shown for a worst position
 WORST_KEPT = 5  # worst positions kept as evidence, per candidate
 MAX_VERIFY = 9  # the reference's decode cost is measured for 1..MAX_VERIFY tokens (K = 1..8 drafts)
 TIMING_REPEATS = 5
+WARM_UP_SECONDS = 0.2  # of untimed 1-token decodes before a model's timings
 STORED_RANGE = 24.0  # nats below each row's top kept in sequential mode's reference store
 _CODE_STEPS = 65534  # uint16 codes 1..65535 span the stored range; 0 means below it
 
@@ -248,6 +249,13 @@ def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -
     model.decode(list(context), n_logit_rows=0)
     base = model.n_past
     filler = list(context) * (1 + max(sizes) // max(len(context), 1))
+    # Untimed first: right after a load the first decodes run slow (pages touched for the first time, a
+    # CPU clocked down while idle), and the reference is timed right after its load, a candidate after
+    # the reference has kept the CPU busy: a file timed against itself came out 0.7-0.8 of its own time.
+    warm_until = time.perf_counter() + WARM_UP_SECONDS
+    while time.perf_counter() < warm_until:
+        model.decode(filler[:1], n_logit_rows=1)
+        model.truncate(base)
     result = {}
     for size in sizes:
         times = []
