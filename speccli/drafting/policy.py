@@ -16,9 +16,8 @@ past any depth it has tried, however steep the verify curve is there. d is the m
 drafted token of that key (0 for n-gram lookup). C(m) is what a draft model pays first to take in the
 m tokens it skipped while other sources drafted: one batched decode, priced on the line through two
 catch-ups timed at calibration, which each real catch-up moves (see `_learn_catch_up`). Unpriced, a
-chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B in bench runs here: 2 tokens
-cost 0.5 of a target step, 19 cost 2.4; the bench's prompts replayed, the replay pricing catch-ups:
-`ngram+model` 1.356 -> 1.363 on Qwen, 1.953 -> 1.963 on Gemma).
+chain asked the model back mid-reply at a cost it did not see (Qwen 0.5B here: 2 tokens cost 0.5 of a
+target step, 19 cost 2.4).
 V(n) is the target's measured cost of a decode with n logit rows plus the per-row work after it
 (probabilities, the verify rule); profiled once per policy at PROFILED_SIZES (1, 2, 4, 8, 16, 25),
 interpolated, and refreshed from every step's own timings (the machine's load as a level that scales
@@ -30,8 +29,8 @@ the target yields it there, so comparing the proposal with what the step yielded
 as verifying it would have, at no cost (`Draft.shadow`). Its estimates then follow the text while it
 is not drafting: a key ruled out by failed drafts comes back as soon as its proposals match what the
 reply copies, and one whose proposals keep missing is ruled out without paying for verifying them.
-(The bench prompts replayed with fixed costs, catch-ups not yet priced: `ngram+model` 1.32 -> 1.38
-tokens per target step's cost on Qwen, 1.88 -> 1.92 on Gemma; `ngram` 1.23 -> 1.35 on Qwen.)
+
+What each rule gained or cost, replayed and in bench runs: tests/benchmarks/RESULTS.md, "K per step".
 
 Each reply starts cautiously: a source's acceptance learned on the last reply's text is a guess for
 this one, so its long drafts are earned again in each reply (see RAMP_START).
@@ -86,18 +85,11 @@ TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the lev
 # RAMP_START or, where verify rows are cheap, the longest draft whose verify costs at most
 # LOOKUP_RAMP_LOSS plain steps more than a plain step on the measured curve (V(k+1) <= (1 +
 # LOOKUP_RAMP_LOSS) V(1)): 8 tokens on Gemma's F32 target here, 3 or 4 on Qwen 1.5B, so RAMP_START
-# there. (Replayed, catch-ups priced, against RAMP_START alone: Gemma `ngram+model` 1.96 -> 2.06 on the
-# bench's prompts, 2.24 -> 2.36 held out, 4.86 -> 5.01 long. The cost-derived 3 alone on one Qwen bench
-# run's profile lost 0.3-0.7%.) Once a lookup's draft is kept whole, its key's estimates alone choose
-# its length until one of its drafts is not: a match kept whole is text being copied, which goes on
-# until it stops, and doubling from there only added verifies on the way (replayed, catch-ups priced,
-# against doubling: Qwen `ngram+model` 1.363 -> 1.381 and `ngram` 1.390 -> 1.420 on the bench's prompts,
-# 1.238 -> 1.247 and 1.239 -> 1.247 held out, 1.297 -> 1.306 and 1.304 -> 1.313 long; Gemma 2.062 -> 2.071
-# and 1.880 -> 1.899, 2.362 -> 2.420 and 2.171 -> 2.223, 5.008 -> 5.093 and 4.820 -> 4.842; the largest
-# loss Qwen's held-out `explain`, 1.27 -> 1.21, where a 24-token lookup kept 5). Any draft kept whole
-# counts, however short: counting only those at least as long as the lookup's start, and no re-checks,
-# lost on Qwen (`ngram+model` 1.396 -> 1.373, held out 1.254 -> 1.224). A draft model kept whole,
-# unramped the same way, lost on Gemma's held-out prompts, 1.484 -> 1.443.
+# there. Once a lookup's draft is kept whole, its key's estimates alone choose its length until one of
+# its drafts is not: a match kept whole is text being copied, which goes on until it stops, and doubling
+# from there only added verifies on the way (at a cost where a copy stops short: Qwen's held-out
+# `explain`, where a 24-token lookup kept 5). Any draft kept whole counts, however short. A draft model
+# kept whole, unramped the same way, lost on Gemma's held-out prompts.
 RAMP_START = 4
 LOOKUP_RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # steps that chose 0 for a lookup key before drafting 2 tokens to re-check it
@@ -465,15 +457,10 @@ class AutoK:
         pays: its best length past the ramp rests on positions its drafts seldom reach, taken at the
         key's continuation rate, and on a steep verify curve (Qwen 1.5B on an idle CPU: 2 rows 1.72
         plain steps, 4 rows 2.79) that lone long draft looked best while every length the ramp allowed
-        lost. Replayed at that curve against drafting the ramp's length, Qwen's chain 1.047 -> 1.072
-        and lookup 1.076 -> 1.094 on the bench's prompts (the chain's `table` 0.86 -> 0.89, the
-        lookup's `code` 0.90 -> 0.93), held out 1.083 -> 1.095 and 1.087 -> 1.099; at the curve of a
-        loaded run (RAMP_START's replays) 1.381 -> 1.396 and 1.420 -> 1.428, held out 1.247 -> 1.254
-        and 1.247 -> 1.257; on Gemma's flat curve the ramp's length always pays: unchanged.
-        A draft model's ramp cut below RAMP_START by a failed draft may allow too short a draft to pay
-        (one token on a compute-bound target): then the shortest length up to RAMP_START that pays, or
-        RAMP_START's where none does, so a cut never ends drafting for the reply (drafting only what
-        pays within the cut, as lookups do, ended it: Qwen `--spec model` 1.191 -> 1.130, replayed)."""
+        lost. A draft model's ramp cut below RAMP_START by a failed draft may allow too short a draft
+        to pay (one token on a compute-bound target): then the shortest length up to RAMP_START that
+        pays, or RAMP_START's where none does, so a cut never ends drafting for the reply (drafting
+        only what pays within the cut, as lookups do, ended it)."""
         ramp = self._ramp_limit(history)
         if not history.is_draft_model:  # the lengths past its ramp are not its to draft: not priced
             return fastest(self._rates(history, acceptance[:ramp], catch_up))
