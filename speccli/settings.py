@@ -88,6 +88,12 @@ def needs_draft_model(spec: str) -> bool:
     return "model" in spec.split("+")
 
 
+def require_draft_model(spec: str, draft: object | None) -> None:
+    """A guard behind the command line's own check (`resolve_pair` refuses such a pair before loading)."""
+    if draft is None and needs_draft_model(spec):
+        raise SpeccliError(f"--spec {spec} needs a draft model, and none was loaded")
+
+
 def parse_spec_list(text: str, name: str = "--spec") -> list[str]:
     """'ngram' -> ['ngram']; 'model,ngram' -> both, in the order given, each once."""
     specs = [check_spec(item.strip(), name) for item in text.split(",")]

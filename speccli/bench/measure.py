@@ -31,7 +31,7 @@ from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
-from speccli.settings import needs_draft_model
+from speccli.settings import require_draft_model
 from speccli.util.interrupts import terminated
 
 
@@ -148,8 +148,8 @@ def run_bench(
     """Measure every round, profile the costs, check greedy outputs, and summarize each configuration."""
     advance = progress or (lambda _description: None)
     configurations = settings.configurations
-    if draft is None and any(needs_draft_model(c.spec) for c in configurations):
-        raise SpeccliError(f"--spec {','.join(settings.specs)} needs a draft model, and none was loaded")
+    for configuration in configurations:
+        require_draft_model(configuration.spec, draft)
     tokenized = [target.tokenizer.tokenize(p.prompt) for p in prompt_set.prompts]
     limit = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
     longest = max(len(t) for t in tokenized)

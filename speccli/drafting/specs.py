@@ -8,8 +8,7 @@ from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK, KPolicy
-from speccli.errors import SpeccliError
-from speccli.settings import check_spec
+from speccli.settings import check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -21,12 +20,6 @@ def make_policy(k: int | None) -> KPolicy:
 
 
 def make_drafter(spec: str, draft_model: Model | None) -> Drafter:
-    sources = []
-    for name in check_spec(spec).split("+"):
-        if name == "ngram":
-            sources.append(NgramDrafter())
-        else:
-            if draft_model is None:
-                raise SpeccliError(f"--spec {spec} needs a draft model")
-            sources.append(ModelDrafter(draft_model))
+    require_draft_model(check_spec(spec), draft_model)
+    sources = [NgramDrafter() if name == "ngram" else ModelDrafter(draft_model) for name in spec.split("+")]
     return sources[0] if len(sources) == 1 else ChainDrafter(sources)

@@ -18,7 +18,7 @@ import uvicorn
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
-from speccli.settings import check_spec, needs_draft_model
+from speccli.settings import check_spec, require_draft_model
 from speccli.server.app import Service, create_app
 from speccli.server.metrics import Metrics
 from speccli.server.worker import Speculation, Worker
@@ -51,8 +51,7 @@ def model_id_for(name: str) -> str:
 def build_service(model_id: str, target: Model, draft: Model | None, settings: ServeSettings) -> Service:
     metrics = Metrics()
     speculation = Speculation(settings.spec, settings.k)
-    if needs_draft_model(settings.spec) and draft is None:
-        raise SpeccliError(f"--spec {settings.spec} needs a draft model")
+    require_draft_model(settings.spec, draft)
     return Service(model_id, target, draft, speculation, Worker(target, draft, settings.max_waiting, metrics), metrics)
 
 
