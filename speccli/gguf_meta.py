@@ -106,11 +106,7 @@ def _require_size(path: Path, needed: int | None) -> None:
 
 def is_whole_gguf(path: Path) -> bool:
     """`require_whole_gguf`, as a question."""
-    try:
-        require_whole_gguf(path)
-    except UnreadableFileError:
-        return False
-    return True
+    return _passes(require_whole_gguf, path)
 
 
 def require_gguf(path: Path) -> None:
@@ -125,8 +121,12 @@ def require_gguf(path: Path) -> None:
 
 def starts_as_gguf(path: Path) -> bool:
     """Whether `path` is a readable file beginning as a GGUF file does (`require_gguf`, as a question)."""
+    return _passes(require_gguf, path)
+
+
+def _passes(check: Callable[[Path], None], path: Path) -> bool:
     try:
-        require_gguf(path)
+        check(path)
     except UnreadableFileError:
         return False
     return True
