@@ -386,7 +386,11 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
         image = {**good, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
         for body, param, message in [
             (image, "messages.0.content.0.type", "Input should be 'text'"),
-            ({**good, "speculative": {"k": 999}}, "speculative.k", "less than or equal to 64"),
+            ({**good, "speculative": {"k": 999}}, "speculative.k", 'must be "auto" or a whole number from 1 to 64, got 999'),
+            ({**good, "speculative": {"k": "AUTO"}}, "speculative.k", "a whole number from 1 to 64, got 'AUTO'"),
+            ({**good, "speculative": "ngram"}, "speculative", 'must be an object: {"spec": ..., "k": ...}, or'),
+            ({**good, "speculative": {"enabled": False, "k": 4}}, "speculative",
+             "enabled: false runs the target alone, which takes no spec or k; leave them out"),
             ({**good, "seed": -1}, "seed", "greater than or equal to 0"),
             ({**good, "temperature": float("nan")}, "temperature", "Input should be a finite number"),
         ]:
@@ -639,6 +643,61 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
         process.send_signal(interrupt)
         assert process.wait(timeout=20) == 0
         assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
+    with serving(chat_pair, n_ctx=256) as url:
+        # A lone surrogate escape parses to a str no tokenizer can encode: it had been a 500 with a traceback.
+        status, error, _ = post(url, "/v1/chat/completions",
+                               b'{"model": "tiny", "messages": [{"role": "user", "content": "hi \\ud800"}], "max_tokens": 2}')
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "messages.0.content"
+        assert error["error"]["message"].startswith("messages.0.content: holds a lone UTF-16 surrogate escape")
+        # A wrong method names the right one, in the Allow header too.
+        request = urllib.request.Request(url + "/v1/chat/completions", method="GET")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=30)
+        assert caught.value.code == 405 and caught.value.headers["allow"] == "POST"
+        assert json.loads(caught.value.read())["error"]["message"] == "GET /v1/chat/completions: not allowed; use POST"
+        # A trailing slash is an unknown path, not a redirect to the Host header's address.
+        status, error, headers = post(url, "/v1/chat/completions/", {"model": MODEL})
+        assert_openai_error(status, error, 404, "unknown_url")
+        assert "location" not in {name.lower() for name in headers}
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 1  # the surrogate
+
+
+@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_the_server_ends_a_running_stream_and_answers_a_waiting_request(endless_pair, interrupt):
+    """They had waited out the graceful shutdown (the stream still growing), then been cancelled: a
+    stream cut without its end, a plain-text 500 for the waiting request, tracebacks in the log."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", str(endless_pair[0]), "-md", str(endless_pair[1]),
+               "--port", "0", "-t", "1", "--ctx", "8192", "--k", "4", "--queue", "1"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", process.stderr.readline()).group(1)
+        body = {"model": endless_pair[0].stem, "messages": [{"role": "user", "content": "sing"}], "max_tokens": 7000,
+                "temperature": 0}  # greedy: "la la ..." with no end (sampled, it may end at a stop string)
+        request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(1) as pool:
+            events = [stream.readline() for _ in range(8)]  # under way
+            waiting = pool.submit(post, url, "/v1/chat/completions", body)
+            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
+                time.sleep(0.02)
+            process.send_signal(interrupt)
+            events += stream.read().splitlines(keepends=True)
+            status, error, _ = waiting.result(timeout=30)
+        data = [line.decode().removeprefix("data: ").strip() for line in events if line.startswith(b"data: ")]
+        assert data[-1] == "[DONE]"
+        assert json.loads(data[-2])["error"]["message"] == "the server is shutting down; the request was not completed"
+        assert (status, error["error"]["message"]) == (503, "the server is shutting down; the request was not completed")
+        assert process.wait(timeout=20) == 0
+        log = process.stderr.read()
+        assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log
     finally:
         if process.poll() is None:
             process.kill()

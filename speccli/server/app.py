@@ -202,6 +202,9 @@ def create_app(service: Service) -> Starlette:
             raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
         if not isinstance(payload, dict):
             raise APIError(400, "the request body must be a JSON object")
+        if (where := _lone_surrogate_at(payload)) is not None:
+            raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
+                                "character; send text as UTF-8 or as paired escapes", param=where)
         if unsupported := unsupported_parameter(payload):
             raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
                            param=unsupported, code="unsupported_parameter")
@@ -225,11 +228,18 @@ def create_app(service: Service) -> Starlette:
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        code = "unknown_url" if error.status_code == 404 else None  # OpenAI's code for a path it does not serve
-        message = f"no such path: {request.method} {request.url.path}" if code else str(error.detail)
-        return APIError(error.status_code, message, param=None, code=code).response()
+        headers = dict(error.headers or {})  # a 405's Allow
+        if error.status_code == 404:  # OpenAI's code for a path it does not serve
+            message, code = f"no such path: {request.method} {request.url.path}", "unknown_url"
+        elif error.status_code == 405:
+            allowed = next((value for name, value in headers.items() if name.lower() == "allow"), "")
+            message, code = f"{request.method} {request.url.path}: not allowed; use {allowed}", None
+        else:
+            message, code = str(error.detail), None
+        return APIError(error.status_code, message, param=None, code=code, headers=headers).response()
 
     async def unexpected(_: Request, error: Exception) -> Response:
+        service.metrics.record(None, "error")  # a bug: Starlette then logs its traceback
         return APIError(500, f"internal error: {type(error).__name__}", kind="server_error").response()
 
     routes = [
@@ -248,7 +258,11 @@ def create_app(service: Service) -> Starlette:
         yield
         await asyncio.to_thread(service.worker.stop)
 
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    # A path with a trailing slash is an unknown path (404, JSON), not a redirect built from the
+    # client's own Host header.
+    app.router.redirect_slashes = False
+    return app
 
 
 async def _body(request: Request) -> bytes:
@@ -265,6 +279,21 @@ async def _body(request: Request) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _lone_surrogate_at(value: object, path: str = "") -> str | None:
+    """The field path of the first string in a parsed body that holds a lone surrogate (JSON's "\\ud800"
+    parses to one; it cannot be encoded as UTF-8 for the tokenizer), None if there is none."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
+            return found
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -342,7 +371,7 @@ class Reply:
                     return {**self._envelope("chat.completion" if self.chat else "text_completion"),
                             "choices": [choice], **self._figures(item.stats)}
                 elif isinstance(item, GenerationError):
-                    raise APIError(500, str(item), kind="server_error")
+                    raise APIError(item.status, str(item), kind="server_error")
             items = await _next_items(self.job, gone)
 
     async def stream(self, items: list[object]) -> AsyncIterator[str]:
@@ -366,7 +395,7 @@ class Reply:
                         yield "".join(out)
                         return
                     elif isinstance(item, GenerationError):
-                        error = APIError(500, str(item), kind="server_error").response().body.decode()
+                        error = APIError(item.status, str(item), kind="server_error").response().body.decode()
                         yield "".join(out) + f"data: {error}\n\ndata: [DONE]\n\n"
                         return
                 if out:

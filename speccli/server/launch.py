@@ -5,6 +5,7 @@ one clear error (uvicorn itself would log it and exit). Only the host given is b
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -121,4 +122,19 @@ def _server(service: Service) -> uvicorn.Server:
     server stops (a client that never reads, a test failing mid-stream) must not keep the worker
     decoding past it, into models the caller then closes."""
     config = uvicorn.Config(create_app(service), log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
+    return _Server(config, service)
+
+
+class _Server(uvicorn.Server):
+    """Stops the worker as the shutdown begins, not after it: the running and waiting requests are told
+    so (a 503, or an error event ending a stream) and their connections close at once. Stopped only by
+    the app's lifespan, they had waited out the graceful shutdown, a stream still growing, then been
+    cancelled mid-response (a cut stream, a plain-text 500 and tracebacks in the log)."""
+
+    def __init__(self, config: uvicorn.Config, service: Service) -> None:
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await asyncio.to_thread(self.service.worker.stop)
+        await super().shutdown(sockets)

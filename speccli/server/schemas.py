@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from speccli.settings import MAX_K, SPECS
 
@@ -46,6 +46,29 @@ class SpeculationControl(Strict):
     enabled: bool = True
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
     k: Optional[Union[Annotated[int, Field(ge=1, le=MAX_K)], Literal["auto"]]] = None  # default: the server's --k
+
+    # The messages say what is allowed, not pydantic's type names ("a valid dictionary or instance of
+    # SpeculationControl", "a valid integer" for k: "AUTO").
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError('must be an object: {"spec": ..., "k": ...}, or {"enabled": false} for the target alone')
+        return value
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _k(cls, value: Any) -> Any:
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if value is None or value == "auto" or (whole and 1 <= value <= MAX_K):
+            return value
+        raise ValueError(f"must be \"auto\" or a whole number from 1 to {MAX_K}, got {value!r}")
+
+    @model_validator(mode="after")
+    def _nothing_asked_of_a_target_alone(self) -> SpeculationControl:
+        if not self.enabled and (self.spec is not None or self.k is not None):
+            raise ValueError("enabled: false runs the target alone, which takes no spec or k; leave them out")
+        return self
 
 
 class StreamOptions(Strict):

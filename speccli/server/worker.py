@@ -68,7 +68,15 @@ class Started:
 
 
 class GenerationError(Exception):
-    """A generation failed part-way for a reason the user can act on (the message says which)."""
+    """A generation failed part-way, or never ran, for a reason the message says; `status` is the
+    HTTP status a reply not yet begun gets for it."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+SHUTTING_DOWN = "the server is shutting down; the request was not completed"
 
 
 class Worker:
@@ -89,16 +97,17 @@ class Worker:
         self._thread.start()
 
     def stop(self) -> None:
-        """Cancel what runs and waits, and wait for the thread (models may be closed afterwards)."""
+        """Cancel what runs and waits, telling each its client why (503), and wait for the thread
+        (models may be closed afterwards)."""
         with self._changed:
             self._stopping = True
-            if self._running is not None:
-                self._running.cancelled.set()
-            for job in self._waiting:
+            for job in [*([self._running] if self._running is not None else []), *self._waiting]:
                 job.cancelled.set()
+                job.emit(GenerationError(SHUTTING_DOWN, status=503))
             self._waiting.clear()
             self._changed.notify()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def submit(self, job: Job) -> None:
         with self._changed:
