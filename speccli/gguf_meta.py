@@ -82,11 +82,13 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
 
 
 def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
-    """Raise UnreadableFileError where two ids of the vocabulary have the same text."""
-    if len(set(tokens)) == len(tokens):
+    """Raise UnreadableFileError where two ids of the vocabulary have the same text as llama.cpp reads
+    it: a C string (up to a NUL byte), an empty one renamed "[EMPTY_<id>]"."""
+    as_read = [text.split(b"\0", 1)[0] or b"[EMPTY_%d]" % token_id for token_id, text in enumerate(tokens)]
+    if len(set(as_read)) == len(as_read):
         return
     first_id: dict[bytes, int] = {}
-    for token_id, text in enumerate(tokens):
+    for token_id, text in enumerate(as_read):
         if text in first_id:
             raise UnreadableFileError(
                 f"{path}: its vocabulary holds the token {text.decode('utf-8', 'replace')!r} twice (ids "
@@ -183,6 +185,8 @@ def _read_header(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[s
     alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0:
         raise ValueError(f"general.alignment {alignment!r}")
+    if not tensor_count:  # no data section, nor padding before it (llama.cpp seeks past it only for tensors):
+        return metadata, reader.offset  # a vocabulary-only file may end right after its metadata
     data_start = -(-reader.offset // alignment) * alignment
     return metadata, data_start + end if known else None
 

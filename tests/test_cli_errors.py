@@ -297,6 +297,14 @@ def test_a_vocabulary_with_a_token_twice_is_one_line_not_an_abort_in_llama_cpp(t
                             "which llama.cpp cannot load", 2)
 
 
+def test_empty_token_texts_are_not_taken_for_a_token_twice(tmp_path):
+    """llama.cpp renames each empty token text "[EMPTY_<id>]": such a vocabulary loads, and runs."""
+    vocab = spm_vocabulary()
+    empty = write_tiny_gguf(tmp_path / "empty.gguf", TinyConfig(vocab=vocab.with_token(400, "").with_token(401, "")))
+    result = speccli("chat", "-m", str(empty), "--spec", "ngram", "-t", "1", "-c", "256", "-n", "2", "-p", "hello")
+    assert result.exit_code == 0, result.output
+
+
 # --- 17: a loop of symbolic links ---------------------------------------------------------------------
 
 

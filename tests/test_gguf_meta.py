@@ -111,6 +111,29 @@ def assert_same_metadata(path: Path) -> None:
             assert value == expected or (value != value and expected != expected), key  # NaN equals NaN here
 
 
+def test_every_vocabulary_only_file_of_llama_cpp_is_whole(vocab_dir):
+    """They end right after their metadata, with no padding to a data section they do not have: a size
+    check that counted that padding refused all 19 (check-vocab then refused them as cut short)."""
+    files = sorted(vocab_dir.glob("ggml-vocab-*.gguf"))
+    assert len(files) >= 15
+    for path in files:
+        assert needed_size(path) <= path.stat().st_size, path.name
+        require_whole_gguf(path)
+
+
+def test_a_file_of_metadata_alone_needs_no_padding(tmp_path):
+    from gguf import GGUFWriter
+
+    path = tmp_path / "metadata-only.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_name("x")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert needed_size(path) == path.stat().st_size
+    require_whole_gguf(path)
+
+
 @pytest.mark.parametrize("name", COMPARED)
 def test_llama_cpp_vocab_file_reads_the_same_as_gguf_reader(vocab_dir, name):
     path = vocab_dir / name
@@ -204,3 +227,12 @@ def test_arrays_nested_deeper_than_any_real_file_are_refused_not_a_recursion_err
         for wanted in (lambda key: True, lambda key: False):
             with pytest.raises(UnreadableFileError, match=r"unsupported or corrupt GGUF file \(arrays nested more than 8 deep\)$"):
                 read_gguf_metadata(path, wanted)
+
+
+def test_token_texts_are_compared_as_llama_cpp_reads_them(tmp_path):
+    """A C string (up to a NUL byte); an empty text renamed "[EMPTY_<id>]", so never a repeat."""
+    from speccli.gguf_meta import require_distinct_tokens
+
+    require_distinct_tokens(tmp_path, [b"a", b"", b"", b"b"])
+    with pytest.raises(UnreadableFileError, match=r"holds the token 'a' twice \(ids 0 and 2\)"):
+        require_distinct_tokens(tmp_path, [b"a", b"b", b"a\0tail"])

@@ -48,21 +48,21 @@ def test_identical_rows_score_acceptance_one_and_kl_zero() -> None:
     assert same_top.all() and not broken.any()
 
 
-def test_a_row_with_a_nan_or_infinite_logit_accepts_nothing() -> None:
+def test_a_row_with_a_nan_or_infinite_logit_or_every_token_masked_accepts_nothing() -> None:
     """np.nansum had made such a row's KL 0, and NaN failed every comparison of the verdict rule: a
     candidate whose every row was NaN came out DEGRADED, KL 0.0000, exit 0."""
-    logits = np.random.default_rng(4).standard_normal((4, 1000)).astype(np.float32)
+    logits = np.random.default_rng(4).standard_normal((5, 1000)).astype(np.float32)
     candidate = logits.copy()
-    candidate[1, 7], candidate[2, :], candidate[3, 0] = np.nan, np.nan, np.inf
+    candidate[1, 7], candidate[2, :], candidate[3, 0], candidate[4, :] = np.nan, np.nan, np.inf, -np.inf
     comparator = _Comparator(SamplingParams(temperature=0.7, top_k=40))
     acceptance, kl, same_top, _, broken = comparator.compare(comparator.reference(logits), candidate)
-    assert broken.tolist() == [False, True, True, True]
+    assert broken.tolist() == [False, True, True, True, True]
     assert acceptance[0] == pytest.approx(1.0, abs=1e-5) and (acceptance[1:] == 0).all()
-    assert np.isinf(kl[1:]).all() and same_top.tolist() == [True, False, False, False]
+    assert np.isinf(kl[1:]).all() and same_top.tolist() == [True, False, False, False, False]
     masked = logits.copy()
     masked[0, 5] = -np.inf  # a token masked out: a model may do that
     assert not comparator.compare(comparator.reference(logits), masked)[4].any()
-    assert judge(0.0, [], broken=3, positions=4) == (Fidelity.BROKEN, "logits not finite (NaN or infinity) at 3 of 4 positions")
+    assert judge(0.0, [], broken=4, positions=5) == (Fidelity.BROKEN, "logits not finite (NaN or infinity) at 4 of 5 positions")
 
 
 def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -> None:
@@ -86,7 +86,7 @@ def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -
     ],
 )
 def test_verdict_rule(acceptance, stretches, expected) -> None:
-    assert judge(acceptance, stretches)[0] is expected
+    assert judge(acceptance, stretches, broken=0, positions=500)[0] is expected
 
 
 

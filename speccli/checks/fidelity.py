@@ -141,8 +141,9 @@ class _Comparator:
 
 
 def _finite_rows(logits: np.ndarray) -> np.ndarray:
-    """Rows without NaN or +inf (-inf is a token masked out, which a model may do)."""
-    return ~(np.isnan(logits) | np.isposinf(logits)).any(axis=1)
+    """Rows that are a distribution: no NaN or +inf, and a finite logit somewhere (-inf is a token
+    masked out, which a model may do, but not every token)."""
+    return ~(np.isnan(logits) | np.isposinf(logits)).any(axis=1) & np.isfinite(logits).any(axis=1)
 
 
 def _refuse_broken_reference(path: Path, logits: np.ndarray, sequence: int, start: int) -> None:

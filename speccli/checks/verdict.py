@@ -28,7 +28,7 @@ class Fidelity(str, Enum):
     BROKEN = "BROKEN"
 
 
-def judge(acceptance: float, stretches: list[tuple[str, int, float]], broken: int = 0, positions: int = 0) -> tuple[Fidelity, str]:
+def judge(acceptance: float, stretches: list[tuple[str, int, float]], broken: int, positions: int) -> tuple[Fidelity, str]:
     """The verdict and its reason, from the mean acceptance, (label, positions, acceptance) per stretch,
     and the positions where the logits held a NaN or +inf, of how many."""
     if broken:
