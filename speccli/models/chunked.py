@@ -34,6 +34,7 @@ from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles, is_built, remove_superseded_builds
 from speccli.util.cache import model_cache_dir
 from speccli.util.files import build_atomically, build_once
+from speccli.util.hashing import cached_sha256
 
 if TYPE_CHECKING:
     from speccli.models.config import ModelEntry
@@ -94,13 +95,32 @@ class ChunkedPackagesSource:
     def _staging(self) -> Path:
         return self._folder() / f"{self.sha256}.parts"
 
-    def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
+    def _existing_build(self) -> Path | None:
+        """The build, if there is one. Its sha256 was checked when it was built: hashing a gigabyte at
+        every start would cost seconds. A build named by the pin's first 16 digits (speccli before
+        builds were named by the whole pin) is hashed once and renamed, not fetched again (1.6 GB for
+        the Qwen pair); where the cache is read-only it is used where it is."""
         built = self._build_path()
-        # Its sha256 was checked when it was built: hashing a gigabyte at every start would cost seconds.
-        return [built] if is_built(built, self.size) else None
+        if is_built(built, self.size):
+            return built
+        older = self._folder() / f"{self.sha256[:16]}.gguf"
+        if not is_built(older, self.size) or cached_sha256(older) != self.sha256:
+            return None
+        try:
+            older.rename(built)
+        except OSError:
+            return older
+        return built
+
+    def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:
+        existing = self._existing_build()
+        return [existing] if existing is not None else None
 
     def obtain(self, entry: ModelEntry, models: ModelFiles, *, update: bool, quiet: bool) -> list[Path]:
         # `update` changes nothing: a pinned version's files cannot change upstream.
+        existing = self._existing_build()
+        if existing is not None:
+            return [existing]
         built = self._build_path()
 
         def build() -> None:
