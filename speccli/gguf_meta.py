@@ -54,18 +54,47 @@ def read_gguf_metadata(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[
     return metadata, tensor_count
 
 
+def read_gguf_header(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int, int | None]:
+    """`read_gguf_metadata`'s values of `wanted` keys and tensor count, and `needed_size`, from one read
+    of the header."""
+    return _parse(path, lambda data: _read_header(data, wanted))
+
+
+def require_size(path: Path, needed: int | None) -> None:
+    """Raise UnreadableFileError where `path` has fewer than `needed` bytes (see `needed_size`)."""
+    try:
+        size = path.stat().st_size
+    except OSError as error:
+        raise unreadable(path, error) from None
+    if needed is not None and size < needed:
+        raise UnreadableFileError(f"{path}: cut short: {size:,} bytes of the {needed:,} its tensors need")
+
+
 def needed_size(path: Path) -> int | None:
     """The bytes a GGUF file must have to hold every tensor its tensor table lists: the end of the
     furthest tensor's data. None where a tensor's type is one this reader does not know the size of.
-    Raises UnreadableFileError where the header itself is cut short or corrupt."""
-    return _parse(path, lambda data: _read_header(data, lambda key: False))[1]
+    Raises UnreadableFileError where the header itself is cut short or corrupt.
+
+    Remembered for the process by the file's path, size and mtime: a run looks a model up several
+    times (a derived model checks its base too), and Gemma's header takes 40 ms to walk."""
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise unreadable(path, error) from None
+    identity = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if identity not in _needed_sizes:
+        _needed_sizes[identity] = read_gguf_header(path, lambda key: False)[2]
+    return _needed_sizes[identity]
+
+
+_needed_sizes: dict[tuple[str, int, int], int | None] = {}
 
 
 def require_whole_gguf(path: Path) -> None:
     """Raise UnreadableFileError unless `path` is a readable GGUF file whose header is whole and whose
     size holds every tensor it lists (where their types say how big they are): the damage a copy, a
     download or a write cut short leaves, found without reading the tensor data."""
-    _require_size(path, needed_size(path))
+    require_size(path, needed_size(path))
 
 
 def require_loadable_gguf(path: Path, *, weights: bool) -> None:
@@ -73,17 +102,19 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
     over as it loads `path`: anything not GGUF, a header cut short, a vocabulary that holds one token's
     text twice (a GGML_ASSERT in llama.cpp's vocabulary loader), and where the weights are wanted, a
     file cut short of its tensors."""
-    metadata, needed = _parse(path, lambda data: _read_header(data, lambda key: key == _TOKENS))
+    metadata, _, needed = read_gguf_header(path, lambda key: key == _TOKENS)
     tokens = metadata.get(_TOKENS)
     if isinstance(tokens, list):
         require_distinct_tokens(path, tokens)
     if weights:
-        _require_size(path, needed)
+        require_size(path, needed)
 
 
 def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
     """Raise UnreadableFileError where two ids of the vocabulary have the same text as llama.cpp reads
     it: a C string (up to a NUL byte), an empty one renamed "[EMPTY_<id>]"."""
+    if len(set(tokens)) == len(tokens) and b"\0" not in b"".join(tokens):  # the usual case, in a few ms
+        return
     as_read = [text.split(b"\0", 1)[0] or b"[EMPTY_%d]" % token_id for token_id, text in enumerate(tokens)]
     if len(set(as_read)) == len(as_read):
         return
@@ -96,14 +127,6 @@ def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
             )
         first_id[text] = token_id
 
-
-def _require_size(path: Path, needed: int | None) -> None:
-    try:
-        size = path.stat().st_size
-    except OSError as error:
-        raise unreadable(path, error) from None
-    if needed is not None and size < needed:
-        raise UnreadableFileError(f"{path}: cut short: {size:,} bytes of the {needed:,} its tensors need")
 
 
 def is_whole_gguf(path: Path) -> bool:
@@ -164,7 +187,7 @@ def _parse(path: Path, parse: Callable[[mmap.mmap], _Parsed]) -> _Parsed:
         raise unreadable(path, error) from None
 
 
-def _read_header(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int | None]:
+def _read_header(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int, int | None]:
     """The `wanted` metadata, and the size the tensor table says the file needs (see `needed_size`)."""
     metadata, tensor_count, reader = _read_metadata(data, lambda key: key == "general.alignment" or wanted(key))
     end, known = 0, True
@@ -186,9 +209,9 @@ def _read_header(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[s
     if not isinstance(alignment, int) or alignment <= 0:
         raise ValueError(f"general.alignment {alignment!r}")
     if not tensor_count:  # no data section, nor padding before it (llama.cpp seeks past it only for tensors):
-        return metadata, reader.offset  # a vocabulary-only file may end right after its metadata
+        return metadata, tensor_count, reader.offset  # a vocabulary-only file may end right after its metadata
     data_start = -(-reader.offset // alignment) * alignment
-    return metadata, data_start + end if known else None
+    return metadata, tensor_count, data_start + end if known else None
 
 
 def _read_metadata(data: mmap.mmap, wanted: Callable[[str], bool]) -> tuple[dict[str, Any], int, _Reader]:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import read_gguf_metadata, require_distinct_tokens, require_whole_gguf
+from speccli.gguf_meta import read_gguf_header, require_distinct_tokens, require_size
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ LLAMA_CPP_DEFAULT_SETTINGS: dict[str, dict[str, Any]] = {
 def read_vocab(path: str | Path) -> VocabInfo:
     """The tokenizer metadata of a GGUF file. Raises UnreadableFileError naming the file."""
     path = Path(path)
-    metadata, tensor_count = read_gguf_metadata(
+    metadata, tensor_count, needed = read_gguf_header(
         path, wanted=lambda key: key.startswith("tokenizer.") or key == "general.architecture"
     )
     model = metadata.get("tokenizer.ggml.model")
@@ -71,7 +71,7 @@ def read_vocab(path: str | Path) -> VocabInfo:
     if not isinstance(model, str) or not isinstance(tokens, list):
         raise UnreadableFileError(f"{path}: GGUF file without tokenizer metadata (no tokenizer.ggml.model/tokens)")
     require_distinct_tokens(path, tokens)
-    require_whole_gguf(path)  # a file cut short holds its vocabulary, but no pair could load it
+    require_size(path, needed)  # a file cut short holds its vocabulary, but no pair could load it
     special_ids, settings = {}, {}
     for key, value in metadata.items():
         name = key.removeprefix("tokenizer.ggml.")
