@@ -47,8 +47,12 @@ _REASONS = {
 
 
 def unreadable(path: Path | str, error: OSError) -> UnreadableFileError:
-    """`path: reason` for a file that could not be opened or read; a dangling link says where it points."""
+    """`path: reason` for a file that could not be opened or read (see `unreadable_reason`)."""
+    return UnreadableFileError(f"{path}: {unreadable_reason(path, error)}")
+
+
+def unreadable_reason(path: Path | str, error: OSError) -> str:
+    """Why `path` could not be opened or read, in a few words; a dangling link says where it points."""
     if error.errno == errno.ENOENT and os.path.islink(path):
-        return UnreadableFileError(f"{path}: a symbolic link to {os.readlink(path)}, which does not exist")
-    reason = _REASONS.get(error.errno or 0) or f"cannot read it ({error.strerror or error})"
-    return UnreadableFileError(f"{path}: {reason}")
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    return _REASONS.get(error.errno or 0) or f"cannot read it ({error.strerror or error})"

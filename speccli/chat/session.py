@@ -203,7 +203,7 @@ class ChatSession:
             self.display.legend()
 
     def run(self, lines: Iterator[str]) -> int:
-        """One turn per line; slash commands in between. Errors are shown and the session goes on;
+        """One turn per message (a typed line, a pasted block, a piped line); slash commands in between. Errors are shown and the session goes on;
         returns how many lines failed."""
         failed = 0
         for line in lines:

@@ -30,7 +30,6 @@ from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 _CLICK_EXCEPTION = next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
 
 USAGE_ERROR = 2
-_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 READER_GONE = 141
 VERDICT_COMMANDS = ("check-vocab", "quant-check")  # whose exit code 1 is a verdict (see the docstring)
 
@@ -105,6 +104,9 @@ def _write_names_as_given() -> None:
     in the middle of a report. (stderr already escapes them: Python's default there.)"""
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="surrogateescape")
+
+
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 
 
 def _one_line(error: Exception) -> str:

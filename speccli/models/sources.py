@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rich.console import Console
 
-from speccli.errors import SpeccliError, UnreadableFileError, unreadable
+from speccli.errors import SpeccliError, UnreadableFileError, unreadable_reason
 from speccli.gguf_meta import is_whole_gguf, require_gguf, require_whole_gguf, starts_as_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
@@ -71,9 +71,10 @@ class LocalSource:
 
     @classmethod
     def parse(cls, entry: TomlTable) -> LocalSource:
-        if "\0" in entry.string("path"):  # no file system takes one; os calls raise ValueError on it
+        text = entry.string("path")
+        if "\0" in text:  # no file system takes one; os calls raise ValueError on it
             raise entry.error("a path cannot hold a NUL character (\\u0000)", "path")
-        written = Path(entry.string("path")).expanduser()
+        written = Path(text).expanduser()
         # Relative paths are relative to the file that names them, not to wherever speccli runs.
         return cls(written if written.is_absolute() else entry.file.parent / written)
 
@@ -99,7 +100,7 @@ def describe_missing(path: Path) -> str:
     try:
         path.stat()
     except OSError as error:  # a dangling link says where it points, a loop of links is named as one
-        return str(unreadable(path, error)).removeprefix(f"{path}: ")
+        return unreadable_reason(path, error)
     if path.is_dir():
         return "is a directory, not a GGUF file"
     return "not a regular file"

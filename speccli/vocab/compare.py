@@ -69,8 +69,10 @@ def compare_metadata(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
 
 
 def _unstated_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
-    """Fields one file states and the other leaves out, where llama.cpp's default for the missing one
-    gives the same tokenizer: not IDENTICAL, and named all the same."""
+    """Fields one file states and the other leaves out (a pre-tokenizer or setting whose llama.cpp
+    default is the stated value; token types or scores, whose defaults may or may not agree): not
+    IDENTICAL, so named, as warnings. The sample tokenization, which runs whenever the files differ,
+    decides whether they change how text tokenizes."""
     differences = []
 
     def stated_by(draft_has: bool) -> str:
