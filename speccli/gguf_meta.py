@@ -113,8 +113,8 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
 def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
     """Raise UnreadableFileError where two ids of the vocabulary have the same text as llama.cpp reads
     it: a C string (up to a NUL byte), an empty one renamed "[EMPTY_<id>]"."""
-    if len(set(tokens)) == len(tokens) and b"\0" not in b"".join(tokens):  # the usual case, in a few ms
-        return
+    if len(set(tokens)) == len(tokens) and b"" not in tokens and b"\0" not in b"".join(tokens):
+        return  # the usual case, in a few ms
     as_read = [text.split(b"\0", 1)[0] or b"[EMPTY_%d]" % token_id for token_id, text in enumerate(tokens)]
     if len(set(as_read)) == len(as_read):
         return

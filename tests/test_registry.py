@@ -1056,6 +1056,8 @@ def test_a_build_named_by_the_pins_first_16_digits_is_kept_and_renamed_not_fetch
     [(_, built)] = list(pull_models(registry, ["chunky"], quiet=True))
     assert built == source._build_path() and built.read_bytes() == WHOLE and not older.exists()
     older.write_bytes(WHOLE[:-1] + b"?")  # the same size, another hash: not the pinned file
+    stamp = older.stat().st_mtime_ns + 10**9  # not the first file's identity, on a coarse clock too
+    os.utime(older, ns=(stamp, stamp))
     built.unlink()
     assert model_statuses(registry)[-1].path is None
 

@@ -666,16 +666,34 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         status, error, headers = post(url, "/v1/chat/completions/", {"model": MODEL})
         assert_openai_error(status, error, 404, "unknown_url")
         assert "location" not in {name.lower() for name in headers}
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 1  # the surrogate
+        # ...in a key too, which the message names escaped (it had broken the JSON response: a 500).
+        status, error, _ = post(url, "/v1/chat/completions", b'{"model": "tiny", "metadata": {"\\ud800": "\\ud800"}}')
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "metadata.\\ud800"
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 2  # the surrogates
+
+
+def test_a_request_arriving_as_the_server_stops_gets_503_not_a_wait(endless_pair):
+    """Submitted to a worker already stopped, it had waited out the graceful shutdown."""
+    with ExitStack() as stack:
+        options = LoadOptions(n_ctx=256, n_threads=1)
+        target = stack.enter_context(Model(endless_pair[0], options))
+        service = build_service(MODEL, target, None, ServeSettings(port=0, spec="ngram", k=3))
+        url = stack.enter_context(serving_in_thread(service))
+        service.worker.stop()
+        status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "sing", "max_tokens": 2})
+        assert_openai_error(status, error, 503, "server_shutting_down")
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') == 1
 
 
 @pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_stopping_the_server_ends_a_running_stream_and_answers_a_waiting_request(endless_pair, interrupt):
+def test_stopping_the_server_ends_a_running_stream_and_answers_waiting_requests(endless_pair, interrupt):
     """They had waited out the graceful shutdown (the stream still growing), then been cancelled: a
-    stream cut without its end, a plain-text 500 for the waiting request, tracebacks in the log."""
+    stream cut without its end, a plain-text 500 for a waiting request, tracebacks in the log. A
+    waiting request that asked to stream gets the 503 too: its stream never began."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "speccli", "serve", "-m", str(endless_pair[0]), "-md", str(endless_pair[1]),
-               "--port", "0", "-t", "1", "--ctx", "8192", "--k", "4", "--queue", "1"]
+               "--port", "0", "-t", "1", "--ctx", "8192", "--k", "4", "--queue", "2"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         url = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", process.stderr.readline()).group(1)
@@ -683,18 +701,22 @@ def test_stopping_the_server_ends_a_running_stream_and_answers_a_waiting_request
                 "temperature": 0}  # greedy: "la la ..." with no end (sampled, it may end at a stop string)
         request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps({**body, "stream": True}).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(1) as pool:
+        with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(2) as pool:
             events = [stream.readline() for _ in range(8)]  # under way
-            waiting = pool.submit(post, url, "/v1/chat/completions", body)
-            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
+            waiting = [pool.submit(post, url, "/v1/chat/completions", {**body, "stream": streamed}) for streamed in (False, True)]
+            deadline = time.monotonic() + 10
+            while metric(get(url, "/metrics")[1], "queue_waiting") < 2:
+                assert time.monotonic() < deadline, "the requests never queued"
                 time.sleep(0.02)
             process.send_signal(interrupt)
             events += stream.read().splitlines(keepends=True)
-            status, error, _ = waiting.result(timeout=30)
+            answers = [request.result(timeout=30) for request in waiting]
         data = [line.decode().removeprefix("data: ").strip() for line in events if line.startswith(b"data: ")]
         assert data[-1] == "[DONE]"
         assert json.loads(data[-2])["error"]["message"] == "the server is shutting down; the request was not completed"
-        assert (status, error["error"]["message"]) == (503, "the server is shutting down; the request was not completed")
+        for status, error, _ in answers:
+            assert (status, error["error"]["message"], error["error"]["code"]) == (
+                503, "the server is shutting down; the request was not completed", "server_shutting_down")
         assert process.wait(timeout=20) == 0
         log = process.stderr.read()
         assert "Traceback" not in log and "graceful shutdown exceeded" not in log, log

@@ -98,8 +98,8 @@ class ChunkedPackagesSource:
     def _existing_build(self) -> Path | None:
         """The build, if there is one. Its sha256 was checked when it was built: hashing a gigabyte at
         every start would cost seconds. A build named by the pin's first 16 digits (speccli before
-        builds were named by the whole pin) is hashed once and renamed, not fetched again (1.6 GB for
-        the Qwen pair); where the cache is read-only it is used where it is."""
+        builds were named by the whole pin) is hashed and renamed, not fetched again (1.6 GB for the
+        Qwen pair); where the cache is read-only it is used where it is (hashed once per run)."""
         built = self._build_path()
         if is_built(built, self.size):
             return built
@@ -108,8 +108,10 @@ class ChunkedPackagesSource:
             return None
         try:
             older.rename(built)
-        except OSError:
-            return older
+        except OSError:  # read-only: used where it is; or another run renamed (or removed) it first
+            if is_built(built, self.size):
+                return built
+            return older if older.is_file() else None
         return built
 
     def cached_files(self, entry: ModelEntry, models: ModelFiles) -> list[Path] | None:

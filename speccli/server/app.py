@@ -36,7 +36,9 @@ from speccli.server.schemas import (
     ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl, unsupported_parameter,
 )
 from speccli.settings import needs_draft_model
-from speccli.server.worker import GenerationError, Job, QueueFullError, Speculation, Started, Worker
+from speccli.server.worker import (
+    SHUTTING_DOWN, GenerationError, Job, QueueFullError, ShuttingDownError, Speculation, Started, Worker,
+)
 
 # OpenAI's finish reasons for the Generator's.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
@@ -175,10 +177,14 @@ def create_app(service: Service) -> Starlette:
         except QueueFullError:
             raise APIError(503, "the server is busy: a request runs and its queue (--queue) is full; retry shortly",
                            kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
+        except ShuttingDownError:
+            raise _shutting_down() from None
         reply = Reply(service, job, body, speculation, chat)
         gone = asyncio.ensure_future(_client_gone(request))
         try:
             started = await _next_items(job, gone)
+            if isinstance(started[0], GenerationError):  # it never ran (the server stopped as it waited)
+                raise _shutting_down() if started[0].status == 503 else APIError(500, str(started[0]), kind="server_error")
             if not body.stream:
                 return JSONResponse(await reply.collect(gone, started))
         except ClientGone:
@@ -203,6 +209,7 @@ def create_app(service: Service) -> Starlette:
         if not isinstance(payload, dict):
             raise APIError(400, "the request body must be a JSON object")
         if (where := _lone_surrogate_at(payload)) is not None:
+            where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold one too
             raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
                                 "character; send text as UTF-8 or as paired escapes", param=where)
         if unsupported := unsupported_parameter(payload):
@@ -220,7 +227,9 @@ def create_app(service: Service) -> Starlette:
 
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
-        if error.status == 503:
+        if error.code == SHUTTING_DOWN_CODE:
+            service.metrics.record(None, "cancelled")  # by the server, as it stopped
+        elif error.status == 503:
             service.metrics.record(None, "queue_full")
         elif error.status < 500:  # a generation that failed (500) was counted by the worker, as "error"
             service.metrics.record(None, "rejected")
@@ -228,11 +237,14 @@ def create_app(service: Service) -> Starlette:
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        headers = dict(error.headers or {})  # a 405's Allow
+        headers = {name: value for name, value in (error.headers or {}).items() if name.lower() != "allow"}
+        allow = next((value for name, value in (error.headers or {}).items() if name.lower() == "allow"), None)
+        allowed = ", ".join(sorted(allow.split(", "))) if allow else ""  # from a set: its order varies by run
+        if allowed:  # a 405's
+            headers["Allow"] = allowed
         if error.status_code == 404:  # OpenAI's code for a path it does not serve
             message, code = f"no such path: {request.method} {request.url.path}", "unknown_url"
         elif error.status_code == 405:
-            allowed = next((value for name, value in headers.items() if name.lower() == "allow"), "")
             message, code = f"{request.method} {request.url.path}: not allowed; use {allowed}", None
         else:
             message, code = str(error.detail), None
@@ -279,6 +291,13 @@ async def _body(request: Request) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+SHUTTING_DOWN_CODE = "server_shutting_down"
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, SHUTTING_DOWN, kind="server_error", code=SHUTTING_DOWN_CODE)
 
 
 def _lone_surrogate_at(value: object, path: str = "") -> str | None:

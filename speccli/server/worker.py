@@ -36,6 +36,10 @@ class QueueFullError(Exception):
     """Every place in the queue is taken: the request is refused (503) rather than kept waiting."""
 
 
+class ShuttingDownError(Exception):
+    """The worker has stopped: a request that arrives as the server shuts down is refused (503)."""
+
+
 @dataclass(frozen=True)
 class Speculation:
     spec: str | None  # None: the target alone
@@ -111,6 +115,8 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         with self._changed:
+            if self._stopping:  # it would wait for a worker that has ended
+                raise ShuttingDownError
             # One job runs and max_waiting wait; one still waiting when the worker is idle is about to run.
             if len(self._waiting) + (self._running is not None) > self.max_waiting:
                 raise QueueFullError

@@ -34,16 +34,23 @@ def _identity(file: Path) -> str:
 
 def cached_sha256(file: Path) -> str:
     """sha256 of `file`, remembered by its identity (resolved path, size, mtime), so a 1 GB model is
-    hashed once rather than on every use."""
+    hashed once rather than on every use: in a record in the cache, and for the process (where the
+    record cannot be written, a read-only cache, a run hashes a file once and the next run again)."""
     identity = _identity(file)
+    if identity in _digests:
+        return _digests[identity]
     record = _read_record()
     known = record.get(identity)
     if isinstance(known, str):
+        _digests[identity] = known
         return known
-    digest = sha256_of(file)
+    digest = _digests[identity] = sha256_of(file)
     record[identity] = digest
     _write_record(record)
     return digest
+
+
+_digests: dict[str, str] = {}
 
 
 def _read_record() -> dict[str, object]:
