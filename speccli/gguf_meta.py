@@ -128,7 +128,6 @@ def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
         first_id[text] = token_id
 
 
-
 def is_whole_gguf(path: Path) -> bool:
     """`require_whole_gguf`, as a question."""
     return _passes(require_whole_gguf, path)
