@@ -428,6 +428,16 @@ def test_debug_adds_the_traceback_and_changes_no_exit_code(tmp_path, switch, env
         assert ("Traceback" in result.stderr) == traceback_shown
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("command", [["models"], ["env"], ["bench", "--schema"]])
+def test_a_full_stdout_is_named(command):
+    """"error: No space left on device" alone had named nothing: the disk looked full."""
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "speccli", *command], cwd=REPO, stdout=full, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (result.returncode, result.stderr) == (2, "error: stdout: No space left on device\n")
+
+
 def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
     """`speccli check-vocab A B >&-`: Python's sys.stdout is None and every print vanished, exit 0."""
     missing = tmp_path / "x.gguf"

@@ -77,9 +77,23 @@ class SpeccliGroup(TyperGroup):
         except (SpeccliError, OSError) as error:
             if debugging():
                 traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
+            if isinstance(error, OSError) and error.filename is None and _raised_writing_stdout(error):
+                error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
             typer.echo(f"error: {_one_line(error)}", err=True)
             code = getattr(error, "exit_code", USAGE_ERROR)
             raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
+
+
+def _raised_writing_stdout(error: OSError) -> bool:
+    """Whether the write that failed was to stdout: the innermost frame (rich's or click's write, or
+    our own) holds stdout, or a console writing to it."""
+    frame_traceback = error.__traceback__
+    while frame_traceback is not None and frame_traceback.tb_next is not None:
+        frame_traceback = frame_traceback.tb_next
+    if frame_traceback is None or sys.stdout is None:
+        return False
+    return any(value is sys.stdout or getattr(value, "file", None) is sys.stdout
+               for value in frame_traceback.tb_frame.f_locals.values())
 
 
 def debugging() -> bool:
