@@ -673,17 +673,32 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 2  # the surrogates
 
 
-def test_a_request_arriving_as_the_server_stops_gets_503_not_a_wait(endless_pair):
-    """Submitted to a worker already stopped, it had waited out the graceful shutdown."""
+def test_requests_running_waiting_or_arriving_as_the_server_stops_get_503_each_counted_once(endless_pair):
+    """Submitted to a worker already stopped, a request had waited out the graceful shutdown; a running
+    one's 503 had been counted as queue_full, beside the worker's own count."""
     with ExitStack() as stack:
-        options = LoadOptions(n_ctx=256, n_threads=1)
+        options = LoadOptions(n_ctx=8192, n_threads=1)
         target = stack.enter_context(Model(endless_pair[0], options))
         service = build_service(MODEL, target, None, ServeSettings(port=0, spec="ngram", k=3))
         url = stack.enter_context(serving_in_thread(service))
-        service.worker.stop()
+        body = {"model": MODEL, "prompt": "sing", "max_tokens": 7000, "temperature": 0}
+        request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(1) as pool:
+            [stream.readline() for _ in range(4)]  # running
+            waiting = pool.submit(post, url, "/v1/completions", body)
+            deadline = time.monotonic() + 10
+            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
+                assert time.monotonic() < deadline, "the second request never queued"
+                time.sleep(0.02)
+            service.worker.stop()
+            assert b"server_shutting_down" in stream.read()
+            assert_openai_error(*waiting.result(timeout=30)[:2], 503, "server_shutting_down")
         status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "sing", "max_tokens": 2})
         assert_openai_error(status, error, 503, "server_shutting_down")
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') == 1
+        text = get(url, "/metrics")[1]
+        assert metric(text, 'requests_total{outcome="cancelled"}') == 3
+        assert metric(text, 'requests_total{outcome="queue_full"}') == 0  # a shutdown's 503 had counted as one
 
 
 @pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -203,8 +203,8 @@ class ChatSession:
             self.display.legend()
 
     def run(self, lines: Iterator[str]) -> int:
-        """One turn per message (a typed line, a pasted block, a piped line); slash commands in between. Errors are shown and the session goes on;
-        returns how many lines failed."""
+        """One turn per message (a typed line, a pasted block, a piped line); slash commands in between.
+        Errors are shown and the session goes on; returns how many lines failed."""
         failed = 0
         for line in lines:
             text = line.strip()

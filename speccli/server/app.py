@@ -184,7 +184,7 @@ def create_app(service: Service) -> Starlette:
         try:
             started = await _next_items(job, gone)
             if isinstance(started[0], GenerationError):  # it never ran (the server stopped as it waited)
-                raise _shutting_down() if started[0].status == 503 else APIError(500, str(started[0]), kind="server_error")
+                raise _api_error(started[0])
             if not body.stream:
                 return JSONResponse(await reply.collect(gone, started))
         except ClientGone:
@@ -228,7 +228,7 @@ def create_app(service: Service) -> Starlette:
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
         if error.code == SHUTTING_DOWN_CODE:
-            service.metrics.record(None, "cancelled")  # by the server, as it stopped
+            pass  # counted by the worker, as cancelled: each request once, run, waiting or refused
         elif error.status == 503:
             service.metrics.record(None, "queue_full")
         elif error.status < 500:  # a generation that failed (500) was counted by the worker, as "error"
@@ -237,11 +237,10 @@ def create_app(service: Service) -> Starlette:
 
     async def http_error(request: Request, error: Exception) -> Response:
         assert isinstance(error, HTTPException)
-        headers = {name: value for name, value in (error.headers or {}).items() if name.lower() != "allow"}
-        allow = next((value for name, value in (error.headers or {}).items() if name.lower() == "allow"), None)
-        allowed = ", ".join(sorted(allow.split(", "))) if allow else ""  # from a set: its order varies by run
-        if allowed:  # a 405's
-            headers["Allow"] = allowed
+        headers = dict(error.headers or {})
+        if "Allow" in headers:  # a 405's, from a set of methods: its order varies from run to run
+            headers["Allow"] = ", ".join(sorted(headers["Allow"].split(", ")))
+        allowed = headers.get("Allow", "")
         if error.status_code == 404:  # OpenAI's code for a path it does not serve
             message, code = f"no such path: {request.method} {request.url.path}", "unknown_url"
         elif error.status_code == 405:
@@ -298,6 +297,11 @@ SHUTTING_DOWN_CODE = "server_shutting_down"
 
 def _shutting_down() -> APIError:
     return APIError(503, SHUTTING_DOWN, kind="server_error", code=SHUTTING_DOWN_CODE)
+
+
+def _api_error(error: GenerationError) -> APIError:
+    """A failed generation as the client hears it, whole or as a stream's last event."""
+    return _shutting_down() if error.status == 503 else APIError(error.status, str(error), kind="server_error")
 
 
 def _lone_surrogate_at(value: object, path: str = "") -> str | None:
@@ -390,7 +394,7 @@ class Reply:
                     return {**self._envelope("chat.completion" if self.chat else "text_completion"),
                             "choices": [choice], **self._figures(item.stats)}
                 elif isinstance(item, GenerationError):
-                    raise APIError(item.status, str(item), kind="server_error")
+                    raise _api_error(item)
             items = await _next_items(self.job, gone)
 
     async def stream(self, items: list[object]) -> AsyncIterator[str]:
@@ -414,7 +418,7 @@ class Reply:
                         yield "".join(out)
                         return
                     elif isinstance(item, GenerationError):
-                        error = APIError(item.status, str(item), kind="server_error").response().body.decode()
+                        error = _api_error(item).response().body.decode()
                         yield "".join(out) + f"data: {error}\n\ndata: [DONE]\n\n"
                         return
                 if out:

@@ -8,7 +8,7 @@ unless set to what means "off", since ignoring one would change what the respons
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -45,7 +45,7 @@ class SpeculationControl(Strict):
 
     enabled: bool = True
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
-    k: Optional[Union[Annotated[int, Field(ge=1, le=MAX_K)], Literal["auto"]]] = None  # default: the server's --k
+    k: Optional[Union[int, Literal["auto"]]] = None  # default: the server's --k; range checked by `_k`
 
     # The messages say what is allowed, not pydantic's type names ("a valid dictionary or instance of
     # SpeculationControl", "a valid integer" for k: "AUTO").

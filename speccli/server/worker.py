@@ -108,7 +108,10 @@ class Worker:
             for job in [*([self._running] if self._running is not None else []), *self._waiting]:
                 job.cancelled.set()
                 job.emit(GenerationError(SHUTTING_DOWN, status=503))
+            for _ in self._waiting:  # the running one is counted where it stops
+                self.metrics.record(None, "cancelled")
             self._waiting.clear()
+            self.metrics.set_waiting(0)
             self._changed.notify()
         if self._thread.is_alive():
             self._thread.join()
@@ -116,6 +119,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         with self._changed:
             if self._stopping:  # it would wait for a worker that has ended
+                self.metrics.record(None, "cancelled")
                 raise ShuttingDownError
             # One job runs and max_waiting wait; one still waiting when the worker is idle is about to run.
             if len(self._waiting) + (self._running is not None) > self.max_waiting:
