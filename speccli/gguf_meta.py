@@ -8,6 +8,7 @@ tests/test_gguf_meta.py cross-checks it against gguf.GGUFReader on real files.
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -24,6 +25,9 @@ _MAX_NESTING = 8  # arrays of arrays: none in real files; deeper is a crafted he
 _MAX_DIMS = 8  # GGML_MAX_DIMS is 4; anything past this is a garbage header
 _DEFAULT_ALIGNMENT = 32  # where `general.alignment` is absent (gguf spec)
 _TOKENS = "tokenizer.ggml.tokens"
+SPLIT_COUNT = "split.count"
+# llama.cpp's naming for a model split across files (gguf-split): it is given the first part.
+SPLIT_PART = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf")
 # ggml tensor types (ggml.h): id -> (elements per block, bytes per block). A tensor of another type
 # leaves a file's size unknown (Q8_1, 9, is left out: only a compute type, its layout differs between
 # versions). tests/test_gguf_meta.py checks these against gguf.GGML_QUANT_SIZES.
@@ -102,12 +106,30 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
     over as it loads `path`: anything not GGUF, a header cut short, a vocabulary that holds one token's
     text twice (a GGML_ASSERT in llama.cpp's vocabulary loader), and where the weights are wanted, a
     file cut short of its tensors."""
-    metadata, _, needed = read_gguf_header(path, lambda key: key == _TOKENS)
+    metadata, _, needed = read_gguf_header(path, lambda key: key in (_TOKENS, SPLIT_COUNT))
     tokens = metadata.get(_TOKENS)
     if isinstance(tokens, list):
         require_distinct_tokens(path, tokens)
     if weights:
         require_size(path, needed)
+        require_later_parts_whole(path, metadata.get(SPLIT_COUNT))
+
+
+def require_later_parts_whole(first: Path, split_count: Any) -> None:
+    """`require_whole_gguf` for the files after `first` of a model split in `split_count` parts (the
+    value of `first`'s SPLIT_COUNT key): llama.cpp is given the first and opens the others itself."""
+    for part in split_parts(first, split_count)[1:]:
+        require_whole_gguf(part)
+
+
+def split_parts(first: Path, count: Any) -> list[Path]:
+    """Every file of a model split in `count` parts (gguf-split), `first` first, named as llama.cpp
+    looks for them beside it ("<prefix>-00002-of-00003.gguf"); just `first` where the name is not a
+    first part's, for llama.cpp to refuse in its own words."""
+    named = SPLIT_PART.fullmatch(first.name)
+    if not isinstance(count, int) or count < 2 or not named or named["index"] != "00001" or int(named["count"]) != count:
+        return [first]
+    return [first.with_name(f"{named['prefix']}-{index:05d}-of-{count:05d}.gguf") for index in range(1, count + 1)]
 
 
 def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:

@@ -287,6 +287,24 @@ def test_a_model_file_cut_short_is_one_line_before_llama_cpp_reads_it(tiny_pair,
     assert_one_line(result, f"error: {cut}: cut short: {len(whole) // 2:,} bytes of the {len(whole):,} its tensors need", 2)
 
 
+def test_a_split_model_with_a_later_part_cut_short_or_missing_is_one_line(tmp_path):
+    """llama.cpp is given a split model's first file and opens the others itself: each is checked."""
+    first = write_tiny_gguf(tmp_path / "tiny.gguf", split_max_tensors=4)
+    parts = sorted(tmp_path.glob("tiny-*-of-*.gguf"))
+    assert first == parts[0] and first.name.startswith("tiny-00001-of-") and len(parts) >= 3
+    args = ("chat", "-m", str(first), "--spec", "ngram", "-t", "1", "-c", "256", "-n", "2", "-p", "hello")
+    assert speccli(*args).exit_code == 0  # whole, it loads
+
+    whole = parts[1].read_bytes()
+    parts[1].write_bytes(whole[:-1])
+    cut_short = f"error: {parts[1]}: cut short: {len(whole) - 1:,} bytes of the {len(whole):,} its tensors need"
+    assert_one_line(speccli(*args), cut_short, 2)
+    assert_one_line(speccli("check-vocab", str(first), str(first)), cut_short, 2)  # no pair could load it
+    parts[-1].unlink()
+    parts[1].write_bytes(whole)
+    assert_one_line(speccli(*args), f"error: {parts[-1]}: no such file", 2)
+
+
 def test_a_vocabulary_with_a_token_twice_is_one_line_not_an_abort_in_llama_cpp(tmp_path):
     """llama.cpp's vocabulary loader asserts that every token text is distinct: the process aborted
     (exit 134, a debugger's backtrace on stdout)."""

@@ -178,14 +178,15 @@ class TinyConfig:
         return self.vocab if self.vocab is not None else spm_vocabulary(self.vocab_size)
 
 
-def write_tiny_gguf(path: str | Path, config: TinyConfig = TinyConfig()) -> Path:
-    """Write one tiny llama GGUF file and return its path."""
+def write_tiny_gguf(path: str | Path, config: TinyConfig = TinyConfig(), split_max_tensors: int = 0) -> Path:
+    """Write one tiny llama GGUF file and return its path; with `split_max_tensors`, a model split in
+    files of at most that many tensors (as gguf-split does), and return the first's path."""
     path = Path(path)
     vocab = config.vocabulary()
     metadata = _llama_metadata(config, vocab) | _tokenizer_metadata(vocab)
     metadata.update(config.metadata)
 
-    writer = GGUFWriter(path, "llama")
+    writer = GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     writer.kv_data[0].clear()  # general.architecture comes from `metadata`, so overrides can change it
     for key, value in metadata.items():
         if value is None:
@@ -202,7 +203,7 @@ def write_tiny_gguf(path: str | Path, config: TinyConfig = TinyConfig()) -> Path
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
+    return writer.format_shard_names(path)[0]
 
 
 def write_related_pair(

@@ -25,6 +25,7 @@ from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils import validate_repo_id
 
 from speccli.errors import SpeccliError
+from speccli.gguf_meta import SPLIT_PART
 from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles
 from speccli.util.cache import refuse_empty_home
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from speccli.models.config import ModelEntry
 
 _COMMIT_HASH = re.compile(r"[0-9a-f]{40}")
-# llama.cpp's naming for a model split across files (gguf-split): the loader is given the first part
-# and finds the others next to it.
-_SPLIT_PART = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf")
 # How long to wait for the Hub's host to answer before calling it unreachable (huggingface_hub itself
 # retries for about 25 s with a line of noise per try).
 _REACHABLE_TIMEOUT_S = 4
@@ -166,7 +164,7 @@ class HubSource:
                 raise NoMatchError(f"model '{entry.name}': no file in {self.repo} matches '{self.file}'")
         else:
             matches = [self.file]
-        split = _SPLIT_PART.fullmatch(matches[0])
+        split = SPLIT_PART.fullmatch(matches[0])
         if split:
             count = int(split["count"])
             parts = [f"{split['prefix']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import read_gguf_header, require_distinct_tokens, require_size
+from speccli.gguf_meta import (
+    SPLIT_COUNT,
+    read_gguf_header,
+    require_distinct_tokens,
+    require_later_parts_whole,
+    require_size,
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ def read_vocab(path: str | Path) -> VocabInfo:
     """The tokenizer metadata of a GGUF file. Raises UnreadableFileError naming the file."""
     path = Path(path)
     metadata, tensor_count, needed = read_gguf_header(
-        path, wanted=lambda key: key.startswith("tokenizer.") or key == "general.architecture"
+        path, wanted=lambda key: key.startswith("tokenizer.") or key in ("general.architecture", SPLIT_COUNT)
     )
     model = metadata.get("tokenizer.ggml.model")
     tokens = metadata.get("tokenizer.ggml.tokens")
@@ -72,6 +78,7 @@ def read_vocab(path: str | Path) -> VocabInfo:
         raise UnreadableFileError(f"{path}: GGUF file without tokenizer metadata (no tokenizer.ggml.model/tokens)")
     require_distinct_tokens(path, tokens)
     require_size(path, needed)  # a file cut short holds its vocabulary, but no pair could load it
+    require_later_parts_whole(path, metadata.get(SPLIT_COUNT))
     special_ids, settings = {}, {}
     for key, value in metadata.items():
         name = key.removeprefix("tokenizer.ggml.")
