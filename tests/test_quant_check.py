@@ -51,7 +51,9 @@ def _run(*args: str) -> object:
 def ranked_report(gemma: dict[str, Path], short_text: Path) -> dict:
     result = _run(gemma["reference"], *(gemma[name] for name in reversed(RANKED)), "--prompts", short_text, "--json")
     assert result.exit_code == 1, result.output  # the broken file is BROKEN
-    return json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    assert report["exit_code"] == 1 and report["context"] == 2048  # quant-check's default context
+    return report
 
 
 def test_ranking_is_q8_q4km_q2k_broken_on_every_figure(gemma: dict[str, Path], ranked_report: dict) -> None:
@@ -83,7 +85,9 @@ def test_the_same_file_as_reference_and_candidate_scores_perfectly(gemma: dict[s
     text.write_text(BUILTIN_TEXTS["prose"][:400])
     result = _run(gemma["Q2_K"], gemma["Q2_K"], "--text", text, "--json")
     assert result.exit_code == 0, result.output
-    [same] = json.loads(result.stdout)["candidates"]
+    report = json.loads(result.stdout)
+    assert report["exit_code"] == 0
+    [same] = report["candidates"]
     assert same["verdict"] == "OK"
     assert same["acceptance"] == pytest.approx(1.0, abs=1e-5)
     assert same["greedy_acceptance"] == 1.0

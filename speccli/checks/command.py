@@ -43,7 +43,7 @@ def run_quant_check(
                 reference_path, candidate_paths, sequences, params, LoadOptions(n_ctx=n_ctx, n_threads=threads),
                 sequential=sequential, progress=lambda what, done: bar.update(task, advance=done, description=what),
             )
-        return build_report(measurement, candidates, tokenizer, params, source.description)
+        return build_report(measurement, candidates, tokenizer, params, source.description, n_ctx)
 
 
 def _require_same_vocabulary(candidate: Path, reference: Path) -> None:

@@ -18,7 +18,7 @@ def render(report: QuantCheckReport) -> Group:
     settings = f"temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, min-p {s['min_p']:g}"
     header = Text.assemble(
         ("reference  ", "bold"), report.reference, "\n",
-        ("text       ", "bold"), f"{report.text}: {report.sequences} sequences, {report.positions} positions\n",
+        ("text       ", "bold"), f"{report.text}: {report.sequences} sequences, {report.positions} positions, context {report.context}\n",
         ("sampling   ", "bold"), f"{settings} (acceptance); KL and top-1 on the raw distributions\n",
         ("mode       ", "bold"), ("sequential: " if report.sequential else "") + report.reference_storage,
         f"; {report.seconds:.1f} s",

@@ -88,6 +88,7 @@ class QuantCheckReport:
     text: str
     sequences: int
     positions: int
+    context: int  # the context each model was loaded with: no sequence is longer
     sampling: dict[str, float]
     sequential: bool
     reference_storage: str
@@ -101,11 +102,11 @@ class QuantCheckReport:
         return 1 if any(c.verdict is Fidelity.BROKEN for c in self.candidates) else 0
 
     def to_json(self) -> str:
-        return json.dumps(json_safe(asdict(self)), indent=2, default=str)
+        return json.dumps(json_safe(asdict(self) | {"exit_code": self.exit_code}), indent=2, default=str)
 
 
 def build_report(
-    measurement: Measurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str
+    measurement: Measurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str, context: int
 ) -> QuantCheckReport:
     """`names`: each candidate as the command line gave it, in the measurement's order."""
     candidates = [_candidate(measurement, c, name, tokenizer) for c, name in zip(measurement.candidates, names, strict=True)]
@@ -120,6 +121,7 @@ def build_report(
         text=text,
         sequences=len(measurement.sequences),
         positions=len(measurement.offsets),
+        context=context,
         sampling={"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p},
         sequential=measurement.sequential,
         reference_storage=storage,
