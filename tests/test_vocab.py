@@ -277,6 +277,10 @@ BAD_FILES = {
         lambda good, d: truncated_copy(good, d / "cut.gguf", good.stat().st_size // 2),
         r"cut short: [\d,]+ bytes of the [\d,]+ its tensors need",
     ),
+    "a special token id that is not one": (  # llama.cpp: "key ... has wrong type str but expected type u32"
+        lambda good, d: write_tiny_gguf(d / "text-bos.gguf", TinyConfig(metadata={"tokenizer.ggml.bos_token_id": "1"})),
+        r"tokenizer\.ggml\.bos_token_id holds '1', not a token id$",
+    ),
     "no tokenizer metadata": (
         lambda good, d: write_tiny_gguf(d / "no-tokenizer.gguf", TinyConfig(
             vocab_only=True,

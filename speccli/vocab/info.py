@@ -84,7 +84,9 @@ def read_vocab(path: str | Path) -> VocabInfo:
         name = key.removeprefix("tokenizer.ggml.")
         if name == key or name in ("model", "pre", "tokens", "token_type", "scores", "merges"):
             continue
-        if name.endswith("_token_id") and isinstance(value, int):
+        if name.endswith("_token_id"):
+            if not isinstance(value, int) or isinstance(value, bool):  # llama.cpp: "key ... has wrong type"
+                raise UnreadableFileError(f"{path}: {key} holds {value!r}, not a token id")
             special_ids[name.removesuffix("_token_id")] = value
         elif not isinstance(value, (list, np.ndarray)):
             settings[name] = value
