@@ -28,6 +28,7 @@ from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, pre
 from speccli.cli.app import app
 from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import Verdict, verify_greedy
+from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
@@ -460,6 +461,21 @@ def test_a_reply_that_cannot_fit_the_context_is_refused_in_one_line(pair_args, t
     assert result.stderr.endswith(
         f" tokens) + --n-predict 300{drafts} does not fit the context of 256 tokens; raise --ctx or lower --n-predict\n"
     )
+
+
+def test_auto_beside_a_long_prompt_in_a_small_context_profiles_the_widths_that_fit(bench_pair, pair_args, tmp_path) -> None:
+    """bench profiles v(n) for auto's report at n up to 16 after the first prompt: where those rows do
+    not fit, they are left out (the run had failed after its rounds: 'the context window is full')."""
+    with load_vocab_only(bench_pair[0]) as tokenizer:
+        words = "one two three four " * 200
+        text = next(words[:n] for n in range(len(words)) if len(tokenizer.tokenize(words[:n])) >= 256 - 12)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"task": "long", "prompt": text}) + "\n")
+    result = invoke(*pair_args, *FAST, "--ctx", "256", "--n-predict", "4", "--k", "auto", "--prompts", str(prompts),
+                    "--json", str(tmp_path / "report.json"))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [v["k"] for v in report["costs"]["verify"]] == [1, 3, 7]  # 15 drafts and the pending token do not fit
 
 
 def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:

@@ -87,8 +87,12 @@ def test_a_second_call_decodes_only_the_new_tokens(generator) -> None:
     prompt = target.tokenizer.tokenize("the cat sat")
     run(generator, prompt, max_tokens=6)
     new_text = target.tokenizer.tokenize(" and then", add_special=False)
+    follow_up = generator.tokens + new_text
+    # What it reports as reused (chat's prefill count, serve's cached_tokens): not the previous reply's
+    # last token, which no cache holds yet.
+    assert generator.reused_prefix(follow_up) == len(generator.tokens) - 1
     decoded_before = target.decoded_tokens
-    _, _, done = run(generator, generator.tokens + new_text, max_tokens=1)
+    _, _, done = run(generator, follow_up, max_tokens=1)
     # Prefill: the previous reply's last token and the new text but its last token; then one step
     # decodes that last token and the drafts. Nothing from the first call is decoded again.
     assert done.stats.steps == 1

@@ -80,10 +80,12 @@ class CostProfiler:
 
     def __init__(self, target: Model, draft: Model | None, prompt_tokens: Sequence[int], ks: Iterable[int]) -> None:
         self.target, self.draft = target, draft
-        self.ks = sorted(set(ks))
         self.models = [target] + ([draft] if draft is not None else [])
         self.context = list(prompt_tokens[:-1]) or list(prompt_tokens)
-        self.filler = list(prompt_tokens) * (max(self.ks) // max(len(prompt_tokens), 1) + 2)
+        # Only widths the context holds after the prompt: every fixed K does (run_bench checks that
+        # first), but auto's points need not, beside a long prompt in a small --ctx.
+        self.ks = sorted(k for k in set(ks) if len(self.context) + k + 1 <= target.n_ctx)
+        self.filler = list(prompt_tokens) * (max(self.ks, default=0) // max(len(prompt_tokens), 1) + 2)
         self.sizes = {"target": 1, **{f"verify{k}": k + 1 for k in self.ks}}
         if draft is not None:
             self.sizes["draft"] = 1

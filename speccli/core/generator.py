@@ -66,8 +66,9 @@ class Generator:
 
     def reused_prefix(self, prompt: Sequence[int]) -> int:
         """Tokens of `prompt` the caches hold already (a chat's earlier turns): the prefill skips them.
-        The prompt's last token is always decoded, to give the first logits."""
-        return common_prefix_length(self.tokens, prompt[:-1])
+        The prompt's last token is always decoded, to give the first logits; nor does any cache hold
+        the last token of `tokens` yet (a reply's last), though the prompt may repeat it."""
+        return min(common_prefix_length(self.tokens, prompt[:-1]), self.target.n_past)
 
     def reset(self) -> None:
         self.target.reset()

@@ -80,6 +80,7 @@ class Model:
         # rejected drafts is only exact with the full-size SWA cache (llama.cpp's default; made explicit).
         params.swa_full = True
         clear_errors()
+        self._ctx = None  # set before a Ctrl-C can land: the handler below reads it
         try:
             with interruptible():
                 self._ctx = llama_cpp.llama_init_from_model(self._model, params)
