@@ -16,7 +16,9 @@ from speccli.drafting.base import Draft, DraftCosts, DraftRequest, no_take_over
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, TIMING_WEIGHT, AutoK, FixedK, VerifyCosts
+from speccli.drafting.policy import (
+    FIRST_PROBE_AFTER, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, TIMING_WEIGHT, AutoK, FixedK, VerifyCosts,
+)
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
@@ -32,9 +34,11 @@ def request(
     best_rate=lambda key, available, catch_up: None,
     keep_drafting=lambda key, confidence: True,
     take_over=no_take_over,
+    length_if_asked=None,
 ) -> DraftRequest:
     return DraftRequest(
-        list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting, take_over
+        list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting,
+        length_if_asked or length_for, take_over,
     )
 
 
@@ -703,6 +707,20 @@ def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     costly = calibrated(COMPUTE_BOUND, {"model": 0.68})
     learn(costly, "model", 2, 0, 30, token_cost=0.68)
     assert all(costly.length_for("model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
+
+
+def test_a_take_over_question_is_not_a_step_and_brings_no_re_check_due() -> None:
+    """While a draft model drafts 8 tokens, a chain asks the lookup after each whether it takes over:
+    counted as asks, those brought a ruled-out lookup key's re-check due after two target steps, and the
+    re-check faded the evidence that had ruled it out (to RECHECK_CARRY) without ever being verified."""
+    policy = calibrated(COMPUTE_BOUND, {})
+    learn(policy, "ngram:1-2", 2, 0, 30, token_cost=0.0004)
+    weight = sum(policy.keys["ngram:1-2"].judged_at)
+    for _ in range(FIRST_PROBE_AFTER):  # steps the model drafted, the lookup asked 7 times in each
+        assert [policy.length_if_asked("ngram:1-2", 8) for _ in range(7)] == [0] * 7
+        assert policy.length_for("ngram:1-2", 8) == 0  # the step's own ask
+    assert sum(policy.keys["ngram:1-2"].judged_at) == weight and not policy.keys["ngram:1-2"].probing
+    assert policy.length_for("ngram:1-2", 8) == 2 and policy.keys["ngram:1-2"].probing  # due after 16 idle steps
 
 
 def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_a_reply() -> None:

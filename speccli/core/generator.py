@@ -174,7 +174,7 @@ class Generator:
             draft = self.drafter.propose(
                 DraftRequest(
                     self.tokens, limit, self.sampling, self.rng,
-                    self.policy.length_for, self.policy.best_rate, self.policy.keep_drafting,
+                    self.policy.length_for, self.policy.best_rate, self.policy.keep_drafting, self.policy.length_if_asked,
                 )
             )
         draft_seconds = time.perf_counter() - started

@@ -47,6 +47,9 @@ class DraftRequest:
     length_for: LengthFor
     best_rate: RateOf  # side-effect free: lets a chain weigh one source's draft against the next's
     keep_drafting: KeepDrafting  # a draft model may stop short of the length asked when it grows unsure
+    # `length_for` without counting an ask: a take-over's question is asked after each drafted token,
+    # and counted it had brought a lookup key's re-check due within a step or two (see AutoK).
+    length_if_asked: LengthFor
     take_over: TakeOver = no_take_over
 
 

@@ -95,7 +95,8 @@ class ChainDrafter:
             return request
 
         def take_over(drafted: Sequence[int]) -> Draft:
-            extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted))
+            extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted),
+                               length_for=request.length_if_asked)
             rate_of_more = request.best_rate(drafting, extended.limit, 0)  # it is drafting: caught up
             for source in self.drafters[:position]:
                 draft = source.propose(extended)

@@ -134,7 +134,12 @@ class KPolicy(Protocol):
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
 
     def length_for(self, key: str, available: int, catch_up: int) -> int:
-        """Tokens to draft of `available`, where the source must first take in `catch_up` skipped tokens."""
+        """Tokens to draft of `available`, where the source must first take in `catch_up` skipped tokens.
+        This is the step's one ask of the key: it counts it (steps without drafts, re-checks due)."""
+
+    def length_if_asked(self, key: str, available: int, catch_up: int) -> int:
+        """What `length_for` would choose on the estimates, without counting an ask or re-checking: a
+        chain's question, while a draft model drafts, whether a lookup would take over."""
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         """Whether a source that is this sure of its next token (`confidence()`) should still propose it."""
@@ -168,6 +173,8 @@ class FixedK:
 
     def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
         return min(self.k, available)
+
+    length_if_asked = length_for
 
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         return True  # K tokens every step, as asked: the confidence is never computed
@@ -380,6 +387,13 @@ class AutoK:
         history.drafted_in_reply |= best > 0
         return best
 
+    def length_if_asked(self, key: str, available: int, catch_up: int = 0) -> int:
+        limit = min(available, self.max_k)
+        if limit <= 0:
+            return 0
+        history = self._history(key)
+        return self._choice(history, history.acceptance(limit), catch_up)
+
     def keep_drafting(self, key: str, confidence: Callable[[], float]) -> bool:
         history = self._history(key)
         sure = confidence()
@@ -404,6 +418,10 @@ class AutoK:
         if draft.catch_up_tokens:
             self._learn_catch_up(self._history(draft.key), draft.catch_up_tokens, step.catch_up_seconds)
         taken_over = draft.continuation
+        if taken_over is not None:  # asked quietly (`length_if_asked`): its draft counts as its step's ask
+            history = self._history(taken_over.key)
+            history.asked_in_reply = history.drafted_in_reply = True
+            history.idle_steps = 0
         if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
             accepted = step.accepted - own
             self._learn(taken_over.key, len(taken_over.tokens), accepted, 0.0, accepted)

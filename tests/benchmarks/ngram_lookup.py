@@ -44,6 +44,7 @@ def measure(context_tokens: int, steps: int = 2000) -> tuple[float, float]:
         request = DraftRequest(
             stream[:end], 32, sampling, rng,
             lambda key, available, catch_up: available, lambda key, available, catch_up: None, lambda key, confidence: True,
+            lambda key, available, catch_up: available,
         )
         began = time.perf_counter()
         drafter.propose(request)

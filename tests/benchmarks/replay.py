@@ -226,7 +226,8 @@ def replay(
             draft = Draft.nothing()
             if limit > 0:
                 request = DraftRequest(
-                    context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting
+                    context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting,
+                    policy.length_if_asked,
                 )
                 draft = drafter.propose(request)
             proposed = draft.proposed
