@@ -1,6 +1,8 @@
 """The generation loop on real tiny GGUF models: limits, stop strings, context, cache reuse, bad input."""
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from speccli.llama.model import ContextFullError, LoadOptions, Model
@@ -97,6 +99,23 @@ def test_a_second_call_decodes_only_the_new_tokens(generator) -> None:
     # decodes that last token and the drafts. Nothing from the first call is decoded again.
     assert done.stats.steps == 1
     assert target.decoded_tokens - decoded_before == len(new_text) + 1 + done.stats.drafted
+
+
+def test_reset_frees_the_rows_a_draft_model_drafted_into(models) -> None:
+    """serve keeps a generator for each drafting configuration clients ask for (K up to 64), and resets
+    the one it leaves: its K rows of probabilities must go with the reset (64 MiB at Gemma's vocabulary)."""
+    target, draft = models
+    k = 32
+    row_bytes = k * draft.n_vocab * 4
+    tracemalloc.start()
+    try:
+        generator = Generator(target, ModelDrafter(draft), SamplingParams(temperature=0.9), FixedK(k), seed=1)
+        run(generator, target.tokenizer.tokenize("the cat sat"), max_tokens=k + 2)  # room for a K-token draft
+        held = tracemalloc.get_traced_memory()[0]
+        generator.reset()
+        assert held - tracemalloc.get_traced_memory()[0] >= row_bytes
+    finally:
+        tracemalloc.stop()
 
 
 def test_prompt_longer_than_the_context_is_refused(generator) -> None:

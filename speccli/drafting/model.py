@@ -97,6 +97,7 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.model.reset()
+        self._q_rows = RowBuffer()  # K rows of the vocabulary (64 MiB at K=64, 262k tokens): not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each

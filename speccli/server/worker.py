@@ -175,6 +175,10 @@ class Worker:
             self._generators[speculation] = generator
         if self._active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.
+            # That one is reset too, which frees what it held for drafting (a lookup's index, a draft
+            # model's rows: one generator is kept per configuration a client asks for, up to 64 K each).
+            if self._active in self._generators:
+                self._generators[self._active].reset()
             generator.reset()
             self._active = speculation
         return generator
