@@ -119,7 +119,7 @@ def test_gemma3_template_prompt_equals_llama_cpp_pythons(gemma_file):
     assert (bos, eos) == ("<bos>", "<eos>")
     chat_format = TemplateFormat(GEMMA3_TEMPLATE, bos, eos)
     expected_text = Jinja2ChatFormatter(GEMMA3_TEMPLATE, eos_token=eos, bos_token=bos)(messages=messages()).prompt
-    assert chat_format.render(messages(), add_generation_prompt=True) == expected_text
+    assert chat_format.render(messages()) == expected_text
     assert "<start_of_turn>model\nπ ≈ 3,14159 — «pi», 円周率です。<end_of_turn>" in expected_text
 
     handler = Jinja2ChatFormatter(GEMMA3_TEMPLATE, eos_token=eos, bos_token=bos).to_chat_handler()
@@ -132,7 +132,7 @@ def test_qwen_gguf_template_prompt_equals_llama_cpp_pythons(qwen_file):
         chat_format, fallback_reason = chat_format_for(tokenizer)
         template = tokenizer.chat_template
     assert isinstance(chat_format, TemplateFormat) and fallback_reason is None
-    rendered = chat_format.render(messages(), add_generation_prompt=True)
+    rendered = chat_format.render(messages())
     assert rendered.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n") and rendered.endswith("<|im_start|>assistant\n")
     expected_text = Jinja2ChatFormatter(template, eos_token="<|im_end|>", bos_token="")(messages=messages()).prompt
     assert rendered == expected_text
@@ -148,12 +148,12 @@ def test_a_template_with_generation_tags_renders_instead_of_falling_back():
     )
     chat_format = TemplateFormat(template, "", "")
     turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "héllo"}, {"role": "user", "content": "?"}]
-    assert chat_format.render(turns, add_generation_prompt=True) == "U: hi\nA: héllo\nU: ?\nA:"
+    assert chat_format.render(turns) == "U: hi\nA: héllo\nU: ?\nA:"
 
 
 def test_tojson_keeps_key_order_and_text_as_written():
     chat_format = TemplateFormat("{{ messages | tojson }}", "", "")
-    rendered = chat_format.render([{"role": "user", "content": "<b>café</b> & 日本"}], add_generation_prompt=False)
+    rendered = chat_format.render([{"role": "user", "content": "<b>café</b> & 日本"}])
     assert rendered == '[{"role": "user", "content": "<b>café</b> & 日本"}]'
 
 
@@ -161,6 +161,6 @@ def test_plain_transcript_for_models_without_a_template(tiny_model):
     with load_vocab_only(tiny_model) as tokenizer:
         chat_format, fallback_reason = chat_format_for(tokenizer)
     assert isinstance(chat_format, PlainTranscript) and "no chat template" in fallback_reason
-    assert chat_format.render(messages()[:3], add_generation_prompt=True) == (
+    assert chat_format.render(messages()[:3]) == (
         f"{SYSTEM}\n\nUser: {TURNS[0][0]}\nAssistant:{TURNS[0][1]}\nAssistant:"
     )

@@ -29,7 +29,7 @@ import numpy as np
 
 from speccli.llama.model import Model
 from speccli.llama.tokenizer import Tokenizer
-from speccli.chat.template import ChatFormat, Message, chat_format_for
+from speccli.chat.template import ChatFormat, Message, chat_format_for, tokenize_rendered
 from speccli.chat.view import Display, Mode
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
@@ -81,29 +81,22 @@ class Conversation:
         return messages
 
     def prompt_for(self, user_text: str) -> Prompt:
-        text = self.format.render(self.messages() + [{"role": "user", "content": user_text}], add_generation_prompt=True)
+        text = self.format.render(self.messages() + [{"role": "user", "content": user_text}])
         if self._fed_tokens and text.startswith(self._fed_text):
             new_text = text[len(self._fed_text) :]
             tokens = self._fed_tokens + self.tokenizer.tokenize(new_text, False, self.format.parse_special)
         else:
-            tokens = self._tokenize_whole(text)
+            tokens = tokenize_rendered(self.tokenizer, self.format, text)
         return Prompt(tokens, text)
 
     def prompt_alone(self, user_text: str) -> Prompt:
         """The prompt for `user_text` with every earlier turn left out (the system prompt kept)."""
         messages = self._system_messages() + [{"role": "user", "content": user_text}]
-        text = self.format.render(messages, add_generation_prompt=True)
-        return Prompt(self._tokenize_whole(text), text)
+        text = self.format.render(messages)
+        return Prompt(tokenize_rendered(self.tokenizer, self.format, text), text)
 
     def _system_messages(self) -> list[Message]:
         return [{"role": "system", "content": self.system}] if self.system else []
-
-    def _tokenize_whole(self, text: str) -> list[int]:
-        # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).
-        tokens = self.tokenizer.tokenize(text, False, self.format.parse_special)
-        if self.tokenizer.adds_bos and tokens[:1] != [self.tokenizer.bos_id]:
-            tokens.insert(0, self.tokenizer.bos_id)
-        return tokens
 
     def add_turn(self, user_text: str, prompt: Prompt, reply_tokens: list[int], reply_text: str) -> None:
         """Record a finished (or interrupted) reply. The end-of-turn token, if any, is not kept: the

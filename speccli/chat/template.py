@@ -15,7 +15,8 @@ class ChatFormat(Protocol):
     stop: tuple[str, ...]  # strings that end a reply, besides the model's end-of-generation tokens
     parse_special: bool  # whether special-token text in the rendering means the special token
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str: ...
+    def render(self, messages: Sequence[Message]) -> str:
+        """The conversation, and the start of the assistant's reply to it."""
 
 
 class TemplateFormat:
@@ -27,8 +28,8 @@ class TemplateFormat:
     def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
         self._template = ChatTemplate(template, bos_token, eos_token)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
-        return self._template.render(messages, add_generation_prompt)
+    def render(self, messages: Sequence[Message]) -> str:
+        return self._template.render(messages)
 
 
 class PlainTranscript:
@@ -37,7 +38,7 @@ class PlainTranscript:
     stop = ("\nUser:",)
     parse_special = False
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[Message]) -> str:
         parts = []
         for message in messages:
             if message["role"] == "system":
@@ -48,9 +49,17 @@ class PlainTranscript:
                 # The reply as generated (usually with its leading space), so the transcript
                 # re-renders to exactly the text the model saw.
                 parts.append(f"Assistant:{message['content']}\n")
-        if add_generation_prompt:
-            parts.append("Assistant:")
+        parts.append("Assistant:")
         return "".join(parts)
+
+
+def tokenize_rendered(tokenizer: Tokenizer, chat_format: ChatFormat, text: str) -> list[int]:
+    """A whole rendered conversation as tokens. Templates usually write the BOS token themselves; it is
+    added only where they do not (no double BOS)."""
+    tokens = tokenizer.tokenize(text, False, chat_format.parse_special)
+    if tokenizer.adds_bos and tokens[:1] != [tokenizer.bos_id]:
+        tokens.insert(0, tokenizer.bos_id)
+    return tokens
 
 
 def chat_format_for(tokenizer: Tokenizer) -> tuple[ChatFormat, str | None]:

@@ -144,7 +144,7 @@ class ChainDrafter:
             drafter.reset()
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
-        return self.drafters[0].catch_up_tokens(context)  # the first source is always asked
+        return max(drafter.catch_up_tokens(context) for drafter in self.drafters)  # whichever source drafts
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {key: cost for drafter in self.drafters for key, cost in drafter.costs(context).items()}

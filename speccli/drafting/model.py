@@ -78,7 +78,8 @@ class ModelDrafter:
                     break
         if not drafted:  # nothing to verify, but the policy learns what asking this source cost
             return Draft("", self.name, [], None, catch_up_seconds, catch_up)
-        # The last draft token is not decoded here: if all pass, the next step catches up.
+        # The last draft token is decoded here only where the draft stopped short after it (its next
+        # token unsure): otherwise, if all pass, the next step catches up.
         q_drawn = None if request.sampling.greedy else q_rows[: len(drafted)]
         taken_over = continuation if continuation.tokens else None
         return Draft(self.name, self.name, drafted, q_drawn, catch_up_seconds, catch_up, taken_over)

@@ -18,15 +18,14 @@ class TemplateSyntaxError(SpeccliError):
 class ChatTemplate:
     def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
         try:
-            self._with_prompt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
-            self._without_prompt = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=False)
+            self._formatter = Jinja2ChatFormatter(template, eos_token=eos_token, bos_token=bos_token, add_generation_prompt=True)
         except jinja2.TemplateError as error:
             raise TemplateSyntaxError(f"the chat template does not parse ({error})") from None
 
-    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool) -> str:
-        formatter = self._with_prompt if add_generation_prompt else self._without_prompt
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        """The conversation, and the start of the assistant's reply to it (the generation prompt)."""
         try:
-            return formatter(messages=list(messages)).prompt
+            return self._formatter(messages=list(messages)).prompt
         except ValueError as error:  # the template's raise_exception(...)
             raise SpeccliError(f"the chat template refused the conversation: {error}") from None
         except jinja2.TemplateError as error:

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from speccli.chat.template import ChatFormat, chat_format_for
+from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
 from speccli.core.generator import GenerationLimits
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
@@ -96,13 +96,7 @@ class Service:
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
         """Tokens for the messages as the target's template renders them, as `speccli chat` tokenizes
         a conversation's first turn (so the same message gives the same reply)."""
-        tokenizer = self.target.tokenizer
-        text = self.chat_format.render(messages, add_generation_prompt=True)
-        tokens = tokenizer.tokenize(text, False, self.chat_format.parse_special)
-        # Templates usually write the BOS token themselves; add it only when they do not (no double BOS).
-        if tokenizer.adds_bos and tokens[:1] != [tokenizer.bos_id]:
-            tokens.insert(0, tokenizer.bos_id)
-        return tokens
+        return tokenize_rendered(self.target.tokenizer, self.chat_format, self.chat_format.render(messages))
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         """Text as the tokenizer reads it (BOS first where the model wants one); token ids as given."""
