@@ -456,6 +456,18 @@ def test_a_full_stdout_is_named(command):
     assert (result.returncode, result.stderr) == (2, "error: stdout: No space left on device\n")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+@pytest.mark.parametrize("json_records", [False, True])
+def test_a_full_stdout_is_named_by_chat_too(tiny_pair, json_records):
+    """chat writes its reply through an object of its own, which the check for stdout had not looked into."""
+    command = ["chat", "-m", str(tiny_pair.target), "--spec", "ngram", "-t", "1", "-c", "256", "-n", "4", "-p", "hi"]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "speccli", *command, *(["--json"] if json_records else [])],
+                                cwd=REPO, stdout=full, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (result.returncode, result.stderr.splitlines()[-1]) == (2, "error: stdout: No space left on device")
+
+
 def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
     """`speccli check-vocab A B >&-`: Python's sys.stdout is None and every print vanished, exit 0."""
     missing = tmp_path / "x.gguf"

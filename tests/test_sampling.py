@@ -54,6 +54,13 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass() -> None:
     np.testing.assert_array_equal(kept, [[True, True, True, False]])
 
 
+@pytest.mark.parametrize("top_p", [1e-3, 1e-46, 1e-300])
+def test_the_tiniest_top_p_keeps_the_top_token(top_p) -> None:
+    """A top_p the option check allows (> 0) but float32 holds as 0 had kept no token at all."""
+    row = np.log(np.array([[0.3, 0.5, 0.2]], dtype=np.float32))
+    np.testing.assert_array_equal(probabilities(row, SamplingParams(temperature=1, top_p=top_p)), [[0, 1, 0]])
+
+
 def test_min_p_drops_tokens_below_a_fraction_of_the_best() -> None:
     row = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
     result = probabilities(row, SamplingParams(temperature=1, min_p=0.25))  # threshold 0.125

@@ -86,14 +86,18 @@ class SpeccliGroup(TyperGroup):
 
 def _raised_writing_stdout(error: OSError) -> bool:
     """Whether the write that failed was to stdout: the innermost frame (rich's or click's write, or
-    our own) holds stdout, or a console writing to it."""
+    our own) holds stdout, a console writing to it, or an object that writes to it (chat's reply)."""
     frame_traceback = error.__traceback__
     while frame_traceback is not None and frame_traceback.tb_next is not None:
         frame_traceback = frame_traceback.tb_next
     if frame_traceback is None or sys.stdout is None:
         return False
-    return any(value is sys.stdout or getattr(value, "file", None) is sys.stdout
-               for value in frame_traceback.tb_frame.f_locals.values())
+
+    def writes_to_stdout(value: object) -> bool:
+        attributes = vars(value).values() if hasattr(value, "__dict__") else ()
+        return value is sys.stdout or getattr(value, "file", None) is sys.stdout or any(a is sys.stdout for a in attributes)
+
+    return any(writes_to_stdout(value) for value in frame_traceback.tb_frame.f_locals.values())
 
 
 def debugging() -> bool:

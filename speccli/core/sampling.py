@@ -104,6 +104,7 @@ def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarr
             mass_before = np.cumsum(untempered[order]) - untempered[order]
             in_top_p = np.zeros(len(values), dtype=bool)
             in_top_p[order[mass_before < params.top_p]] = True
+            in_top_p[order[0]] = True  # the top token always: a top_p below float32's least (1e-46) is 0 there
             keep &= in_top_p
         candidates, values = candidates[keep], values[keep]
     probs = np.zeros(vocab, dtype=np.float32)
