@@ -41,7 +41,8 @@ def parse_k(text: str | int, name: str = "--k") -> int | None:
     try:
         k = int(text)
     except ValueError:
-        raise WrongTypeError(f"{name} needs 'auto' or a whole number from 1 to {MAX_K}, got {text or 'nothing'!r}") from None
+        given = f"got {text!r}" if text else "and none was given"
+        raise WrongTypeError(f"{name} needs 'auto' or a whole number from 1 to {MAX_K}, {given}") from None
     return check_k(k, name)
 
 

@@ -241,11 +241,11 @@ def test_a_system_prompt_can_be_removed(tiny_pair):
 
 
 def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
-    lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "hello"]
+    lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "/temp", "hello"]
     result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
     assert result.exit_code == 1  # piped: a script must see that lines failed
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 7 and errors[-1] == "error: 6 piped lines failed (each said why above)"
+    assert len(errors) == 8 and errors[-1] == "error: 7 piped lines failed (each said why above)"
     assert result.stderr.endswith(errors[-1] + "\n")
     assert "unknown command /bogus; known: /stats, /reset, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
     assert errors[1:4] == [
@@ -253,7 +253,8 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
         "error: /k (draft tokens per step) must be between 1 and 64, got 65",
         "error: /k needs 'auto' or a whole number from 1 to 64, got 'x'",
     ]
-    assert errors[4:6] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'"]
+    assert errors[4:7] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'",
+                           "error: /temp needs a number, and none was given"]
     assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["hello"]
 
 

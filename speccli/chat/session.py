@@ -354,7 +354,8 @@ def _parse_float(command: str, argument: str) -> float:
     try:
         return float(argument)
     except ValueError:
-        raise SpeccliError(f"{command} needs a number, got {argument or 'nothing'!r}") from None
+        got = f"got {argument!r}" if argument else "and none was given"
+        raise SpeccliError(f"{command} needs a number, {got}") from None
 
 
 # --- the command --------------------------------------------------------------------------------
