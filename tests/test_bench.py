@@ -434,16 +434,21 @@ def test_json_never_replaces_a_file_the_run_reads(pair_args, bench_pair, tmp_pat
     prompts.write_text('{"task": "a", "prompt": "one two"}\n')
     config = tmp_path / "models.toml"
     config.write_text("")
+    own_config = tmp_path / "xdg" / "speccli" / "models.toml"  # read on every run, as the registry's second file
+    own_config.parent.mkdir(parents=True)
+    own_config.write_text("# mine\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     draft_copy = tmp_path / "draft.gguf"
     draft_copy.write_bytes(bench_pair[1].read_bytes())
-    before = {path: path.read_bytes() for path in (prompts, config, draft_copy)}
+    before = {path: path.read_bytes() for path in (prompts, config, own_config, draft_copy)}
     args = [*FAST, "--target", str(bench_pair[0]), "--draft", str(draft_copy), "--prompts", str(prompts)]
 
     def no_measuring(*_args, **_kwargs):
         raise AssertionError("measured though --json names an input")
 
     monkeypatch.setattr(bench_command, "run_bench", no_measuring)
-    for given, what in ((prompts, "prompts file"), (config, "--config file"), (draft_copy, "draft model")):
+    for given, what in ((prompts, "prompts file"), (config, "--config file"), (own_config, "user models.toml"),
+                        (draft_copy, "draft model")):
         result = invoke(*args, "--config", str(config), "--json", str(given))
         assert result.exit_code == 1
         assert result.stderr == f"error: --json {given}: is the {what} this run reads; write the report elsewhere\n"

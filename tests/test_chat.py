@@ -580,7 +580,7 @@ def test_a_message_longer_than_the_context_is_one_line_naming_what_it_counted(ch
     result = chat(chat_pair, "-p", "word " * 600, *(["--system", system] if system else []))
     alongside = "with the system prompt" if system else "as the chat format frames it"
     assert result.exit_code == 1 and result.stdout == ""
-    assert re.fullmatch(rf"error: this message needs \d+ tokens {alongside}, but the context holds 512; "
+    assert re.fullmatch(rf"error: this message needs \d+ tokens {alongside}, and its reply one more, but the context holds 512; "
                         r"shorten it or raise --ctx\n", result.stderr), result.stderr
 
 

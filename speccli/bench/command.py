@@ -41,6 +41,7 @@ from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
 from speccli.models.pair import open_pair
+from speccli.util.cache import user_config_path
 from speccli.util.progress import progress_bar
 
 
@@ -91,7 +92,8 @@ def run_command(request: BenchRequest) -> None:
     pair_request.validate()
     prompt_set = load_prompt_set(request.prompts_file)
     destination = json_destination(request.json_path)
-    refuse_overwriting(destination, {"prompts file": request.prompts_file, "--config file": pair_request.config})
+    refuse_overwriting(destination, {"prompts file": request.prompts_file, "--config file": pair_request.config,
+                                     "user models.toml": user_config_path()})
     # With the JSON on stdout, the human-readable report moves to stderr.
     out = console(stderr=destination is not None and destination.is_stdout)
 

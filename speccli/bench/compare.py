@@ -29,7 +29,11 @@ _IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
     ("seed", lambda r: r.settings.seed),
     ("n_ctx", lambda r: r.settings.n_ctx),
     ("backend", lambda r: r.environment.backend),
+    ("GPU layers (target/draft)", lambda r: (r.environment.target_n_gpu_layers, r.environment.draft_n_gpu_layers)),
     ("threads", lambda r: r.environment.threads),
+    ("cores", lambda r: r.environment.cpu_count),
+    ("platform", lambda r: r.environment.platform),
+    ("CPU features", lambda r: r.environment.system_info),
     ("speccli", lambda r: r.environment.speccli),
     ("llama-cpp-python", lambda r: r.environment.llama_cpp_python),
 )

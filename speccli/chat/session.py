@@ -301,8 +301,8 @@ class ChatSession:
         if len(prompt.tokens) >= self.n_ctx:
             alongside = "with the system prompt" if self.conversation.system else "as the chat format frames it"
             raise SpeccliError(
-                f"this message needs {len(prompt.tokens)} tokens {alongside}, but the context "
-                f"holds {self.n_ctx}; shorten it or raise --ctx"
+                f"this message needs {len(prompt.tokens)} tokens {alongside}, and its reply one more, but "
+                f"the context holds {self.n_ctx}; shorten it or raise --ctx"
             )
 
     def command(self, line: str) -> bool:
