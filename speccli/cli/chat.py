@@ -41,7 +41,7 @@ def chat(
         ),
     ] = None,
     json_output: Annotated[
-        bool, typer.Option("--json", help="One JSON object per reply on stdout: text, finish reason, statistics.")
+        bool, typer.Option("--json", help="One JSON object per reply on stdout: text, finish reason, statistics; a {\"session\": ...} object at the end and for /stats.")
     ] = False,
     color_provenance: Annotated[
         bool,
