@@ -176,7 +176,8 @@ class Worker:
         if self._active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.
             # That one is reset too, which frees what it held for drafting (a lookup's index, a draft
-            # model's rows: one generator is kept per configuration a client asks for, up to 64 K each).
+            # model's K rows of the vocabulary): a generator is kept for each configuration clients ask
+            # for, K from 1 to 64 with each spec.
             if self._active in self._generators:
                 self._generators[self._active].reset()
             generator.reset()
