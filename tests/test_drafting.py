@@ -819,8 +819,8 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     for bad in ["0", "65", "-1"]:
         with pytest.raises(SpeccliError, match=rf"--k \(draft tokens per step\) must be between 1 and 64, got {bad}$"):
             parse_k(bad)
-    for bad in ["abc", "2.5", ""]:
-        with pytest.raises(SpeccliError, match=r"--k needs 'auto' or a whole number from 1 to 64, got '"):
+    for bad, given in [("abc", "got 'abc'"), ("2.5", "got '2.5'"), ("", "and none was given")]:
+        with pytest.raises(SpeccliError, match=rf"^--k needs 'auto' or a whole number from 1 to 64, {given}$"):
             parse_k(bad)
     assert parse_k_sweep("4,auto,1-2") == [None, 1, 2, 4]
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
