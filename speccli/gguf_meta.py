@@ -118,18 +118,23 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
 def require_later_parts_whole(first: Path, split_count: Any) -> None:
     """`require_whole_gguf` for the files after `first` of a model split in `split_count` parts (the
     value of `first`'s SPLIT_COUNT key): llama.cpp is given the first and opens the others itself."""
-    for part in split_parts(first, split_count)[1:]:
+    for part in _split_parts(first, split_count)[1:]:
         require_whole_gguf(part)
 
 
-def split_parts(first: Path, count: Any) -> list[Path]:
-    """Every file of a model split in `count` parts (gguf-split), `first` first, named as llama.cpp
-    looks for them beside it ("<prefix>-00002-of-00003.gguf"); just `first` where the name is not a
-    first part's, for llama.cpp to refuse in its own words."""
+def split_part_names(prefix: str, count: int) -> list[str]:
+    """The file names of a model split in `count` parts, first part first, as llama.cpp looks for them
+    beside the first ("<prefix>-00002-of-00003.gguf")."""
+    return [f"{prefix}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
+
+
+def _split_parts(first: Path, count: Any) -> list[Path]:
+    """Every file of a model split in `count` parts (gguf-split), `first` first; just `first` where its
+    name is not a first part's, for llama.cpp to refuse in its own words."""
     named = SPLIT_PART.fullmatch(first.name)
     if not isinstance(count, int) or count < 2 or not named or named["index"] != "00001" or int(named["count"]) != count:
         return [first]
-    return [first.with_name(f"{named['prefix']}-{index:05d}-of-{count:05d}.gguf") for index in range(1, count + 1)]
+    return [first.with_name(name) for name in split_part_names(named["prefix"], count)]
 
 
 def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:

@@ -378,7 +378,7 @@ class AutoK:
             return 0
         first_ask = not history.asked_in_reply
         history.asked_in_reply = True
-        best = self._choice(history, history.acceptance(limit), catch_up)
+        best = self.length_if_asked(key, limit, catch_up)
         history.probing = best == 0 and self._worth_probing(history, limit, first_ask)
         if history.probing:
             history.fade(RECHECK_CARRY)
@@ -422,9 +422,9 @@ class AutoK:
             history = self._history(taken_over.key)
             history.asked_in_reply = history.drafted_in_reply = True
             history.idle_steps = 0
-        if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
-            accepted = step.accepted - own
-            self._learn(taken_over.key, len(taken_over.tokens), accepted, 0.0, accepted)
+            if step.accepted >= own:  # judged only where every token before it was kept
+                accepted = step.accepted - own
+                self._learn(taken_over.key, len(taken_over.tokens), accepted, 0.0, accepted)
 
     def observe_unverified(self, shadow: Draft, yielded: Sequence[int]) -> None:
         # A proposal made with certainty is kept, token by token, with the probability that the target

@@ -25,7 +25,7 @@ from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils import validate_repo_id
 
 from speccli.errors import SpeccliError
-from speccli.gguf_meta import SPLIT_PART
+from speccli.gguf_meta import SPLIT_PART, split_part_names
 from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles
 from speccli.util.cache import refuse_empty_home
@@ -167,7 +167,7 @@ class HubSource:
         split = SPLIT_PART.fullmatch(matches[0])
         if split:
             count = int(split["count"])
-            parts = [f"{split['prefix']}-{index:05d}-of-{count:05d}.gguf" for index in range(1, count + 1)]
+            parts = split_part_names(split["prefix"], count)
             if not self.is_pattern or set(matches) == set(parts):
                 return parts
             if set(matches) < set(parts):
