@@ -25,6 +25,12 @@ class WrongTypeError(UsageError):
     Click's own are for typed options (`--temp abc`)."""
 
 
+class StdoutError(SpeccliError):
+    """stdout cannot be written (`> /dev/full`): exit 2, as a failed write to stdout is elsewhere."""
+
+    exit_code = 2
+
+
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
 TERMINATED_EXIT_CODE = 143  # SIGTERM, likewise
 
@@ -38,7 +44,6 @@ class UnreadableFileError(SpeccliError):
 _REASONS = {
     errno.ENOENT: "no such file",
     errno.ELOOP: "a loop of symbolic links, not a file",
-    errno.EISDIR: "is a directory, not a GGUF file",
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
     errno.ENOTDIR: "no such file (a part of the path is not a folder)",
@@ -46,13 +51,16 @@ _REASONS = {
 }
 
 
-def unreadable(path: Path | str, error: OSError) -> UnreadableFileError:
+def unreadable(path: Path | str, error: OSError, kind: str = "GGUF file") -> UnreadableFileError:
     """`path: reason` for a file that could not be opened or read (see `unreadable_reason`)."""
-    return UnreadableFileError(f"{path}: {unreadable_reason(path, error)}")
+    return UnreadableFileError(f"{path}: {unreadable_reason(path, error, kind)}")
 
 
-def unreadable_reason(path: Path | str, error: OSError) -> str:
-    """Why `path` could not be opened or read, in a few words; a dangling link says where it points."""
+def unreadable_reason(path: Path | str, error: OSError, kind: str = "GGUF file") -> str:
+    """Why `path`, meant to be a `kind`, could not be opened or read, in a few words; a dangling link
+    says where it points."""
     if error.errno == errno.ENOENT and os.path.islink(path):
         return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    if error.errno == errno.EISDIR:
+        return f"is a directory, not a {kind}"
     return _REASONS.get(error.errno or 0) or f"cannot read it ({error.strerror or error})"

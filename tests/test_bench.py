@@ -468,6 +468,18 @@ def test_a_reply_that_cannot_fit_the_context_is_refused_in_one_line(pair_args, t
     )
 
 
+def test_the_report_records_the_context_llama_cpp_holds(pair_args, tmp_path) -> None:
+    """llama.cpp rounds a context up to a multiple of 256: the report and its command said 100, the
+    context asked for, not the one the run had."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"task": "a", "prompt": "one two"}\n')
+    result = invoke(*pair_args, *FAST, "--ctx", "100", "--k", "1", "--prompts", str(prompts), "--json", str(tmp_path / "r.json"))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["settings"]["n_ctx"] == 256
+    assert report["command"].endswith(" --ctx 256 --threads 1")
+
+
 def test_auto_beside_a_long_prompt_in_a_small_context_profiles_the_widths_that_fit(bench_pair, pair_args, tmp_path) -> None:
     """bench profiles v(n) for auto's report at n up to 16 after the first prompt: where those rows do
     not fit, they are left out (the run had failed after its rounds: 'the context window is full')."""

@@ -22,7 +22,7 @@ from speccli.bench.files import json_destination, write_report
 from speccli.bench.render import render_report
 from speccli.bench.report import SCHEMA_VERSION, BenchReport, report_schema
 from speccli.cli.app import app
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, StdoutError
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
@@ -221,9 +221,31 @@ def test_a_report_for_stdout_that_stdout_cannot_take_is_kept_and_named(tiny_repo
             raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(sys, "stdout", FullStdout())
-    with pytest.raises(SpeccliError, match=r"^--json -: cannot write it to stdout \(No space left on device\); the report is kept in ") as caught:
+    with pytest.raises(StdoutError, match=r"^--json -: cannot write it to stdout \(No space left on device\); the report is kept in ") as caught:
         write_report(json_destination(Path("-")), tiny_report)
+    assert caught.value.exit_code == 2  # a stdout that cannot be written, as chat's `> /dev/full`
     assert_kept(caught.value, tiny_report)
+
+
+def test_a_report_file_that_cannot_be_written_at_the_end_leaves_the_screen_report(pair_args, tmp_path, monkeypatch) -> None:
+    """The measurement is shown as well as kept: the failed write had ended the command before its report."""
+
+    def disk_full(path, write):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("speccli.bench.files.build_atomically", disk_full)
+    report_file = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["bench", *pair_args, "--k", "1", "--json", str(report_file)])
+    assert result.exit_code == 1, result.output
+    assert "greedy check" in result.stdout and "wrote" not in result.stdout
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: --json {report_file}: cannot write it (No space left on device); the report is kept in ")
+    kept = Path(error.rsplit("kept in ", 1)[1])
+    try:
+        assert BenchReport.model_validate_json(kept.read_text()).settings.n_ctx == 2048
+    finally:
+        kept.unlink()
+    assert not report_file.exists()
 
 
 def test_a_report_for_a_fifo_whose_reader_left_is_kept_and_named(tiny_report, tmp_path, monkeypatch) -> None:
@@ -276,9 +298,13 @@ def _compare(a: Path, b: Path):
         (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
         (lambda d: d.update(schema_version="5"), "bench report schema version '5', this speccli reads only version 5"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
+        (lambda d: d["results"][0]["overall"]["speedup"].update(median=float("nan")),
+         "not a speccli bench JSON report (NaN is not a JSON number)"),
+        (lambda d: d["settings"].update(temperature=float("-inf")),
+         "not a speccli bench JSON report (-Infinity is not a JSON number)"),
     ],
     ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-3",
-         "missing-spec", "version-string", "kind"],
+         "missing-spec", "version-string", "kind", "nan", "infinity"],
 )
 def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:
     document = json.loads(tiny_report_file.read_text())

@@ -960,6 +960,13 @@ def test_a_config_that_is_not_a_models_toml_is_refused_without_reading_it_all(tm
     assert str(caught.value) == "/dev/zero: more than 16 MiB; speccli reads no text input that large, so not a models.toml"
 
 
+def test_a_config_that_is_a_directory_is_named_as_not_a_models_toml(tmp_path):
+    """It was called "not a GGUF file": the wording for a model path."""
+    with pytest.raises(UnreadableFileError) as caught:
+        load_registry(tmp_path)
+    assert str(caught.value) == f"cannot read {tmp_path}: is a directory, not a models.toml"
+
+
 def test_an_unknown_name_suggests_one_that_differs_only_in_case(tmp_path):
     with pytest.raises(SpeccliError, match="^unknown model 'Gemma3-270M-Q4KM' .*close matches: gemma3-270m-q4km"):
         resolve_model("Gemma3-270M-Q4KM", load_registry())

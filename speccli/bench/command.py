@@ -40,6 +40,7 @@ from speccli.bench.prompts import PromptSet, load_prompt_set
 from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
+from speccli.errors import SpeccliError
 from speccli.models.pair import open_pair
 from speccli.util.cache import user_config_path
 from speccli.util.progress import progress_bar
@@ -100,7 +101,7 @@ def run_command(request: BenchRequest) -> None:
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
         refuse_overwriting(destination, {"target model": resolved.target_path, "draft model": resolved.draft_path})
-        n_ctx = loaded.target.options.n_ctx  # as asked, or the default fitted to the models
+        n_ctx = loaded.target.n_ctx  # what llama.cpp holds: it rounds a --ctx up (100 to 256)
         settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
         measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(
@@ -119,10 +120,17 @@ def run_command(request: BenchRequest) -> None:
             prompt_set=prompt_set,
             measured=measured,
         )
-    # The file first: a reader that goes away early (`| head`, quitting a pager) must not cost it.
+    # The file first: a reader that goes away early (`| head`, quitting a pager) must not cost it. A file
+    # that cannot be written (the disk full after a long run) is kept elsewhere and named after the report.
+    unwritten = None
     if destination is not None:
-        write_report(destination, report)
+        try:
+            write_report(destination, report)
+        except SpeccliError as error:
+            unwritten = error
     render_report(report, out)
+    if unwritten is not None:
+        raise unwritten
     if destination is not None and not destination.is_stdout:
         out.print(f"  wrote {destination.given}")
     raise_if_failed(report.greedy_check)

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import SpeccliError, StdoutError, UnreadableFileError
 from speccli.util.files import build_atomically, read_text_input
 from speccli.util.format import json_safe
 
@@ -121,9 +121,10 @@ def write_report(destination: JsonDestination, report: BenchReport) -> None:
         raise SpeccliError(f"--json {destination.given}: its reader went away; the report is kept in {kept}") from None
     except OSError as error:
         kept = _keep_elsewhere(text)
+        failure = StdoutError if destination.is_stdout else SpeccliError
         to_stdout = " to stdout" if destination.is_stdout else ""
-        raise SpeccliError(f"--json {destination.given}: cannot write it{to_stdout} ({error.strerror}); "
-                           f"the report is kept in {kept}") from None
+        raise failure(f"--json {destination.given}: cannot write it{to_stdout} ({error.strerror}); "
+                      f"the report is kept in {kept}") from None
 
 
 def _keep_elsewhere(text: str) -> Path:
@@ -132,6 +133,12 @@ def _keep_elsewhere(text: str) -> Path:
     with os.fdopen(handle, "w", encoding="utf-8") as stream:
         stream.write(text)
     return Path(name)
+
+
+def _refuse_constant(name: str) -> None:
+    """Python's json reads NaN and Infinity, which JSON has not: `bench --json` never writes them, and
+    compared they would print as figures."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def load_report(path: Path) -> BenchReport:
@@ -148,9 +155,11 @@ def load_report(path: Path) -> BenchReport:
     except UnicodeDecodeError as error:  # content, as a prompts file's: a value refused
         raise SpeccliError(f"{path}: cannot read it as a bench report ({error})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (not JSON: {error})") from None
+    except ValueError as error:
+        raise SpeccliError(f"{path}: not a speccli bench JSON report ({error})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
     if data.get("schema_version") == 4:  # version 5's report, before a run could be stopped early

@@ -123,7 +123,7 @@ def _read_layer(file: Path) -> _Layer:
     except SpeccliError as error:  # larger than any models.toml
         raise UnreadableFileError(f"{error}, so not a models.toml") from None
     except OSError as error:
-        raise UnreadableFileError(f"cannot read {unreadable(file, error)}") from None
+        raise UnreadableFileError(f"cannot read {unreadable(file, error, 'models.toml')}") from None
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
