@@ -471,6 +471,54 @@ def test_a_one_shot_reply_interrupted_is_printed_and_exits_as_interrupted(endles
         assert stdout == b""
 
 
+def _piped_chat(pair, *options: str) -> subprocess.Popen:
+    target, draft = pair
+    command = [sys.executable, "-m", "speccli", "chat", "-m", str(target), "-md", str(draft), "-t", "1", "-c", "4096",
+               "--k", "4", "--temp", "0", "--json", *options]
+    return subprocess.Popen(command, cwd=REPO, env=dict(os.environ, SPECCLI_LLAMA_LOG="0"),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _ended_with_stdin_open(process: subprocess.Popen) -> tuple[bytes, bytes]:
+    """stdout and stderr once `process` has exited, its stdin open till then: `communicate` closes it at
+    once, and an end of input arriving with the Ctrl-C makes the session end as well as stop."""
+    process.wait(timeout=30)  # what it writes here fits the pipes' buffers
+    process.stdin.close()
+    return process.stdout.read(), process.stderr.read()
+
+
+def test_ctrl_c_during_a_piped_reply_ends_the_session_as_interrupted(endless_pair):
+    """Piped lines have no one to type the next: the stopped reply had been followed by the next line's,
+    and the command exited 0, as if every line had its whole reply."""
+    process = _piped_chat(endless_pair, "-n", "1000000")
+    process.stdin.write(b"sing\nsing again\n")
+    process.stdin.flush()
+    process.stderr.readline()  # the first line's echo: the models are loaded, its reply has begun
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = _ended_with_stdin_open(process)
+    assert process.returncode == 130, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr
+    reply, session = records(stdout.decode())
+    assert reply["prompt"] == "sing" and reply["finish_reason"] == "interrupted"
+    # The statistics, then the end: "sing again" was never sent.
+    assert session["session"]["generated_tokens"] == reply["stats"]["generated_tokens"]
+
+
+def test_ctrl_c_while_a_piped_chat_waits_for_its_next_line_shows_the_session_first(endless_pair):
+    process = _piped_chat(endless_pair, "-n", "4")
+    process.stdin.write(b"sing\n")
+    process.stdin.flush()  # and the pipe stays open: the chat waits for the next line
+    reply = json.loads(process.stdout.readline())
+    assert reply["finish_reason"] == "max_tokens"
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = _ended_with_stdin_open(process)
+    assert process.returncode == 130, stderr.decode(errors="replace")[-2000:]
+    assert b"Traceback" not in stderr
+    [session] = records(stdout.decode())
+    assert session["session"]["generated_tokens"] == reply["stats"]["generated_tokens"]
+
+
 # --- a real terminal --------------------------------------------------------------------------------
 
 

@@ -195,23 +195,33 @@ class ChatSession:
             self.display.notice(f"{description} · /help for commands · Ctrl-C stops a reply · Ctrl-D leaves")
             self.display.legend()
 
-    def run(self, lines: Iterator[str]) -> int:
+    def run(self, lines: Iterator[str], *, stopping_ends: bool = False) -> int:
         """One turn per message (a typed line, a pasted block, a piped line); slash commands in between.
-        Errors are shown and the session goes on; returns how many lines failed."""
+        Errors are shown and the session goes on; returns how many lines failed. Where `stopping_ends`
+        (piped lines: no one is there to type the next message), a reply stopped by Ctrl-C ends the
+        session, as a Ctrl-C while the next line is awaited does: `finish_reason` then says
+        "interrupted". Either way the session's statistics are shown first (not on SIGTERM)."""
         failed = 0
-        for line in lines:
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                if text.startswith("/"):
-                    if not self.command(text):
-                        break
-                else:
-                    self.send(text)
-            except SpeccliError as error:
-                self.display.error(str(error))
-                failed += 1
+        try:
+            for line in lines:
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    if text.startswith("/"):
+                        if not self.command(text):
+                            break
+                    else:
+                        self.send(text)
+                        if stopping_ends and self.finish_reason == "interrupted":
+                            break
+                except SpeccliError as error:
+                    self.display.error(str(error))
+                    failed += 1
+        except KeyboardInterrupt:
+            if not terminated():  # SIGTERM asks the process to end, not to report
+                self.farewell()
+            raise
         self.farewell()
         return failed
 
@@ -463,8 +473,12 @@ def run_chat(
                 raise KeyboardInterrupt
         elif sys.stdin.isatty():
             session.run(typed_lines(display))
-        elif failed := session.run(piped_lines(display)):  # a script feeding chat must see that lines failed
-            raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
+        else:
+            failed = session.run(piped_lines(display), stopping_ends=True)
+            if session.finish_reason == "interrupted":  # a script must not take the replies for all it sent
+                raise KeyboardInterrupt
+            if failed:  # a script feeding chat must see that lines failed
+                raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
 
 
 def _output_mode(json_output: bool) -> Mode:
