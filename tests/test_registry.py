@@ -808,14 +808,15 @@ def test_network_failure_during_pull_falls_back_to_the_cached_file(tmp_path, mon
 
 def test_models_command_in_a_fresh_process_sees_the_hub_cache_offline(tmp_path):
     """HF_HOME and HF_HUB_OFFLINE as a user sets them: read by huggingface_hub at import."""
-    put_in_hub_cache("org/repo", {"m.gguf": b"GGUF cached"})
+    model = write_tiny_gguf(tmp_path / "m.gguf").read_bytes()
+    put_in_hub_cache("org/repo", {"m.gguf": model})
     config = write(tmp_path / "hf.toml", hub_entry("m", "org/repo", "m.gguf"))
     env = {**os.environ, "COLUMNS": "200"}
     result = subprocess.run(
         [sys.executable, "-m", "speccli", "models", "--config", str(config)],
         capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1], check=True,
     )
-    assert table_row(result.stdout, "m") == ["m", "hf org/repo m.gguf", "11 B", "yes", ""]
+    assert table_row(result.stdout, "m") == ["m", "hf org/repo m.gguf", format_size(len(model)), "yes", ""]
 
 
 # --- The commands -----------------------------------------------------------------------------------
@@ -897,6 +898,19 @@ def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, 
     assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why} (path set in {local_models.files[-1]})\n"
     listed = runner.invoke(app, ["models", "--config", str(local_models.files[-1])])
     assert table_row(listed.stdout, "big")[3] == "not a GGUF file"
+
+
+def test_a_local_model_cut_short_is_not_pulled_nor_listed_as_cached(runner, local_models, tmp_path):
+    """A copy cut short begins as a GGUF file does: `pull` reported it pulled and `models` cached."""
+    model = tmp_path / "weights" / "big.gguf"
+    size = model.stat().st_size
+    with model.open("r+b") as file:
+        file.truncate(size - 100)
+    needed = f"cut short: {size - 100:,} bytes of the {size:,} its tensors need"
+    config = str(local_models.files[-1])
+    result = runner.invoke(app, ["pull", "big", "--config", config])
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: model 'big': {model}: {needed}\n")
+    assert table_row(runner.invoke(app, ["models", "--config", config]).stdout, "big")[3] == needed
 
 
 def test_pull_command_downloads_from_the_hub(runner, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import require_gguf
+from speccli.gguf_meta import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
 from speccli.settings import needs_draft_model
@@ -143,9 +143,13 @@ def pull_models(registry: Registry, names: Iterable[str], *, quiet: bool = False
     for name in wanted:
         path = files.obtain(name, update=True, quiet=quiet)[0]
         # A file on disk is not yet a model: a path entry naming another kind of file, or a cached
-        # build emptied since, must not be reported as pulled.
+        # build emptied since, must not be reported as pulled. A local file is checked as loading
+        # checks it (a copy cut short); downloads and builds were checked whole as they arrived.
         try:
-            require_gguf(path)
+            if registry.models[name].source.fetched:
+                require_gguf(path)
+            else:
+                require_loadable_gguf(path, weights=True)
         except UnreadableFileError as error:
             raise UnreadableFileError(f"model '{name}': {error}") from None
         yield name, path

@@ -7,7 +7,8 @@ from pathlib import Path
 from rich.console import Group
 from rich.table import Table
 
-from speccli.gguf_meta import starts_as_gguf
+from speccli.errors import UnreadableFileError
+from speccli.gguf_meta import require_loadable_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
 from speccli.settings import format_k
@@ -21,7 +22,7 @@ class ModelStatus:
     path: Path | None  # the file llama.cpp loads, when it is on disk
     size_bytes: int | None  # all of the model's files, when on disk
     pairs: tuple[str, ...]
-    is_gguf: bool = True  # False: the file on disk does not begin as a GGUF file (pull and loading refuse it)
+    problem: str | None = None  # why the file on disk cannot be loaded ("not a GGUF file", "cut short: ...")
 
 
 def model_statuses(registry: Registry) -> list[ModelStatus]:
@@ -37,10 +38,21 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
                 path=cached[0] if cached else None,
                 size_bytes=sum(file.stat().st_size for file in cached) if cached else None,
                 pairs=in_pairs,
-                is_gguf=starts_as_gguf(cached[0]) if cached else True,
+                problem=_problem(cached[0]) if cached else None,
             )
         )
     return statuses
+
+
+def _problem(path: Path) -> str | None:
+    """What loading `path` would refuse, without its name: a file there is not yet a model (a path
+    entry naming another kind of file, a copy cut short, a build emptied since)."""
+    try:
+        require_loadable_gguf(path, weights=True)
+    except UnreadableFileError as error:
+        reason = str(error).removeprefix(f"{path}: ")
+        return "not a GGUF file" if reason.startswith("not a GGUF file") else reason
+    return None
 
 
 def registry_tables(registry: Registry) -> Group:
@@ -53,7 +65,7 @@ def registry_tables(registry: Registry) -> Group:
             status.name,
             status.source,
             format_size(status.size_bytes),
-            ("yes" if status.is_gguf else "not a GGUF file") if status.path else "no",
+            (status.problem or "yes") if status.path else "no",
             ", ".join(status.pairs),
         )
     pairs = Table(title="Pairs", title_justify="left")
