@@ -183,6 +183,35 @@ def test_second_turn_decodes_only_new_tokens(chat_pair):
         assert target_decoded < first_turn_tokens
 
 
+def test_ctrl_c_during_a_long_prompts_prefill_stops_it_and_keeps_no_turn(chat_pair):
+    """The prefill is decoded a batch at a time and Ctrl-C is heeded between batches (it had waited for
+    all of them); a message stopped before its reply began is not kept, so sent again it is there once."""
+    options = LoadOptions(n_ctx=512, n_threads=1, n_batch=32)
+    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
+        err = io.StringIO()
+        display = Display("plain", provenance=False, out=io.StringIO(), err=err)
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=4)
+        real_decode, decodes = target.decode, []
+
+        def ctrl_c_in_the_first_batch(tokens, n_logit_rows=1):
+            decodes.append(len(tokens))
+            if len(decodes) == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it: chat only sets its flag
+            return real_decode(tokens, n_logit_rows)
+
+        target.decode = ctrl_c_in_the_first_batch
+        message = "tell me something long " * 12
+        assert session.send(message) == ""
+        assert decodes == [32] and session.finish_reason == "interrupted"
+        assert "(stopped; the message is not kept)" in err.getvalue() and session.conversation.turns == []
+        prompt_tokens = len(session.conversation.prompt_for(message).tokens)
+        decoded_before = target.decoded_tokens
+        session.send(message)  # sent again: the prefill goes on from the batch already decoded
+        reply = session.generator.reply_stats
+        assert target.decoded_tokens - decoded_before == (prompt_tokens - 1 - 32) + reply.steps + reply.drafted
+    assert [turn["content"] for turn, _ in session.conversation.turns] == [message]
+
+
 def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
     """The issue's Qwen pair on this CPU: a draft model that cannot pay. Costs are set so that no draft
     could pay even if every token were kept (a drafted token costs a plain step; each verified row

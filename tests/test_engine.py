@@ -268,6 +268,30 @@ def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up(models) 
     assert [tokens for tokens, _ in learned] == [4] and learned[0][1] > 0
 
 
+def test_a_prefill_stops_between_batches_when_asked_and_the_next_call_goes_on_from_there(tmp_path) -> None:
+    """A long prompt's prefill is seconds of decodes: Ctrl-C in chat, or a client leaving the server or
+    the server shutting down, had to wait for all of it. Stopped, nothing is yielded, the caches keep
+    the batches decoded, and the same prompt again decodes only the rest and gives the same reply."""
+    target_path, draft_path = write_related_pair(tmp_path, target_layers=4, draft_layers=2, eps=0.1)
+    options = LoadOptions(n_ctx=16, n_threads=1)  # 16 tokens a decode
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
+        assert len(prompt) > 3 * target.n_batch
+        generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, FixedK(3))
+        asked = []
+        stopped = list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: asked.append(1) or len(asked) > 2))
+        assert stopped == []
+        assert target.n_past == draft.n_past == 2 * target.n_batch and generator.tokens == prompt[: 2 * target.n_batch + 1]
+        decoded_before = target.decoded_tokens
+        tokens, _, done = run(generator, prompt, max_tokens=8)
+        assert done.stats.prompt_tokens == len(prompt)
+        prefilled = len(prompt) - 1 - 2 * target.n_batch
+        assert target.decoded_tokens - decoded_before == prefilled + done.stats.steps + done.stats.drafted
+        generator.reset()
+        again, _, _ = run(generator, prompt, max_tokens=8)
+    assert [t.token for t in tokens] == [t.token for t in again]
+
+
 @pytest.mark.parametrize("policy", [AutoK, lambda: FixedK(24)], ids=["auto", "k24"])
 def test_a_small_context_clamps_drafts_to_what_one_decode_verifies(tmp_path, policy) -> None:
     """llama.cpp clamps its batch to a small requested context (--ctx 16: 16 rows a decode, though it

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -699,6 +700,39 @@ def test_requests_running_waiting_or_arriving_as_the_server_stops_get_503_each_c
         text = get(url, "/metrics")[1]
         assert metric(text, 'requests_total{outcome="cancelled"}') == 3
         assert metric(text, 'requests_total{outcome="queue_full"}') == 0  # a shutdown's 503 had counted as one
+
+
+def test_stopping_the_server_stops_a_long_prompts_prefill_between_batches(endless_pair):
+    """A long prompt is decoded a batch at a time, and the shutdown (or a client leaving) is heeded
+    between batches: it had waited for the whole prefill, tens of seconds for a long prompt on a CPU."""
+    with ExitStack() as stack:
+        options = LoadOptions(n_ctx=8192, n_threads=1, n_batch=64)
+        target = stack.enter_context(Model(endless_pair[0], options))
+        service = build_service(MODEL, target, None, ServeSettings(port=0, spec="ngram", k=3))
+        url = stack.enter_context(serving_in_thread(service))
+        decoding, release, decodes = threading.Event(), threading.Event(), []
+        real_decode = target.decode
+
+        def held_decode(tokens, n_logit_rows=1):  # the first batch waits until the shutdown has begun
+            decodes.append(len(tokens))
+            decoding.set()
+            release.wait(timeout=30)
+            return real_decode(tokens, n_logit_rows)
+
+        target.decode = held_decode
+        with ThreadPoolExecutor(2) as pool:
+            answer = pool.submit(post, url, "/v1/completions", {"model": MODEL, "prompt": "sing " * 1000, "max_tokens": 2})
+            assert decoding.wait(timeout=30)
+            stopping = pool.submit(service.worker.stop)
+            deadline = time.monotonic() + 10
+            while not service.worker._running.cancelled.is_set():
+                assert time.monotonic() < deadline, "the running request was never cancelled"
+                time.sleep(0.01)
+            release.set()
+            stopping.result(timeout=30)
+            assert_openai_error(*answer.result(timeout=30)[:2], 503, "server_shutting_down")
+        assert decodes == [64]  # one batch of the prompt's ~1,000 tokens, then no more
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') == 1
 
 
 @pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -244,9 +244,11 @@ class ChatSession:
         with (
             self.display.reply(self.target_token_seconds) as view,
             ctrl_c_as_flag() as interrupted,
-            closing(self.generator.generate(prompt.tokens, limits)) as events,
+            closing(self.generator.generate(prompt.tokens, limits, interrupted)) as events,
         ):
+            began = False  # a Ctrl-C during the prompt's prefill ends `generate` with no events
             for event in events:
+                began = True
                 if isinstance(event, TokenEvent):
                     source = event.source
                     reply_tokens.append(event.token)
@@ -265,12 +267,14 @@ class ChatSession:
                     break
         run = self.generator.reply_stats  # complete, or as far as an interrupted reply got
         reply_text = "".join(pieces)
-        self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
+        if began:  # a message stopped before its reply began is not kept: it would be there twice if sent again
+            self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
         self.totals = self.totals + run
         self.replies += 1
         self.finish_reason = reason
         if reason == "interrupted":
-            self.display.notice("(stopped)" if self.one_shot else "(stopped; the partial reply stays in the conversation)")
+            kept = "the partial reply stays in the conversation" if began else "the message is not kept"
+            self.display.notice("(stopped)" if self.one_shot else f"(stopped; {kept})")
         elif reason == "context":
             next_turn = "" if self.one_shot else "; the next turn drops the oldest turns"
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut{next_turn})")

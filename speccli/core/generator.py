@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,13 +76,23 @@ class Generator:
             self.drafter.reset()
         self.tokens = []
 
-    def generate(self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits()) -> Iterator[Event]:
+    def generate(
+        self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits(),
+        stop_requested: Callable[[], bool] = lambda: False,
+    ) -> Iterator[Event]:
+        """The reply's events, ending with DoneEvent. Where `stop_requested()` turns true during the
+        prefill (Ctrl-C, a client gone, a server shutting down), it ends there, with no events: a long
+        prompt takes seconds to decode, which the caller's own check between events would wait out."""
         limits.validate()
         self.policy.begin_reply()
         # Shared with the caller, who may stop reading before DoneEvent (Ctrl-C, a client gone) and still
         # report what the reply cost, its prefill included.
         self.reply_stats = stats = RunStats(prompt_tokens=len(prompt))
-        stats.prefill_seconds = self._prefill(prompt)
+        started = time.perf_counter()
+        prefilled = self._prefill(prompt, stop_requested)
+        stats.prefill_seconds = time.perf_counter() - started
+        if not prefilled:
+            return
         text = TextAssembler(limits.stop)
         tokenizer = self.target.tokenizer
         reason = None
@@ -127,28 +137,35 @@ class Generator:
         if self.drafter is not None:
             self.drafter.forget(n_tokens)
 
-    def _prefill(self, prompt: Sequence[int]) -> float:
-        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds. When the
-        policy has no costs yet, profile them here too: it is set-up, like the prompt."""
+    def _prefill(self, prompt: Sequence[int], stop_requested: Callable[[], bool]) -> bool:
+        """Make every cache hold prompt[:-1], keeping the longest prefix it already holds, a batch at a
+        time; False where `stop_requested()` stopped it between two. When the policy has no costs yet,
+        profile them here too: it is set-up, like the prompt."""
         if not prompt:
             raise SpeccliError("the prompt is empty")
         n_ctx = self.target.n_ctx
         if len(prompt) > n_ctx:
             raise SpeccliError(f"the prompt has {len(prompt)} tokens but the context holds {n_ctx}; raise --ctx")
         shared = self.reused_prefix(prompt)
-        started = time.perf_counter()
-        # Until every cache holds the new prompt, only the shared prefix is known to be in them all:
-        # if a decode fails half-way, the next call must not trust what this one left behind.
+        # `tokens` follows what every cache is known to hold, batch by batch: if a decode fails half-way,
+        # the next call must not trust what it left behind; if the prefill is stopped, the next call
+        # with this prompt (Ctrl-C, then the message sent again) goes on from where it stopped.
         self.tokens = list(prompt[:shared])
         self._forget(shared)
-        if self.target.n_past < len(prompt) - 1:
-            self.target.decode(prompt[self.target.n_past : -1], n_logit_rows=0)
+        for end in range(self.target.n_past + self.target.n_batch, len(prompt) - 1 + self.target.n_batch, self.target.n_batch):
+            if stop_requested():
+                return False
+            held = prompt[: min(end, len(prompt) - 1) + 1]  # the caches will hold all but its last token
+            self.target.decode(held[self.target.n_past : -1], n_logit_rows=0)
+            if self.drafter is not None:
+                self.drafter.sync(held)
+            self.tokens = list(held)
         if self.drafter is not None:
-            self.drafter.sync(prompt)
+            self.drafter.sync(prompt)  # a prompt the target held already may be new to the drafter
         self.tokens = list(prompt)
         if self.drafter is not None and self.policy.needs_costs:
             self.policy.calibrate(self._profile_verify(), self.drafter.costs(self.tokens))
-        return time.perf_counter() - started
+        return True
 
     def _profile_verify(self) -> dict[int, float]:
         """Seconds of one target decode with n logit rows, for n in PROFILED_SIZES that fit (in the context

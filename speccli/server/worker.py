@@ -189,7 +189,7 @@ class Worker:
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
-        with closing(generator.generate(job.prompt, job.limits)) as events:
+        with closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events:
             for event in events:
                 if job.cancelled.is_set():
                     self.metrics.record(generator.reply_stats, "cancelled")
@@ -199,3 +199,5 @@ class Worker:
                 elif isinstance(event, DoneEvent):
                     self.metrics.record(event.stats, "completed")
                     job.emit(event)
+                    return
+        self.metrics.record(generator.reply_stats, "cancelled")  # no DoneEvent: cancelled in its prefill
