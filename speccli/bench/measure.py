@@ -30,7 +30,7 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
-from speccli.llama.model import Model
+from speccli.llama.model import Model, shared_context
 from speccli.settings import require_draft_model
 from speccli.util.interrupts import terminated
 
@@ -98,10 +98,7 @@ class CostProfiler:
         for _ in range(reps):
             for name, size in self.sizes.items():
                 model = self.draft if name == "draft" else self.target
-                started = time.perf_counter()
-                model.decode(self.filler[:size], n_logit_rows=size)
-                self.timings[name].append(time.perf_counter() - started)
-                model.truncate(len(self.context))
+                self.timings[name].append(model.time_decode(self.filler[:size], n_logit_rows=size))
         for model in self.models:
             model.reset()
 
@@ -153,7 +150,7 @@ def run_bench(
     for configuration in configurations:
         require_draft_model(configuration.spec, draft)
     tokenized = [target.tokenizer.tokenize(p.prompt) for p in prompt_set.prompts]
-    limit = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
+    limit = shared_context(target, draft)
     longest = max(len(t) for t in tokenized)
     # A fixed K needs room for K drafts; auto drafts only into the room there is.
     widest = max([k for k in settings.ks if k is not None], default=0)

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from speccli.llama.model import Model
+from speccli.llama.model import Model, shared_context
 from speccli.llama.tokenizer import Tokenizer
 from speccli.chat.template import ChatFormat, Message, chat_format_for, tokenize_rendered
 from speccli.chat.view import Display, Mode
@@ -178,7 +178,7 @@ class ChatSession:
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
-        self.n_ctx = min(target.n_ctx, draft.n_ctx) if draft is not None else target.n_ctx
+        self.n_ctx = shared_context(target, draft)
         self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0

@@ -257,15 +257,10 @@ def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -
     while time.perf_counter() < warm_until:
         model.decode(filler[:1], n_logit_rows=1)
         model.truncate(base)
-    result = {}
-    for size in sizes:
-        times = []
-        for _ in range(TIMING_REPEATS):
-            started = time.perf_counter()
-            model.decode(filler[:size], n_logit_rows=size)
-            times.append(time.perf_counter() - started)
-            model.truncate(base)
-        result[size] = statistics.median(times)
+    result = {
+        size: statistics.median(model.time_decode(filler[:size], n_logit_rows=size) for _ in range(TIMING_REPEATS))
+        for size in sizes
+    }
     model.reset()
     return result
 

@@ -172,16 +172,9 @@ class Generator:
         and in one batch), timed at the cache's end (after the prompt) and dropped again. One unmeasured
         decode comes first: the first decode pays set-up. The tokens are copies of the pending one: cost
         does not depend on them."""
-        start = self.target.n_past
-        seconds = {}
-        for n in (1, *PROFILED_SIZES):
-            if start + n > self.target.n_ctx or n > self.target.n_batch:
-                break
-            began = time.perf_counter()
-            self.target.decode([self.tokens[-1]] * n, n_logit_rows=n)
-            seconds[n] = time.perf_counter() - began
-            self.target.truncate(start)
-        return seconds
+        target = self.target
+        fits = [n for n in (1, *PROFILED_SIZES) if target.n_past + n <= target.n_ctx and n <= target.n_batch]
+        return {n: target.time_decode([self.tokens[-1]] * n, n_logit_rows=n) for n in fits}
 
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft up to `limit` tokens, verify them in one target decode, keep the accepted prefix and one more."""

@@ -106,18 +106,6 @@ class ModelDrafter:
         first decode's set-up cost is not counted)."""
         model, start = self.model, self.model.n_past
         token = self.visible([context[start]])
-        seconds = []
-        for _ in range(2):
-            began = time.perf_counter()
-            model.decode(token, n_logit_rows=1)
-            seconds.append(time.perf_counter() - began)
-            model.truncate(start)
-        catch_up = {}
-        for n in CATCH_UP_SIZES:
-            if start + n > model.n_ctx:
-                break
-            began = time.perf_counter()
-            model.decode(token * n, n_logit_rows=0)
-            catch_up[n] = time.perf_counter() - began
-            model.truncate(start)
+        seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
+        catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if start + n <= model.n_ctx}
         return {self.name: DraftCosts(seconds[-1], catch_up)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -175,6 +176,16 @@ class Model:
                 raise SpeccliError(f"{self.path}: llama.cpp could not drop tokens from position {n_tokens}")
             self.n_past = n_tokens
 
+    def time_decode(self, tokens: Sequence[int], n_logit_rows: int) -> float:
+        """Seconds of one decode of `tokens` at the cache's end, which then holds what it held before: a
+        cost probe (profiling v(n), a draft's cost, a quant's speed)."""
+        start = self.n_past
+        began = time.perf_counter()
+        self.decode(tokens, n_logit_rows)
+        seconds = time.perf_counter() - began
+        self.truncate(start)
+        return seconds
+
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)
         self.n_past = 0
@@ -202,3 +213,8 @@ class Model:
 
     def __del__(self) -> None:
         self.close()
+
+
+def shared_context(target: Model, draft: Model | None) -> int:
+    """The tokens both models can hold: the context a conversation or a prompt must fit."""
+    return target.n_ctx if draft is None else min(target.n_ctx, draft.n_ctx)

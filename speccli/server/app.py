@@ -30,7 +30,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
 from speccli.core.text import begins_a_stop
 from speccli.errors import SpeccliError
-from speccli.llama.model import Model
+from speccli.llama.model import Model, shared_context
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import (
     ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl, unsupported_parameter,
@@ -79,7 +79,7 @@ class Service:
 
     @property
     def n_ctx(self) -> int:
-        return self.target.n_ctx if self.draft is None else min(self.target.n_ctx, self.draft.n_ctx)
+        return shared_context(self.target, self.draft)
 
     def speculation_for(self, control: SpeculationControl | None) -> Speculation:
         if control is None:
