@@ -55,8 +55,8 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
     """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; 'auto,1,4' -> [None, 1, 4] (None: auto,
     first); items may mix: '1-3,8'. Sorted, unique."""
     usage = "give auto, a number (4), a list (auto,1,2,4) or a range (1-8)"
-    if not text.strip():
-        raise SpeccliError(f"{name} is empty; {usage}")
+    if not text.strip():  # malformed, as ',2' is: a usage error, not a value out of range
+        raise WrongTypeError(f"{name} is empty; {usage}")
     values: set[int] = set()
     auto = False
     for item in text.split(","):

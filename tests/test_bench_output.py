@@ -302,9 +302,10 @@ def _compare(a: Path, b: Path):
          "not a speccli bench JSON report (NaN is not a JSON number)"),
         (lambda d: d["settings"].update(temperature=float("-inf")),
          "not a speccli bench JSON report (-Infinity is not a JSON number)"),
+        (lambda d: d["results"].append(d["results"][0]), "not a valid bench report: results: configuration "),
     ],
     ids=["missing-models", "missing-nested", "k-string", "temperature-string", "results-object", "version-1", "version-3",
-         "missing-spec", "version-string", "kind", "nan", "infinity"],
+         "missing-spec", "version-string", "kind", "nan", "infinity", "repeated-configuration"],
 )
 def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path, change, message) -> None:
     document = json.loads(tiny_report_file.read_text())

@@ -185,11 +185,12 @@ def test_second_turn_decodes_only_new_tokens(chat_pair):
 
 def test_ctrl_c_during_a_long_prompts_prefill_stops_it_and_keeps_no_turn(chat_pair):
     """The prefill is decoded a batch at a time and Ctrl-C is heeded between batches (it had waited for
-    all of them); a message stopped before its reply began is not kept, so sent again it is there once."""
+    all of them); a message stopped before its reply began is not kept, nor counted as a reply, so sent
+    again it is there once. Its record counts the prompt tokens decoded before the stop."""
     options = LoadOptions(n_ctx=512, n_threads=1, n_batch=32)
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
-        err = io.StringIO()
-        display = Display("plain", provenance=False, out=io.StringIO(), err=err)
+        out, err = io.StringIO(), io.StringIO()
+        display = Display("json", provenance=False, out=out, err=err)
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=4)
         real_decode, decodes = target.decode, []
 
@@ -203,13 +204,43 @@ def test_ctrl_c_during_a_long_prompts_prefill_stops_it_and_keeps_no_turn(chat_pa
         message = "tell me something long " * 12
         assert session.send(message) == ""
         assert decodes == [32] and session.finish_reason == "interrupted"
-        assert "(stopped; the message is not kept)" in err.getvalue() and session.conversation.turns == []
+        assert session.conversation.turns == [] and session.replies == 0
+        stopped = json.loads(out.getvalue().splitlines()[-1])
+        assert (stopped["finish_reason"], stopped["prefill_tokens"]) == ("interrupted", 32)
         prompt_tokens = len(session.conversation.prompt_for(message).tokens)
         decoded_before = target.decoded_tokens
         session.send(message)  # sent again: the prefill goes on from the batch already decoded
         reply = session.generator.reply_stats
         assert target.decoded_tokens - decoded_before == (prompt_tokens - 1 - 32) + reply.steps + reply.drafted
-    assert [turn["content"] for turn, _ in session.conversation.turns] == [message]
+        assert json.loads(out.getvalue().splitlines()[-1])["prefill_tokens"] == prompt_tokens - 1 - 32
+    assert [turn["content"] for turn, _ in session.conversation.turns] == [message] and session.replies == 1
+
+
+def test_ctrl_c_after_the_prefill_but_before_a_reply_token_keeps_no_turn(chat_pair):
+    """A prompt of one batch: the Ctrl-C lands in the first step's verify, after the prefill. No token
+    of the reply was shown, so the message is not kept, as for a Ctrl-C during the prefill (kept, it
+    would have been in the conversation twice when sent again)."""
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
+        err = io.StringIO()
+        display = Display("plain", provenance=False, out=io.StringIO(), err=err)
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=4)
+        real_decode, verifies = target.decode, []
+
+        def ctrl_c_in_the_first_verify(tokens, n_logit_rows=1):
+            if n_logit_rows > 0:
+                verifies.append(len(tokens))
+                if len(verifies) == 1:
+                    os.kill(os.getpid(), signal.SIGINT)
+            return real_decode(tokens, n_logit_rows)
+
+        target.decode = ctrl_c_in_the_first_verify
+        assert session.send("hi") == ""
+        assert len(verifies) == 1 and session.finish_reason == "interrupted"
+        assert "(stopped; the message is not kept)" in err.getvalue()
+        assert session.conversation.turns == [] and session.replies == 0
+        session.send("hi")
+    assert [turn["content"] for turn, _ in session.conversation.turns] == ["hi"] and session.replies == 1
 
 
 def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
@@ -511,7 +542,12 @@ def _piped_chat(pair, *options: str) -> subprocess.Popen:
 def _ended_with_stdin_open(process: subprocess.Popen) -> tuple[bytes, bytes]:
     """stdout and stderr once `process` has exited, its stdin open till then: `communicate` closes it at
     once, and an end of input arriving with the Ctrl-C makes the session end as well as stop."""
-    process.wait(timeout=30)  # what it writes here fits the pipes' buffers
+    try:
+        process.wait(timeout=30)  # what it writes here fits the pipes' buffers
+    except subprocess.TimeoutExpired:
+        process.kill()  # a chat that did not end would otherwise go on generating after the test
+        process.communicate()
+        raise
     process.stdin.close()
     return process.stdout.read(), process.stderr.read()
 
@@ -522,7 +558,7 @@ def test_ctrl_c_during_a_piped_reply_ends_the_session_as_interrupted(endless_pai
     process = _piped_chat(endless_pair, "-n", "1000000")
     process.stdin.write(b"sing\nsing again\n")
     process.stdin.flush()
-    process.stderr.readline()  # the first line's echo: the models are loaded, its reply has begun
+    process.stderr.readline()  # chat's first notice: the models are loaded, and the first reply begins
     time.sleep(0.5)
     process.send_signal(signal.SIGINT)
     stdout, stderr = _ended_with_stdin_open(process)

@@ -20,7 +20,7 @@ from speccli.drafting.policy import (
     FIRST_PROBE_AFTER, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, TIMING_WEIGHT, AutoK, FixedK, VerifyCosts,
 )
 from speccli.drafting.specs import make_drafter
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, WrongTypeError
 from speccli.llama.model import LoadOptions, Model
 from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
@@ -823,6 +823,14 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
         with pytest.raises(SpeccliError, match=rf"^--k needs 'auto' or a whole number from 1 to 64, {given}$"):
             parse_k(bad)
     assert parse_k_sweep("4,auto,1-2") == [None, 1, 2, 4]
+    # A list that cannot be read is a usage error (exit 2) however it is malformed; a K out of range is not.
+    for malformed in ["", " ", ",2", "2,", "x", "1-"]:
+        with pytest.raises(WrongTypeError):
+            parse_k_sweep(malformed)
+    for out_of_range in ["0", "1-65", "4,65"]:
+        with pytest.raises(SpeccliError) as raised:
+            parse_k_sweep(out_of_range)
+        assert raised.value.exit_code == 1, out_of_range
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
         make_drafter("model", None)
     assert make_drafter("ngram", None).name == "ngram"

@@ -278,6 +278,9 @@ def test_a_prefill_stops_between_batches_when_asked_and_the_next_call_goes_on_fr
         prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
         assert len(prompt) > 3 * target.n_batch
         generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, FixedK(3))
+        # Stopped before its first batch: no cache holds anything, and the first token is the pending one.
+        assert list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: True)) == []
+        assert target.n_past == draft.n_past == 0 and generator.tokens == prompt[:1]
         asked = []
         stopped = list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: asked.append(1) or len(asked) > 2))
         assert stopped == []

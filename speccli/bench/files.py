@@ -173,8 +173,14 @@ def load_report(path: Path) -> BenchReport:
             + ("; it was written by an older speccli: run the benchmark again to compare" if older else "")
         )
     try:
-        return BenchReport.model_validate_json(text, strict=True)
+        report = BenchReport.model_validate_json(text, strict=True)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise SpeccliError(f"{path}: not a valid bench report: {where}: {first['msg']}") from None
+    # bench measures each configuration once; a second result under one label would hide the first.
+    labels = [result.label for result in report.results]
+    repeated = next((label for label in labels if labels.count(label) > 1), None)
+    if repeated is not None:
+        raise SpeccliError(f"{path}: not a valid bench report: results: configuration {repeated} appears twice")
+    return report

@@ -41,6 +41,7 @@ from speccli.drafting.policy import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
+from speccli.util.sequences import common_prefix_length
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -235,7 +236,7 @@ class ChatSession:
     def send(self, user_text: str) -> str:
         """Generate and show one reply; returns its text."""
         prompt = self._prompt_that_fits(user_text)
-        prefill_tokens = len(prompt.tokens) - 1 - self.generator.reused_prefix(prompt.tokens)
+        reused = self.generator.reused_prefix(prompt.tokens)
         reply_tokens: list[int] = []
         pieces: list[str] = []
         reason = "interrupted"
@@ -246,9 +247,7 @@ class ChatSession:
             ctrl_c_as_flag() as interrupted,
             closing(self.generator.generate(prompt.tokens, limits, interrupted)) as events,
         ):
-            began = False  # a Ctrl-C during the prompt's prefill ends `generate` with no events
-            for event in events:
-                began = True
+            for event in events:  # none where a Ctrl-C stopped the prompt's prefill
                 if isinstance(event, TokenEvent):
                     source = event.source
                     reply_tokens.append(event.token)
@@ -267,14 +266,20 @@ class ChatSession:
                     break
         run = self.generator.reply_stats  # complete, or as far as an interrupted reply got
         reply_text = "".join(pieces)
-        if began:  # a message stopped before its reply began is not kept: it would be there twice if sent again
+        # The prompt tokens decoded, up to where a Ctrl-C stopped the prefill: the generator's tokens
+        # follow what the caches hold.
+        prefill_tokens = common_prefix_length(self.generator.tokens, prompt.tokens) - 1 - reused
+        # A message stopped before its reply showed a token is not kept, nor counted as a reply: sent
+        # again, it would be in the conversation (and the session's figures) twice.
+        kept = bool(reply_tokens) or reason != "interrupted"
+        if kept:
             self.conversation.add_turn(user_text, prompt, reply_tokens, reply_text)
-        self.totals = self.totals + run
-        self.replies += 1
+            self.totals = self.totals + run
+            self.replies += 1
         self.finish_reason = reason
         if reason == "interrupted":
-            kept = "the partial reply stays in the conversation" if began else "the message is not kept"
-            self.display.notice("(stopped)" if self.one_shot else f"(stopped; {kept})")
+            what_stays = "the partial reply stays in the conversation" if kept else "the message is not kept"
+            self.display.notice("(stopped)" if self.one_shot else f"(stopped; {what_stays})")
         elif reason == "context":
             next_turn = "" if self.one_shot else "; the next turn drops the oldest turns"
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut{next_turn})")

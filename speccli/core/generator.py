@@ -139,8 +139,8 @@ class Generator:
 
     def _prefill(self, prompt: Sequence[int], stop_requested: Callable[[], bool]) -> bool:
         """Make every cache hold prompt[:-1], keeping the longest prefix it already holds, a batch at a
-        time; False where `stop_requested()` stopped it between two. When the policy has no costs yet,
-        profile them here too: it is set-up, like the prompt."""
+        time; False where `stop_requested()` stopped it before a batch (the first included). When the
+        policy has no costs yet, profile them here too: it is set-up, like the prompt."""
         if not prompt:
             raise SpeccliError("the prompt is empty")
         n_ctx = self.target.n_ctx
@@ -150,8 +150,8 @@ class Generator:
         # `tokens` follows what every cache is known to hold, batch by batch: if a decode fails half-way,
         # the next call must not trust what it left behind; if the prefill is stopped, the next call
         # with this prompt (Ctrl-C, then the message sent again) goes on from where it stopped.
-        self.tokens = list(prompt[:shared])
         self._forget(shared)
+        self.tokens = list(prompt[: shared + 1])  # the caches hold `shared` tokens; the next one is pending
         for end in range(self.target.n_past + self.target.n_batch, len(prompt) - 1 + self.target.n_batch, self.target.n_batch):
             if stop_requested():
                 return False
