@@ -569,6 +569,17 @@ def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
     assert (stats.drafted, stats.accepted, stats.positions.judged) == (10, 5, 7)
 
 
+def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
+    """An end-of-generation token or a stop string inside a step's kept drafts: the drafts past it count
+    as neither drafted nor kept (they had made kept drafts outnumber the tokens returned)."""
+    step = StepEvent(5, 4, 0.01, 0.02, 0.0, "model", continuation=("ngram", 3))  # 2 model tokens, 3 taken over
+    assert step.cut_to(5) == step and step.cut_to(6) == step  # all 4 kept and the target's own token used
+    assert step.cut_to(4) == StepEvent(4, 4, 0.01, 0.02, 0.0, "model", continuation=("ngram", 2))
+    assert step.cut_to(2) == StepEvent(2, 2, 0.01, 0.02, 0.0, "model")  # ended before the lookup's tokens
+    plain = StepEvent(0, 0, 0.0, 0.02, 0.0)
+    assert plain.cut_to(1) == plain
+
+
 def test_take_overs_and_catch_ups_are_counted_and_shown() -> None:
     """Two steps in which a lookup took the model's draft over (2 model tokens, then 3), summed over two
     runs, and one model draft after a catch-up of 0.02 s."""

@@ -216,32 +216,51 @@ def test_ctrl_c_during_a_long_prompts_prefill_stops_it_and_keeps_no_turn(chat_pa
     assert [turn["content"] for turn, _ in session.conversation.turns] == [message] and session.replies == 1
 
 
-def test_ctrl_c_after_the_prefill_but_before_a_reply_token_keeps_no_turn(chat_pair):
-    """A prompt of one batch: the Ctrl-C lands in the first step's verify, after the prefill. No token
-    of the reply was shown, so the message is not kept, as for a Ctrl-C during the prefill (kept, it
-    would have been in the conversation twice when sent again)."""
+def _session_with_ctrl_c_at(chat_pair, decode_with_rows):
+    """A chat session whose target decode with `decode_with_rows` rows (0: the prefill's, more: a
+    verify) sends Ctrl-C the first time, as the terminal would: chat only sets its flag."""
     options = LoadOptions(n_ctx=512, n_threads=1)
-    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
-        err = io.StringIO()
-        display = Display("plain", provenance=False, out=io.StringIO(), err=err)
-        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=4)
-        real_decode, verifies = target.decode, []
+    target, draft = Model(chat_pair[0], options), Model(chat_pair[1], options)
+    err = io.StringIO()
+    display = Display("plain", provenance=False, out=io.StringIO(), err=err)
+    session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=3, max_tokens=8)
+    real_decode, sent = target.decode, []
 
-        def ctrl_c_in_the_first_verify(tokens, n_logit_rows=1):
-            if n_logit_rows > 0:
-                verifies.append(len(tokens))
-                if len(verifies) == 1:
-                    os.kill(os.getpid(), signal.SIGINT)
-            return real_decode(tokens, n_logit_rows)
+    def ctrl_c_once(tokens, n_logit_rows=1):
+        if (n_logit_rows > 0) == (decode_with_rows > 0) and not sent:
+            sent.append(len(tokens))
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_decode(tokens, n_logit_rows)
 
-        target.decode = ctrl_c_in_the_first_verify
+    target.decode = ctrl_c_once
+    return session, err, (target, draft)
+
+
+def test_ctrl_c_in_a_short_prompts_prefill_keeps_no_turn_and_verifies_nothing(chat_pair):
+    """A prompt of one batch: the Ctrl-C lands in its only prefill decode. The reply has not begun, so
+    no step is verified and the message is not kept (had it been, sent again it would be there twice)."""
+    session, err, models = _session_with_ctrl_c_at(chat_pair, decode_with_rows=0)
+    with models[0], models[1]:
         assert session.send("hi") == ""
-        assert len(verifies) == 1 and session.finish_reason == "interrupted"
+        assert session.finish_reason == "interrupted" and session.generator.reply_stats.steps == 0
         assert "(stopped; the message is not kept)" in err.getvalue()
         assert session.conversation.turns == [] and session.replies == 0
         session.send("hi")
     assert [turn["content"] for turn, _ in session.conversation.turns] == ["hi"] and session.replies == 1
 
+
+def test_ctrl_c_during_a_verify_gives_that_steps_tokens_and_stops_before_the_next(chat_pair):
+    """The step under way when Ctrl-C comes is verified: its tokens are shown and kept, and its figures
+    count them (they had been counted unshown: '0 tokens · acceptance 29%'); no step follows it."""
+    session, err, models = _session_with_ctrl_c_at(chat_pair, decode_with_rows=1)
+    with models[0], models[1]:
+        reply = session.send("hi")
+        stats = session.generator.reply_stats
+        assert session.finish_reason == "interrupted" and stats.steps == 1
+        assert reply and stats.generated == stats.accepted + 1  # its kept drafts and the target's own token
+        assert "(stopped; the partial reply stays in the conversation)" in err.getvalue()
+    [(message, answer)] = session.conversation.turns
+    assert (message["content"], answer["content"], session.replies) == ("hi", reply, 1)
 
 def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
     """The issue's Qwen pair on this CPU: a draft model that cannot pay. Costs are set so that no draft

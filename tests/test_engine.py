@@ -7,7 +7,7 @@ import pytest
 
 from speccli.llama.model import ContextFullError, LoadOptions, Model
 from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
+from speccli.core.stats import DoneEvent, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams
@@ -74,6 +74,39 @@ def test_stop_string_ends_the_text_before_it(models) -> None:
     tokens, _, done = run(stopped, prompt, max_tokens=30, stop=(stop,))
     assert done.reason == "stop"
     assert "".join(t.text for t in tokens) + done.trailing_text == text[: text.index(stop)]
+
+
+def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it(models) -> None:
+    """The figures describe the text returned: a stop string that ends the reply inside a step's kept
+    drafts leaves the drafts past it uncounted, so kept drafts never outnumber the tokens given."""
+    target, draft = models
+    prompt = target.tokenizer.tokenize("x")
+    free = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    free.reset()
+    events = list(free.generate(prompt, GenerationLimits(max_tokens=40)))
+    given = [event for event in events if isinstance(event, TokenEvent)]
+    text, starts, cut = "", [], None
+    for event in given:
+        starts.append(len(text))
+        text += event.text
+    # A stop within the second kept draft of a step that kept at least 3, where its text first appears.
+    position = 0
+    for event in events:
+        if isinstance(event, StepEvent) and event.accepted >= 3 and position + 1 < len(given):
+            stop, start = given[position + 1].text[:2], starts[position + 1]
+            if len(stop) == 2 and text.index(stop) == start:
+                cut = (stop, position + 1)
+                break
+        position += isinstance(event, TokenEvent)
+    assert cut is not None, "the tiny pair should keep 3 drafts in a row somewhere"
+    stop, given_before = cut
+    stopped = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    stopped.reset()
+    tokens, steps, done = run(stopped, prompt, max_tokens=40, stop=(stop,))
+    assert done.reason == "stop" and len(tokens) == given_before + 1
+    kept_drafts_given = sum(t.source is Source.DRAFT for t in tokens)
+    assert done.stats.accepted == kept_drafts_given == sum(step.accepted for step in steps)
+    assert steps[-1].drafted == steps[-1].accepted  # cut at the stop, though it drafted (and kept) more
 
 
 def test_a_full_context_ends_generation_cleanly(generator) -> None:

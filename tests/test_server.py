@@ -251,6 +251,9 @@ def test_stop_string_ends_the_reply_before_it(endless_pair):
         reply = ask(client(url), "sing", max_tokens=12, stop=["la la"])
     assert reply.choices[0].finish_reason == "stop"
     assert "la la" not in reply.choices[0].message.content
+    # The figures count what was returned: drafts past the stop are neither drafted nor kept.
+    speculative = reply.model_extra["speculative"]
+    assert speculative["accepted"] <= reply.usage.completion_tokens
 
 
 def test_a_continuing_conversation_reuses_the_kv_cache(chat_pair):
@@ -467,6 +470,8 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         status, body = get(url, "/v1/nothing-here")
         assert_openai_error(status, json.loads(body), 404, "unknown_url")
         assert json.loads(body)["error"]["message"] == "no such path: GET /v1/nothing-here"
+        status, body = get(url, "/v1/models/")  # a trailing slash, not a model named ''
+        assert_openai_error(status, json.loads(body), 404, "unknown_url")
 
 
 def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):

@@ -247,7 +247,8 @@ class ChatSession:
             ctrl_c_as_flag() as interrupted,
             closing(self.generator.generate(prompt.tokens, limits, interrupted)) as events,
         ):
-            for event in events:  # none where a Ctrl-C stopped the prompt's prefill
+            # A Ctrl-C ends the events between two steps (or in the prefill, before any): no DoneEvent.
+            for event in events:
                 if isinstance(event, TokenEvent):
                     source = event.source
                     reply_tokens.append(event.token)
@@ -262,8 +263,6 @@ class ChatSession:
                     trailing = "" if begins_a_stop(event.trailing_text, limits.stop) else event.trailing_text
                     pieces.append(trailing)
                     view.add(trailing, source)
-                if interrupted():
-                    break
         run = self.generator.reply_stats  # complete, or as far as an interrupted reply got
         reply_text = "".join(pieces)
         # The prompt tokens decoded, up to where a Ctrl-C stopped the prefill: the generator's tokens

@@ -80,9 +80,11 @@ class Generator:
         self, prompt: Sequence[int], limits: GenerationLimits = GenerationLimits(),
         stop_requested: Callable[[], bool] = lambda: False,
     ) -> Iterator[Event]:
-        """The reply's events, ending with DoneEvent. Where `stop_requested()` turns true during the
-        prefill (Ctrl-C, a client gone, a server shutting down), it ends there, with no events: a long
-        prompt takes seconds to decode, which the caller's own check between events would wait out."""
+        """The reply's events, ending with DoneEvent. Where `stop_requested()` turns true (Ctrl-C, a
+        client gone, a server shutting down), it ends with no more events and no DoneEvent: between two
+        batches of the prefill (a long prompt takes seconds to decode, which the caller's own check
+        between events would wait out), or between two steps, so that the tokens of a step verified
+        are all given, and the figures count no more than them."""
         limits.validate()
         self.policy.begin_reply()
         # Shared with the caller, who may stop reading before DoneEvent (Ctrl-C, a client gone) and still
@@ -97,6 +99,8 @@ class Generator:
         tokenizer = self.target.tokenizer
         reason = None
         while reason is None:
+            if stop_requested():
+                return
             room = self.target.n_ctx - len(self.tokens)
             if room < 0:
                 reason = "context"
@@ -105,23 +109,28 @@ class Generator:
             # rows than one decode returns (llama.cpp clamps its batch to a small --ctx).
             limit = min(room, limits.max_tokens - stats.generated - 1, self.target.n_batch - 1)
             new_tokens, sources, step = self._step(limit)
-            stats.add(step)
-            yield step
+            # The step's tokens up to whatever ends the reply, settled (tokens, caches, figures) before
+            # any is yielded: a caller may stop reading at any event.
+            given: list[TokenEvent] = []
             used = 0
             for token, source in zip(new_tokens, sources):
                 used += 1
                 if tokenizer.is_end_of_generation(token):
                     reason = "eog"
                     break
-                stats.generated += 1
-                yield TokenEvent(token, text.push(tokenizer.token_bytes(token)), source)
+                given.append(TokenEvent(token, text.push(tokenizer.token_bytes(token)), source))
                 if text.stopped:
                     reason = "stop"
                     break
-                if stats.generated >= limits.max_tokens:
+                if stats.generated + len(given) >= limits.max_tokens:
                     reason = "max_tokens"
                     break
             self._forget_unused(len(new_tokens) - used)
+            step = step.cut_to(used)
+            stats.add(step)
+            stats.generated += len(given)
+            yield step
+            yield from given
         yield DoneEvent(reason, stats, text.flush())
 
     def _forget_unused(self, count: int) -> None:
@@ -160,6 +169,8 @@ class Generator:
             if self.drafter is not None:
                 self.drafter.sync(held)
             self.tokens = list(held)
+        if stop_requested():  # asked during the last batch: the reply has not begun
+            return False
         if self.drafter is not None:
             self.drafter.sync(prompt)  # a prompt the target held already may be new to the drafter
         self.tokens = list(prompt)

@@ -1,7 +1,7 @@
 """What a generation reports: token, step and done events, and RunStats, the figures they add up to."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
@@ -32,6 +32,20 @@ class StepEvent:
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
+
+    def cut_to(self, used: int) -> StepEvent:
+        """The step as far as the reply used its `used` new tokens (an end-of-generation token or a stop
+        string ended it mid-step): drafts past them count as neither drafted nor kept, so the figures
+        describe the text the caller got (kept drafts never outnumber the tokens returned). The policy
+        learns from the whole step; its time was spent whole."""
+        if used > self.accepted:  # every kept draft was used (and perhaps the target's own token)
+            return self
+        continuation = None
+        if self.continuation is not None:
+            source, tokens = self.continuation
+            taken_over_used = used - (self.drafted - tokens)
+            continuation = (source, taken_over_used) if taken_over_used > 0 else None
+        return replace(self, drafted=used, accepted=used, continuation=continuation)
 
     def parts(self) -> list[SourcePart]:
         """Each source's share of the draft, in order."""

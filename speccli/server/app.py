@@ -133,6 +133,8 @@ def create_app(service: Service) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def model(request: Request) -> Response:
+        if not request.path_params["model"]:  # /v1/models/: a trailing slash, as on any other path
+            raise HTTPException(404)
         if request.path_params["model"] != service.model_id:
             raise _unknown_model(request.path_params["model"])
         return JSONResponse(card)
