@@ -347,13 +347,13 @@ def test_compare_names_an_environment_that_differs(tiny_report_file, tmp_path) -
     document = json.loads(tiny_report_file.read_text())
     environment = document["environment"]
     cores, platform = environment["cpu_count"], environment["platform"]
-    environment.update(target_n_gpu_layers=0, draft_n_gpu_layers=0, cpu_count=cores + 2, platform="Other-1.0")
+    environment.update(target_n_gpu_layers=0, draft_n_gpu_layers=None, cpu_count=cores + 2, platform="Other-1.0")
     other = tmp_path / "other.json"
     other.write_text(json.dumps(document))
     result = _compare(tiny_report_file, other)
     assert result.exit_code == 0, result.output
     words = " ".join(result.stdout.split())
-    assert (f"differs: GPU layers (target/draft): (-1, -1) → (0, 0); cores: {cores} → {cores + 2}; "
+    assert (f"differs: GPU layers (target/draft): -1/-1 → 0/none; cores: {cores} → {cores + 2}; "
             f"platform: {platform} → Other-1.0") in words
 
 

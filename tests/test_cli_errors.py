@@ -475,3 +475,13 @@ def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                             preexec_fn=lambda: os.close(1))
     assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")
+
+
+def test_each_commands_help_paragraphs_are_one_line_each_so_they_wrap_at_the_terminals_width() -> None:
+    """Typer keeps a docstring's line breaks: a paragraph broken in the source broke mid-sentence at
+    80 columns ('expected speculative acceptance' then 'Σmin(p,q), top-1 ...' on a line of its own)."""
+    commands = [command for command in app.registered_commands if command.callback is not None]
+    assert len(commands) >= 8
+    for command in commands:
+        for paragraph in (command.callback.__doc__ or "").strip().split("\n\n"):
+            assert "\n" not in paragraph.strip(), f"{command.callback.__name__}: {paragraph!r}"

@@ -50,7 +50,14 @@ _FIGURES: tuple[tuple[str, Callable[[Summary], float | None], int], ...] = (
 
 def differences(a: BenchReport, b: BenchReport) -> list[str]:
     """What differs between the two runs' models, prompts, settings and environment."""
-    return [f"{label}: {get(a)} → {get(b)}" for label, get in _IDENTITY if get(a) != get(b)]
+    return [f"{label}: {_shown(get(a))} → {_shown(get(b))}" for label, get in _IDENTITY if get(a) != get(b)]
+
+
+def _shown(value: object) -> str:
+    """A setting as the labels name it: '-1/none' for (target, draft) pairs, not Python's '(-1, None)'."""
+    if isinstance(value, tuple):
+        return "/".join(_shown(part) for part in value)
+    return "none" if value is None else str(value)
 
 
 def render_comparison(a: BenchReport, b: BenchReport, names: tuple[str, str], console: Console) -> None:

@@ -33,8 +33,7 @@ def quant_check(
 ) -> None:
     """Measure how faithful quantized models are to a reference: OK / DEGRADED / BROKEN each.
 
-    Each CANDIDATE is compared with REFERENCE over the same text: expected speculative acceptance
-    Σmin(p,q), top-1 agreement and KL.
+    Each CANDIDATE is compared with REFERENCE over the same text: acceptance Σmin(p,q), top-1, KL.
 
     Exit codes: 0 all OK or DEGRADED, 1 any BROKEN, 2 any refusal (a file unreadable, another vocabulary, a typo).
     """
