@@ -571,11 +571,18 @@ def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
 
 def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
     """An end-of-generation token or a stop string inside a step's kept drafts: the drafts past it count
-    as neither drafted nor kept (they had made kept drafts outnumber the tokens returned)."""
+    as neither drafted nor kept in the acceptance figures (they had made kept drafts outnumber the
+    tokens returned), while the K chosen, the take-over and the drafting cost count the whole draft."""
     step = StepEvent(5, 4, 0.01, 0.02, 0.0, "model", continuation=("ngram", 3))  # 2 model tokens, 3 taken over
     assert step.cut_to(5) == step and step.cut_to(6) == step  # all 4 kept and the target's own token used
-    assert step.cut_to(4) == StepEvent(4, 4, 0.01, 0.02, 0.0, "model", continuation=("ngram", 2))
-    assert step.cut_to(2) == StepEvent(2, 2, 0.01, 0.02, 0.0, "model")  # ended before the lookup's tokens
+    assert [(p.source, p.drafted, p.accepted) for p in step.cut_to(4).parts()] == [("model", 2, 2), ("ngram", 2, 2)]
+    assert [(p.source, p.drafted, p.accepted) for p in step.cut_to(2).parts()] == [("model", 2, 2)]
+    assert [(p.source, p.drafted) for p in step.cut_to(2).parts(as_counted=False)] == [("model", 2), ("ngram", 3)]
+    stats = RunStats()
+    stats.add(step.cut_to(2))
+    assert (stats.drafted, stats.accepted, stats.positions.judged, stats.by_source["model"].drafted) == (2, 2, 2, 2)
+    assert "ngram" not in stats.by_source
+    assert (stats.draft_lengths, stats.take_overs, stats.drafted_tokens) == ({5: 1}, {"ngram": 1}, 5)
     plain = StepEvent(0, 0, 0.0, 0.02, 0.0)
     assert plain.cut_to(1) == plain
 

@@ -105,8 +105,9 @@ def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it(mode
     tokens, steps, done = run(stopped, prompt, max_tokens=40, stop=(stop,))
     assert done.reason == "stop" and len(tokens) == given_before + 1
     kept_drafts_given = sum(t.source is Source.DRAFT for t in tokens)
-    assert done.stats.accepted == kept_drafts_given == sum(step.accepted for step in steps)
-    assert steps[-1].drafted == steps[-1].accepted  # cut at the stop, though it drafted (and kept) more
+    assert done.stats.accepted == kept_drafts_given
+    assert steps[-1].used == 2 and steps[-1].accepted >= 3  # cut at the stop, though it kept more
+    assert done.stats.drafted_tokens == sum(step.drafted for step in steps) > done.stats.drafted  # the cost, whole
 
 
 def test_a_full_context_ends_generation_cleanly(generator) -> None:

@@ -68,7 +68,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     observed = None
     if base_stats.steps and base_stats.target_seconds and drafted and steps:
         target_per_step = base_stats.target_seconds / base_stats.steps
-        c = (spec_stats.draft_seconds / drafted) / target_per_step
+        c = (spec_stats.draft_seconds / spec_stats.drafted_tokens) / target_per_step
         verify = (spec_stats.target_seconds / steps) / target_per_step
         observed = ObservedCosts(
             c=c,

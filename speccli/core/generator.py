@@ -169,8 +169,6 @@ class Generator:
             if self.drafter is not None:
                 self.drafter.sync(held)
             self.tokens = list(held)
-        if stop_requested():  # asked during the last batch: the reply has not begun
-            return False
         if self.drafter is not None:
             self.drafter.sync(prompt)  # a prompt the target held already may be new to the drafter
         self.tokens = list(prompt)

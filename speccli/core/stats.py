@@ -32,33 +32,33 @@ class StepEvent:
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
+    # Where the reply ended inside this step's kept drafts (an end of generation, a stop string): how
+    # many of its tokens the reply used. None: the step was used whole. See `cut_to`.
+    used: int | None = None
 
     def cut_to(self, used: int) -> StepEvent:
-        """The step as far as the reply used its `used` new tokens (an end-of-generation token or a stop
-        string ended it mid-step): drafts past them count as neither drafted nor kept, so the figures
-        describe the text the caller got (kept drafts never outnumber the tokens returned). The policy
-        learns from the whole step; its time was spent whole."""
-        if used > self.accepted:  # every kept draft was used (and perhaps the target's own token)
-            return self
-        continuation = None
-        if self.continuation is not None:
-            source, tokens = self.continuation
-            taken_over_used = used - (self.drafted - tokens)
-            continuation = (source, taken_over_used) if taken_over_used > 0 else None
-        return replace(self, drafted=used, accepted=used, continuation=continuation)
+        """The step, its acceptance counted only as far as the reply used its `used` new tokens: drafts
+        past them count as neither drafted nor kept in the acceptance figures, which so describe the
+        text the caller got (kept drafts never outnumber the tokens used, the end-of-generation token
+        included). The K chosen, its take-over and its costs still count whole, as does the policy."""
+        return self if used > self.accepted else replace(self, used=used)
 
-    def parts(self) -> list[SourcePart]:
-        """Each source's share of the draft, in order."""
+    def parts(self, *, as_counted: bool = True) -> list[SourcePart]:
+        """Each source's share of the draft, in order: as the acceptance figures count it (up to
+        `used`), or the whole draft (`as_counted=False`: what each source drafted, as its cost)."""
         if self.source is None:
             return []
+        drafted, accepted = self.drafted, self.accepted
+        if as_counted and self.used is not None:
+            drafted = accepted = self.used
         if self.continuation is None:
-            return [SourcePart(self.source, self.drafted, self.accepted, judged=True)]
+            return [SourcePart(self.source, drafted, accepted, judged=True)]
         source, tokens = self.continuation
         first = self.drafted - tokens
-        return [
-            SourcePart(self.source, first, min(self.accepted, first), judged=True),
-            SourcePart(source, tokens, max(self.accepted - first, 0), judged=self.accepted >= first),
-        ]
+        parts = [SourcePart(self.source, min(drafted, first), min(accepted, first), judged=True)]
+        if drafted > first:
+            parts.append(SourcePart(source, drafted - first, max(accepted - first, 0), judged=accepted >= first))
+        return parts
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,9 @@ class RunStats:
 
     def add(self, step: StepEvent) -> None:
         self.steps += 1
-        self.positions.add(step.drafted, step.accepted)
-        for part in step.parts():
+        parts = step.parts()
+        self.positions.add(sum(part.drafted for part in parts), sum(part.accepted for part in parts))
+        for part in parts:
             self.by_source.setdefault(part.source, PositionCounts()).add(part.drafted, part.accepted, part.judged)
         self.draft_lengths[step.drafted] = self.draft_lengths.get(step.drafted, 0) + 1
         if step.continuation is not None:
@@ -219,7 +220,13 @@ class RunStats:
     @property
     def mean_draft_length(self) -> float:
         """Mean tokens drafted per step (the K chosen), steps that drafted nothing included."""
-        return self.drafted / self.steps if self.steps else 0.0
+        return self.drafted_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def drafted_tokens(self) -> int:
+        """Every token drafted, those past where a reply ended included: what drafting cost. (`drafted`
+        counts what the acceptance figures count.)"""
+        return sum(length * steps for length, steps in self.draft_lengths.items())
 
 
 def drafting_record(stats: RunStats) -> dict:

@@ -78,7 +78,7 @@ def main() -> None:
                             steps.append(event)
                         elif isinstance(event, DoneEvent):
                             generated = event.stats.generated
-                    decoded = sum(part.drafted for s in steps for part in s.parts() if part.source == "model")
+                    decoded = sum(part.drafted for s in steps for part in s.parts(as_counted=False) if part.source == "model")
                     cost = c * decoded + sum(verify.decode(s.drafted + 1) for s in steps)
                     speedups.setdefault((task, spec), []).append(generated / cost)
                     catch_up += sum(s.catch_up_seconds for s in steps)
