@@ -115,6 +115,13 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
         require_later_parts_whole(path, metadata.get(SPLIT_COUNT))
 
 
+def model_files(first: Path) -> list[Path]:
+    """Every file of the model `first` begins: a split model's parts (gguf-split), `first` first, as
+    llama.cpp opens them; just `first` otherwise. Raises UnreadableFileError where `first` is no GGUF."""
+    metadata, _, _ = read_gguf_header(first, lambda key: key == SPLIT_COUNT)
+    return _split_parts(first, metadata.get(SPLIT_COUNT))
+
+
 def require_later_parts_whole(first: Path, split_count: Any) -> None:
     """`require_whole_gguf` for the files after `first` of a model split in `split_count` parts (the
     value of `first`'s SPLIT_COUNT key): llama.cpp is given the first and opens the others itself."""

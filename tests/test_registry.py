@@ -340,6 +340,21 @@ def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models
         resolve_pair(None, "small", "big", local_models, spec="ngram")
 
 
+def test_a_target_alone_runs_as_the_pair_made_for_it(tmp_path, local_models):
+    """`-m big` with no pair or draft: pair local's draft and settings, not the default pair's draft
+    (Gemma's, which cannot draft for another vocabulary: the Qwen target had been refused so)."""
+    weights = tmp_path / "weights"
+    alone = resolve_pair(None, "big", None, local_models)
+    assert alone == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
+    # A target no pair is made for keeps the default pair's draft (built-in Gemma: not on disk here).
+    with pytest.raises(SpeccliError, match="^model 'gemma3-270m-q4km' is not on disk yet"):
+        resolve_pair(None, "small", None, local_models, fetch=False)
+    # Several pairs made for it, the default pair not among them: none is chosen for the user.
+    both = write(tmp_path / "both.toml", (tmp_path / "local.toml").read_text() + '[pairs.other]\ntarget = "big"\ndraft = "big"\n')
+    with pytest.raises(SpeccliError, match="^model 'gemma3-270m-q4km' is not on disk yet"):
+        resolve_pair(None, "big", None, load_registry(both), fetch=False)
+
+
 def test_resolve_pair_without_names_uses_the_default_pair(local_models):
     # The default pair (Gemma) is not built yet: without fetch that is an error naming how to get it.
     with pytest.raises(SpeccliError, match="^model 'gemma3-270m-f32' is not on disk yet; `speccli pull gemma3-270m-f32` fetches it$"):
@@ -834,6 +849,19 @@ def table_row(output: str, name: str) -> list[str]:
 @pytest.fixture
 def runner():
     return CliRunner(env={"COLUMNS": "200"})
+
+
+def test_models_gives_a_split_models_size_as_all_its_parts(runner, tmp_path):
+    """A `path` entry names a split model's first file; llama.cpp opens the rest beside it, and the size
+    on disk is all of them (it had been the first part's alone)."""
+    first = write_tiny_gguf(tmp_path / "tiny.gguf", split_max_tensors=4)
+    parts = sorted(tmp_path.glob("tiny-*-of-*.gguf"))
+    assert parts[0] == first and len(parts) >= 3
+    config = write(tmp_path / "split.toml", f'[models.split]\npath = "{first}"\n')
+    result = runner.invoke(app, ["models", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    total = sum(part.stat().st_size for part in parts)
+    assert table_row(result.stdout, "split") == ["split", str(first), format_size(total), "yes", ""]
 
 
 def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):

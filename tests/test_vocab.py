@@ -159,7 +159,7 @@ def test_verdict_reasons_and_exit_code(pair_files, name: str) -> None:
 def test_changed_token_is_shown_side_by_side(pair_files) -> None:
     report = check_pair(*pair_files("one token's text changed"))
     (difference,) = [d for d in report.differences if d.kind == "token-text"]
-    assert "at 1 shared ids, first at id 400" in difference.message
+    assert "at 1 shared id, first at id 400" in difference.message
     assert f"400: 'zzz' | {BASE.tokens[400]!r}" in difference.evidence
     assert report.llama_cpp.reason == "token 400 differs"
 

@@ -23,6 +23,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from speccli.core.stats import PositionCounts, RunStats, Source, drafting_record
+from speccli.util.format import counted
 
 Mode = Literal["terminal", "plain", "json"]
 
@@ -87,7 +88,7 @@ def by_source_text(stats: RunStats) -> str:
     being a step in which the source continued another's draft."""
     return " · ".join(
         f"{source} {counts.acceptance_rate:.0%} of {counts.drafted}"
-        + (f" ({_count(stats.take_overs[source], 'take-over')})" if stats.take_overs.get(source) else "")
+        + (f" ({counted(stats.take_overs[source], 'take-over')})" if stats.take_overs.get(source) else "")
         for source, counts in sorted(stats.by_source.items())
     )
 
@@ -137,10 +138,6 @@ def position_rows(positions: PositionCounts) -> list[tuple[str, float]]:
         pooled = PositionCounts(sum(positions.drafted_at[shown:]), sum(positions.accepted_at[shown:]))
         rows.append((f"{shown + 1}-{deepest}", pooled.acceptance_rate))
     return rows
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _catch_up_text(stats: RunStats) -> str:

@@ -126,7 +126,8 @@ class _Comparator:
             logits = np.where(broken[:, None], np.float32(0), logits)
         log_q = _log_softmax(logits)
         q = np.exp(log_q) if self.raw_is_sampled else probabilities(logits, self.params)
-        acceptance = np.minimum(reference.p, q).sum(axis=1, dtype=np.float64)
+        # A probability: p and q each sum to 1 only to float32 rounding (the same file twice made 1.0000000004).
+        acceptance = np.minimum(reference.p, q).sum(axis=1, dtype=np.float64).clip(max=1.0)
         raw_p = reference.p if self.raw_is_sampled else np.exp(reference.log_p)
         terms = log_q
         np.subtract(reference.log_p, log_q, out=terms)

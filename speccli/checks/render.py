@@ -8,6 +8,7 @@ from rich.text import Text
 
 from speccli.checks.report import CandidateReport, QuantCheckReport, TokenProbability
 from speccli.checks.verdict import Fidelity
+from speccli.util.format import counted
 
 VERDICT_STYLE = {Fidelity.OK: "green", Fidelity.DEGRADED: "yellow", Fidelity.BROKEN: "bold red"}
 WORST_SHOWN = 3
@@ -18,7 +19,7 @@ def render(report: QuantCheckReport) -> Group:
     settings = f"temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, min-p {s['min_p']:g}"
     header = Text.assemble(
         ("reference  ", "bold"), report.reference, "\n",
-        ("text       ", "bold"), f"{report.text}: {report.sequences} sequences, {report.positions} positions, context {report.context}\n",
+        ("text       ", "bold"), f"{report.text}: {counted(report.sequences, 'sequence')}, {counted(report.positions, 'position')}, context {report.context}\n",
         ("sampling   ", "bold"), f"{settings} (acceptance); KL and top-1 on the raw distributions\n",
         ("mode       ", "bold"), ("sequential: " if report.sequential else "") + report.reference_storage,
         f"; {report.seconds:.1f} s",

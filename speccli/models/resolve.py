@@ -90,12 +90,17 @@ def resolve_pair(
 ) -> ResolvedPair:
     """The pair to run: `pair_name` (default: the registry's default_pair) with `target`/`draft`
     (registry names or paths) overriding its members, and `spec` (default: the pair's) choosing the
-    draft source. Both overrides and no pair name: an ad-hoc pair with the defaults (auto K, ngram+model,
-    full GPU offload). A draft source without a model (ngram) resolves no draft; one given is refused."""
+    draft source. A target alone, with no pair name, runs as the pair made for it where the registry
+    has one (`-m qwen2.5-coder-1.5b-instruct-q4km` gets that pair's draft, not the default pair's,
+    which cannot draft for it). Both overrides and no pair name: an ad-hoc pair with the defaults (auto
+    K, ngram+model, full GPU offload). A draft source without a model (ngram) resolves no draft; one
+    given is refused."""
     pair: PairEntry | None = None
     ad_hoc = pair_name is None and target is not None and (draft is not None or spec == "ngram")
     if not ad_hoc:
         name = registry.default_pair if pair_name is None else pair_name
+        if pair_name is None and target is not None:
+            name = _pair_made_for(target, registry) or name
         if name is None:
             raise SpeccliError("no pair given and no default_pair in models.toml; name a pair, or give both a target and a draft")
         if name not in registry.pairs:
@@ -125,6 +130,15 @@ def resolve_pair(
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
         draft_n_gpu_layers=pair.draft_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
     )
+
+
+def _pair_made_for(target: str, registry: Registry) -> str | None:
+    """The pair whose target is the registry model `target`: the default pair where it is one of
+    several, else the only one; None where none is, or several are and the default pair is not."""
+    names = [pair.name for pair in registry.pairs.values() if pair.target == target]
+    if registry.default_pair in names:
+        return registry.default_pair
+    return names[0] if len(names) == 1 else None
 
 
 def pull_models(registry: Registry, names: Iterable[str], *, quiet: bool = False) -> Iterator[tuple[str, Path]]:

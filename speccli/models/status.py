@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import require_loadable_gguf
+from speccli.gguf_meta import model_files, require_loadable_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
 from speccli.settings import format_k
@@ -36,12 +36,23 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
                 name=name,
                 source=entry.source.describe(),
                 path=cached[0] if cached else None,
-                size_bytes=sum(file.stat().st_size for file in cached) if cached else None,
+                size_bytes=_size_on_disk(cached) if cached else None,
                 pairs=in_pairs,
                 problem=_problem(cached[0]) if cached else None,
             )
         )
     return statuses
+
+
+def _size_on_disk(files: list[Path]) -> int:
+    """The bytes of a model's files, a split model's later parts included where only its first file is
+    named (a `path` entry, a build): those llama.cpp opens beside it."""
+    if len(files) == 1:
+        try:
+            files = model_files(files[0])
+        except UnreadableFileError:  # not a GGUF: `_problem` says so; its size is the file's
+            pass
+    return sum(file.stat().st_size for file in files if file.is_file())
 
 
 def _problem(path: Path) -> str | None:

@@ -17,6 +17,11 @@ def format_size(size_bytes: int | None) -> str:
     return f"{size:.1f} TB"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 sequence', '2 sequences': a count and its noun, plural where it is not 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def escape_undecodable(text: str) -> str:
     """`text` with each byte that is not UTF-8 (a file name's, which reaches Python as a surrogate
     escape) written as `\\udce9`, as Python writes it on stderr."""

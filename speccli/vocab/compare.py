@@ -9,6 +9,7 @@ import numpy as np
 from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.vocab.info import VocabInfo
 from speccli.vocab.report import Difference, LlamaCppRule, Severity
+from speccli.util.format import counted
 
 LLAMA_CPP_MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in llama.cpp common/speculative.cpp
 LLAMA_CPP_CHECK_START_ID = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID: llama.cpp ignores text of ids below this
@@ -222,7 +223,7 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
             evidence.append(f"the ids look shifted: draft id i{shift:+d} holds the text of target id i")
         differences.append(Difference(
             "token-text", Severity.BLOCKING,
-            f"token text differs at {len(mismatched)} shared ids, first at id {mismatched[0]}",
+            f"token text differs at {counted(len(mismatched), 'shared id')}, first at id {mismatched[0]}",
             tuple(evidence),
         ))
     if draft.token_types is not None and target.token_types is not None:
@@ -230,7 +231,7 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
         if len(type_mismatched):
             differences.append(Difference(
                 "token-type", Severity.WARNING,
-                f"token types differ at {len(type_mismatched)} shared ids, first at id {type_mismatched[0]}",
+                f"token types differ at {counted(len(type_mismatched), 'shared id')}, first at id {type_mismatched[0]}",
                 tuple(
                     f"{i}: draft {_show(draft.tokens[i])} type {int(draft.token_types[i])} | "
                     f"target {_show(target.tokens[i])} type {int(target.token_types[i])}"
@@ -242,7 +243,7 @@ def _token_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
         if len(score_mismatched):
             differences.append(Difference(
                 "token-score", Severity.WARNING,
-                f"token scores differ at {len(score_mismatched)} shared ids "
+                f"token scores differ at {counted(len(score_mismatched), 'shared id')} "
                 "(merge priorities; the sample test decides)",
             ))
     return differences
