@@ -25,7 +25,7 @@ BROKEN_LAYERS = (4, 5)
 
 
 def reference_file() -> Path:
-    return resolve_model(REFERENCE_NAME, load_registry(None), quiet=True)
+    return resolve_model(REFERENCE_NAME, load_registry(), quiet=True)
 
 
 def build_test_files(reference: Path) -> dict[str, Path]:

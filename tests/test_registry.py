@@ -851,6 +851,21 @@ def runner():
     return CliRunner(env={"COLUMNS": "200"})
 
 
+def test_config_given_twice_reads_both_the_later_overriding(runner, local_models, tmp_path):
+    """Only the last --config had been read, the others dropped without a word (an unknown key in the
+    first went unseen, and its models were 'unknown')."""
+    first = str(local_models.files[-1])  # models big, small, gone; pair local
+    second = write(tmp_path / "second.toml", f'[models.extra]\npath = "{tmp_path / "weights" / "small.gguf"}"\n'
+                                             '[pairs.local]\ntarget = "small"\ndraft = "big"\n')
+    result = runner.invoke(app, ["models", "--config", first, "--config", str(second)])
+    assert result.exit_code == 0, result.output
+    assert table_row(result.stdout, "big")[0] == "big" and table_row(result.stdout, "extra")[0] == "extra"
+    assert table_row(result.stdout, "local")[:3] == ["local", "small", "big"]  # the later file's pair
+    broken = write(tmp_path / "broken.toml", "[models.x]\npaht = 'x.gguf'\n")
+    result = runner.invoke(app, ["models", "--config", str(broken), "--config", str(second)])
+    assert result.exit_code != 0 and "paht" in result.stderr
+
+
 def test_models_gives_a_split_models_size_as_all_its_parts(runner, tmp_path):
     """A `path` entry names a split model's first file; llama.cpp opens the rest beside it, and the size
     on disk is all of them (it had been the first part's alone)."""

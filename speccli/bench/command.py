@@ -93,14 +93,14 @@ def run_command(request: BenchRequest) -> None:
     pair_request.validate()
     prompt_set = load_prompt_set(request.prompts_file)
     destination = json_destination(request.json_path)
-    refuse_overwriting(destination, {"prompts file": request.prompts_file, "--config file": pair_request.config,
-                                     "user models.toml": user_config_path()})
+    refuse_overwriting(destination, [("prompts file", request.prompts_file), ("user models.toml", user_config_path()),
+                                     *(("--config file", path) for path in pair_request.config)])
     # With the JSON on stdout, the human-readable report moves to stderr.
     out = console(stderr=destination is not None and destination.is_stdout)
 
     with open_pair(pair_request) as loaded:
         resolved = loaded.resolved
-        refuse_overwriting(destination, {"target model": resolved.target_path, "draft model": resolved.draft_path})
+        refuse_overwriting(destination, [("target model", resolved.target_path), ("draft model", resolved.draft_path)])
         n_ctx = loaded.target.n_ctx  # what llama.cpp holds: it rounds a --ctx up (100 to 256)
         settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
         measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)

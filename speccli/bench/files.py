@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Literal
 
 from pydantic import ValidationError
 
@@ -72,12 +72,12 @@ def json_destination(path: Path | None) -> JsonDestination | None:
     return JsonDestination(path, "file", real)
 
 
-def refuse_overwriting(destination: JsonDestination | None, inputs: dict[str, Path | None]) -> None:
-    """The report must not replace a file this run reads (`inputs`: what it is -> its path): given the
+def refuse_overwriting(destination: JsonDestination | None, inputs: Iterable[tuple[str, Path | None]]) -> None:
+    """The report must not replace a file this run reads (`inputs`: what it is, its path): given the
     draft's own path, --json replaced a 253 MB model with 13 kB of JSON."""
     if destination is None or destination.kind != "file":
         return
-    for what, path in inputs.items():
+    for what, path in inputs:
         if path is not None and _same_file(destination.path, path):
             raise SpeccliError(f"--json {destination.given}: is the {what} this run reads; write the report elsewhere")
 

@@ -112,7 +112,7 @@ class BenchRequest:
             ("--threads", pair.n_threads),
             ("--ngl", pair.target_n_gpu_layers),
             ("--ngl-draft", pair.draft_n_gpu_layers),
-            ("--config", pair.config),
+            *(("--config", path) for path in pair.config),
         ):
             if value is not None:
                 words += [option, str(value)]

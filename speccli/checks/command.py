@@ -24,11 +24,11 @@ from speccli.vocab.report import Verdict
 
 def run_quant_check(
     reference: str, candidates: list[str], source: TextSource, params: SamplingParams, *,
-    sequential: bool, n_ctx: int | None, threads: int | None, config: Path | None,
+    sequential: bool, n_ctx: int | None, threads: int | None, config: tuple[Path, ...],
 ) -> QuantCheckReport:
     """Each candidate (a registry name or GGUF path) measured against `reference` over `source`."""
     params.validate()
-    registry = load_registry(config)
+    registry = load_registry(*config)
     reference_path, *candidate_paths = resolve_models([reference, *candidates], registry)
     for path in candidate_paths:
         _require_same_vocabulary(path, reference_path)

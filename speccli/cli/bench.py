@@ -89,7 +89,7 @@ def bench(
         compare_command(*compare, console())
         return
     pair_request = PairRequest(
-        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=BENCH_CTX, n_threads=threads,
+        pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=BENCH_CTX, n_threads=threads,
         target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft,
     )
     settings = BenchSettings(

@@ -59,7 +59,7 @@ def chat(
 
     run_chat(
         PairRequest(
-            pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
+            pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
             target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
         ),
         sampling=SamplingParams(temperature, top_k, top_p, min_p),

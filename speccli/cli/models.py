@@ -21,7 +21,7 @@ def models(config: ConfigOption = None) -> None:
     out = Console()
     if not out.is_terminal:  # a pipe or file: each row on one line, whole, for grep (tables are as wide as their rows)
         out = Console(width=UNWRAPPED_WIDTH)
-    out.print(registry_tables(load_registry(config)))
+    out.print(registry_tables(load_registry(*config or ())))
 
 
 def pull(
@@ -32,5 +32,5 @@ def pull(
     from speccli.models.config import load_registry
     from speccli.models.resolve import pull_models
 
-    for name, path in pull_models(load_registry(config), names):
+    for name, path in pull_models(load_registry(*config or ()), names):
         typer.echo(f"{name}: {path}")

@@ -50,7 +50,7 @@ def quant_check(
     source = text_file_source(text_file) if text_file else prompts_file_source(prompts_file) if prompts_file else builtin_source()
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     report = run_quant_check(
-        reference, candidates, source, params, sequential=sequential, n_ctx=n_ctx, threads=threads, config=config
+        reference, candidates, source, params, sequential=sequential, n_ctx=n_ctx, threads=threads, config=tuple(config or ())
     )
     if json_output:
         typer.echo(report.to_json())

@@ -33,7 +33,7 @@ def serve(
 
     ServeSettings(host=host, port=port, max_waiting=queue).validate()
     request = PairRequest(
-        pair=pair, target=target, draft=draft, config=config, n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
+        pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
         target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
     )
     request.validate()

@@ -26,7 +26,7 @@ def check_vocab(
     from speccli.vocab.check import check_pair
     from speccli.vocab.report import Verdict
 
-    registry = load_registry(config)
+    registry = load_registry(*config or ())
     # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
     draft_path, target_path = (resolve_model(name, registry, fetch=False) for name in (draft, target))
     report = check_pair(draft_path, target_path)

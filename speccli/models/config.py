@@ -68,16 +68,16 @@ class Registry:
     files: tuple[Path, ...]  # the configuration files read, in order
 
 
-def load_registry(extra_config: Path | None = None) -> Registry:
-    """The shipped registry, overridden per entry by the user's file and then by `extra_config`."""
+def load_registry(*extra_configs: Path) -> Registry:
+    """The shipped registry, overridden per entry by the user's file and then by each of
+    `extra_configs` in turn (`--config`, as often as given)."""
     shipped = resources.files("speccli.data") / "models.toml"
     with resources.as_file(shipped) as shipped_path:
         layers = [_read_layer(Path(shipped_path))]
     user_file = user_config_path()
     if os.path.lexists(user_file):  # a link to nothing is a mistake to report, not a file to skip
         layers.append(_read_layer(user_file))
-    if extra_config is not None:
-        layers.append(_read_layer(Path(extra_config).expanduser()))
+    layers += [_read_layer(Path(extra).expanduser()) for extra in extra_configs]
 
     models: dict[str, ModelEntry] = {}
     pairs: dict[str, PairEntry] = {}

@@ -35,7 +35,7 @@ class PairRequest:
     pair: str | None = None
     target: str | None = None
     draft: str | None = None
-    config: Path | None = None
+    config: tuple[Path, ...] = ()  # --config files, in order
     n_ctx: int | None = None  # --ctx; None: default_n_ctx, fitted to the models (see `fitted_context`)
     n_threads: int | None = None
     target_n_gpu_layers: int | None = None  # None: the pair's setting from models.toml
@@ -79,7 +79,7 @@ class LoadedPair:
 
 
 def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
-    registry = load_registry(request.config)
+    registry = load_registry(*request.config)
     resolved = resolve_pair(request.pair, request.target, request.draft, registry, spec=request.spec, quiet=quiet)
     if resolved.draft_path is not None:
         remedy = ""
