@@ -153,7 +153,9 @@ def test_expected_acceptance_equals_the_rate_speculative_sampling_measures(gemma
 def test_a_candidate_with_another_vocabulary_is_one_line_exit_2(gemma: dict[str, Path], tiny_model: Path) -> None:
     result = _run(gemma["reference"], tiny_model)
     assert result.exit_code == 2, result.output
-    assert result.stderr.strip().startswith(f"error: {tiny_model.name} does not share")
+    assert result.stderr.strip().startswith(
+        f"error: candidate {tiny_model} does not share the vocabulary of reference {gemma['reference']} (check-vocab, "
+    )
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 

@@ -30,8 +30,8 @@ def run_quant_check(
     params.validate()
     registry = load_registry(*config)
     reference_path, *candidate_paths = resolve_models([reference, *candidates], registry)
-    for path in candidate_paths:
-        _require_same_vocabulary(path, reference_path)
+    for name, path in zip(candidates, candidate_paths):
+        _require_same_vocabulary((name, path), (reference, reference_path))
     n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
     with load_vocab_only(reference_path) as tokenizer:
         sequences = [TokenSequence(name, tokens) for name, tokens in tokenize_source(source, tokenizer, n_ctx)]
@@ -46,10 +46,12 @@ def run_quant_check(
         return build_report(measurement, candidates, tokenizer, params, source.description, n_ctx)
 
 
-def _require_same_vocabulary(candidate: Path, reference: Path) -> None:
+def _require_same_vocabulary(candidate: tuple[str, Path], reference: tuple[str, Path]) -> None:
     """A quant of the reference has its vocabulary, token for token: its rows are compared position by
-    position, so even a draft-compatible vocabulary of another size is refused."""
-    vocab = check_pair(candidate, reference)
+    position, so even a draft-compatible vocabulary of another size is refused. Each is (name as given,
+    file); check-vocab's reasons call the candidate the draft and the reference the target."""
+    vocab = check_pair(candidate[1], reference[1])
     if vocab.verdict is Verdict.INCOMPATIBLE or vocab.draft.size != vocab.target.size:
         why = vocab.reasons[0] if vocab.reasons else f"{vocab.draft.size} tokens against {vocab.target.size}"
-        raise SpeccliError(f"{candidate.name} does not share {reference.name}'s vocabulary: {why}")
+        raise SpeccliError(f"candidate {candidate[0]} does not share the vocabulary of reference {reference[0]} "
+                           f"(check-vocab, the candidate as draft: {why})")
