@@ -79,6 +79,9 @@ class TomlTable:
         value = self.values.get(key, AUTO_K)
         if value == AUTO_K:
             return None
+        if isinstance(value, str):  # a K quoted, or 'auto' misspelt: say which was written
+            hint = f"; write k = {value.strip()} without quotes" if value.strip().isdigit() else ""
+            raise self.error(f"expected 'auto' or an integer, got the string {value!r}{hint}", key)
         if type(value) is not int:  # bool is an int subclass: reject it too
             raise self.error(f"expected 'auto' or an integer, got {type_name(value)}", key)
         return check_k(value, f"{self.file}: {key_path(*self.key_path, key)}")
