@@ -98,6 +98,15 @@ def test_verdict_rule(acceptance, stretches, expected) -> None:
     assert judge(acceptance, stretches, broken=0, positions=500)[0] is expected
 
 
+def test_a_verdict_from_a_few_positions_says_it_rests_on_too_little_text() -> None:
+    """A `--text` of one word gave a plain OK from 2 positions."""
+    assert judge(0.95, [("0-31", 2, 0.95)], broken=0, positions=2) == (
+        Fidelity.OK, "expected acceptance 0.950 >= 0.90 (from only 2 positions, too few to rely on: give a longer "
+                     "--text or more --prompts)"
+    )
+    assert judge(0.95, [("0-63", 64, 0.95)], broken=0, positions=64) == (Fidelity.OK, "expected acceptance 0.950 >= 0.90")
+
+
 
 
 def test_a_full_temporary_folder_is_one_line_before_any_row_is_written(tmp_path, monkeypatch) -> None:

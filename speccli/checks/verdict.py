@@ -12,6 +12,9 @@ from enum import Enum
 OK_ACCEPTANCE = 0.90
 BROKEN_ACCEPTANCE = 0.40
 MIN_BUCKET_POSITIONS = 16  # a stretch of the sequences counts for the length rule only with this many positions
+# Below this many positions the verdict is given but said to rest on too little text: one position's
+# acceptance ranges over [0, 1], so a handful can put a DEGRADED quant above OK_ACCEPTANCE.
+FEW_POSITIONS = 64
 
 RULE = (
     f"OK: expected acceptance Σmin(p,q) >= {OK_ACCEPTANCE:.2f}. "
@@ -31,6 +34,13 @@ class Fidelity(str, Enum):
 def judge(acceptance: float, stretches: list[tuple[str, int, float]], broken: int, positions: int) -> tuple[Fidelity, str]:
     """The verdict and its reason, from the mean acceptance, (label, positions, acceptance) per stretch,
     and the positions where the logits held a NaN or +inf, of how many."""
+    verdict, reason = _verdict(acceptance, stretches, broken, positions)
+    if positions < FEW_POSITIONS and not broken:
+        reason += f" (from only {positions} positions, too few to rely on: give a longer --text or more --prompts)"
+    return verdict, reason
+
+
+def _verdict(acceptance: float, stretches: list[tuple[str, int, float]], broken: int, positions: int) -> tuple[Fidelity, str]:
     if broken:
         return Fidelity.BROKEN, f"logits not finite (NaN or infinity) at {broken} of {positions} positions"
     if acceptance < BROKEN_ACCEPTANCE:
