@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from speccli.util.format import counted
+
 OK_ACCEPTANCE = 0.90
 BROKEN_ACCEPTANCE = 0.40
 MIN_BUCKET_POSITIONS = 16  # a stretch of the sequences counts for the length rule only with this many positions
@@ -36,7 +38,7 @@ def judge(acceptance: float, stretches: list[tuple[str, int, float]], broken: in
     and the positions where the logits held a NaN or +inf, of how many."""
     verdict, reason = _verdict(acceptance, stretches, broken, positions)
     if positions < FEW_POSITIONS and not broken:
-        reason += f" (from only {positions} positions, too few to rely on: give a longer --text or more --prompts)"
+        reason += f" (from only {counted(positions, 'position')}, too few to rely on: give a longer --text or more --prompts)"
     return verdict, reason
 
 
