@@ -262,6 +262,7 @@ def test_ctrl_c_during_a_verify_gives_that_steps_tokens_and_stops_before_the_nex
     [(message, answer)] = session.conversation.turns
     assert (message["content"], answer["content"], session.replies) == ("hi", reply, 1)
 
+
 def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
     """The issue's Qwen pair on this CPU: a draft model that cannot pay. Costs are set so that no draft
     could pay even if every token were kept (a drafted token costs a plain step; each verified row
