@@ -117,7 +117,10 @@ def require_loadable_gguf(path: Path, *, weights: bool) -> None:
 
 def model_files(first: Path) -> list[Path]:
     """Every file of the model `first` begins: a split model's parts (gguf-split), `first` first, as
-    llama.cpp opens them; just `first` otherwise. Raises UnreadableFileError where `first` is no GGUF."""
+    llama.cpp opens them; just `first` otherwise. Raises UnreadableFileError where `first`, named as a
+    split's first part, is no GGUF."""
+    if not SPLIT_PART.fullmatch(first.name):  # no first part's name: one file, and no header to read
+        return [first]
     metadata, _, _ = read_gguf_header(first, lambda key: key == SPLIT_COUNT)
     return _split_parts(first, metadata.get(SPLIT_COUNT))
 
