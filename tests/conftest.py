@@ -12,7 +12,7 @@ from speccli.core.stats import StepEvent
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
-from speccli.drafting.base import Draft, DraftCosts
+from speccli.core.seam import Draft, DraftCosts
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
 
@@ -34,10 +34,10 @@ class MemoryBoundAutoK(AutoK):
         )
         self.verify.update = lambda *timings: None  # keep the pretended curve; acceptance still adapts
 
-    def observe(self, draft: Draft, step: StepEvent) -> None:
-        super().observe(draft, step)
-        if draft.key in self.keys and self.keys[draft.key].token_seconds:  # a draft model: keep its pretended cost
-            self.keys[draft.key].token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
+    def observe(self, draft: Draft, step: StepEvent, yielded) -> None:
+        super().observe(draft, step, yielded)
+        if draft.key in self.keys and self.keys[draft.key].cost.token_seconds:  # a draft model: keep its pretended cost
+            self.keys[draft.key].cost.token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,7 @@ from speccli.cli.app import app
 from speccli.chat.view import Display, LiveReply, acceptance_bar, estimated_speedup, stats_panel, stats_record
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.base import DraftCosts
-from speccli.drafting.policy import ReplyDrafting
+from speccli.core.seam import DraftCosts, ReplyDrafting
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]

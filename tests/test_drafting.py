@@ -12,19 +12,36 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftCosts, DraftRequest, no_take_over
+from speccli.core.seam import NO_PLAN, Draft, DraftCosts, DraftRequest, Plan, no_take_over
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import (
-    FIRST_PROBE_AFTER, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, TIMING_WEIGHT, AutoK, FixedK, VerifyCosts,
+    FIRST_PROBE_AFTER, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, AutoK, FixedK,
 )
+from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError, WrongTypeError
 from speccli.llama.model import LoadOptions, Model
 from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
 GREEDY = SamplingParams(temperature=0)
+
+
+class Answers:
+    """A K policy that answers as told: `length_for` and `best_rate` give a plan's k and rate (None: no
+    estimates, as a fixed K), `keep_drafting` whether to go on at a token of this confidence."""
+
+    name, needs_costs, profiled_sizes, reply = "answers", False, (), None
+
+    def __init__(self, length_for, best_rate, keep_drafting) -> None:
+        self.length_for, self.best_rate, self.keep = length_for, best_rate, keep_drafting
+
+    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        return Plan(self.length_for(key, available, catch_up), self.best_rate(key, available, catch_up))
+
+    def keep_drafting(self, key: str, plan: Plan, confidence) -> bool:
+        return self.keep(key, confidence)
 
 
 def request(
@@ -34,12 +51,9 @@ def request(
     best_rate=lambda key, available, catch_up: None,
     keep_drafting=lambda key, confidence: True,
     take_over=no_take_over,
-    length_if_asked=None,
 ) -> DraftRequest:
-    return DraftRequest(
-        list(context), limit, GREEDY, np.random.default_rng(0), length_for, best_rate, keep_drafting,
-        length_if_asked or length_for, take_over,
-    )
+    policy = Answers(length_for, best_rate, keep_drafting)
+    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), policy, take_over)
 
 
 # --- n-gram lookup ---------------------------------------------------------------------------------
@@ -238,62 +252,73 @@ def test_model_drafter_hands_its_draft_over_where_the_requester_takes_it(tiny_pa
 def unsure_draft_steps(policy: AutoK, kept: bool, times: int) -> None:
     """`times` steps asking the draft model for a token it is unsure of (top probability 0.4)."""
     for _ in range(times):
-        policy.length_for("model", 8)
-        drafted = int(policy.keep_drafting("model", lambda: 0.4))
-        policy.observe(drafted_by("model", drafted), step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
+        plan = policy.plan("model", 8)
+        drafted = int(policy.keep_drafting("model", plan, lambda: 0.4))
+        draft = drafted_by("model", drafted, plan, confidences=(0.4,) * drafted, withheld=not drafted)
+        observe(policy, draft, step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
+
+
+def keeps_unsure_tokens(policy: AutoK) -> bool:
+    return policy.keep_drafting("model", policy.plan("model", 8), lambda: 0.4)
 
 
 def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rejected() -> None:
     smaller_model = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(smaller_model, kept=False, times=2)
-    smaller_model.length_for("model", 8)
-    assert smaller_model.keep_drafting("model", lambda: 0.9) and not smaller_model.keep_drafting("model", lambda: 0.4)
+    plan = smaller_model.plan("model", 8)
+    assert smaller_model.keep_drafting("model", plan, lambda: 0.9) and not keeps_unsure_tokens(smaller_model)
     stopped_steps = 1
-    while not smaller_model.keep_drafting("model", lambda: 0.4) and stopped_steps < 100:  # the evidence fades...
-        smaller_model.observe(drafted_by("model", 1), step(1, 1, 0.0075, smaller_model.verify(2)))
-        smaller_model.length_for("model", 8)
+    while not keeps_unsure_tokens(smaller_model) and stopped_steps < 100:  # the evidence fades...
+        withheld = drafted_by("model", 1, smaller_model.plan("model", 8), withheld=True)
+        observe(smaller_model, withheld, step(1, 1, 0.0075, smaller_model.verify(2)))
         stopped_steps += 1
     assert 5 <= stopped_steps <= 15  # ...and unsure tokens are drafted again, to be measured anew
     quantized_copy = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(quantized_copy, kept=True, times=10)  # Gemma's Q4_K_M: kept though unsure
-    quantized_copy.length_for("model", 8)
-    assert quantized_copy.keep_drafting("model", lambda: 0.4)
+    assert keeps_unsure_tokens(quantized_copy)
+
+
+def test_a_re_check_does_not_stop_on_the_drafts_own_doubts() -> None:
+    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
+    unsure_draft_steps(policy, kept=False, times=2)
+    assert not policy.keep_drafting("model", Plan(2), lambda: 0.4)
+    assert policy.keep_drafting("model", Plan(2, probe=True), lambda: 0.4)
 
 
 def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_it_was_kept() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    history = policy.keys["model"]
-    history.unsure_judged = 20.0  # unsure tokens of this draft were all rejected
-    assert policy.length_for("model", 8) > 2
-    assert policy.keep_drafting("model", lambda: 0.9) and policy.keep_drafting("model", lambda: 0.9)
-    assert not policy.keep_drafting("model", lambda: 0.5)
-    policy.observe(drafted_by("model", 2), step(2, 2, 0.015, policy.verify(3)))  # stopped after 2, both kept
-    assert history.judged_at == [1, 1, 1] and history.kept_at == [1, 1, 0]
-    policy.length_for("model", 8)
-    policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.9), policy.keep_drafting("model", lambda: 0.5)
-    policy.observe(drafted_by("model", 2), step(2, 0, 0.015, policy.verify(3)))  # stopped after 2, the first rejected
-    assert history.judged_at == pytest.approx([1.9, 0.9, 0.9]) and history.kept_at == pytest.approx([0.9, 0.9, 0])
+    acceptance = policy.keys["model"].acceptance
+    acceptance.unsure_judged = 20.0  # unsure tokens of this draft were all rejected
+    plan = policy.plan("model", 8)
+    assert plan.k > 2
+    assert policy.keep_drafting("model", plan, lambda: 0.9) and not policy.keep_drafting("model", plan, lambda: 0.5)
+    stopped_after_two = drafted_by("model", 2, plan, confidences=(0.9, 0.9), withheld=True)
+    observe(policy, stopped_after_two, step(2, 2, 0.015, policy.verify(3)))  # both kept
+    assert acceptance.judged_at == [1, 1, 1] and acceptance.kept_at == [1, 1, 0]
+    observe(policy, stopped_after_two, step(2, 0, 0.015, policy.verify(3)))  # the first rejected
+    assert acceptance.judged_at == pytest.approx([1.9, 0.9, 0.9]) and acceptance.kept_at == pytest.approx([0.9, 0.9, 0])
 
 
 def test_auto_learns_a_taken_over_draft_by_source_and_ramps_by_every_token_it_led_to() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None)
-    handed = Draft("model", "model", [0, 0], None, continuation=lookup_tokens)
-    policy.observe(handed, StepEvent(7, 6, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
+    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None, Plan(5))
+    handed = Draft("model", "model", [0, 0], None, Plan(2), continuation=lookup_tokens)
+    observe(policy, handed, StepEvent(7, 6, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
     model, lookup = policy.keys["model"], policy.keys["ngram:6-11"]
-    assert model.judged_at == [1, 1] and model.kept_at == [1, 1]  # its own two tokens, both kept
-    assert lookup.judged_at == [1, 1, 1, 1, 1] and lookup.kept_at == [1, 1, 1, 1, 0]  # four kept, the fifth not
-    assert model.last_kept_in_reply == 6  # its draft led to six kept tokens: its ramp grows by them all
-    policy.observe(handed, StepEvent(7, 1, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
-    assert model.judged_at == pytest.approx([1.9, 1.9]) and model.kept_at == pytest.approx([1.9, 0.9])
-    assert lookup.judged_at == [1, 1, 1, 1, 1]  # never reached: the lookup's tokens were not judged
+    assert model.acceptance.judged_at == [1, 1] and model.acceptance.kept_at == [1, 1]  # its own two, both kept
+    assert lookup.acceptance.judged_at == [1, 1, 1, 1, 1] and lookup.acceptance.kept_at == [1, 1, 1, 1, 0]
+    assert model.schedule.last_kept == 6  # its draft led to six kept tokens: its ramp grows by them all
+    assert RAMP_START < policy.plan("model", 24).k <= 12
+    observe(policy, handed, StepEvent(7, 1, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
+    assert model.acceptance.judged_at == pytest.approx([1.9, 1.9]) and model.acceptance.kept_at == pytest.approx([1.9, 0.9])
+    assert lookup.acceptance.judged_at == [1, 1, 1, 1, 1]  # never reached: the lookup's tokens were not judged
 
 
 def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.5})
-    policy.observe(drafted_by("model", 4), StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5), other_seconds=0.0,
-                                      source="model", catch_up_seconds=0.3))
-    assert policy.keys["model"].token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
+    observe(policy, drafted_by("model", 4), StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5),
+                                                      other_seconds=0.0, source="model", catch_up_seconds=0.3))
+    assert policy.keys["model"].cost.token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
 
 
 # --- chain ------------------------------------------------------------------------------------------
@@ -451,16 +476,30 @@ def test_chain_uses_the_first_source_that_proposes() -> None:
 # --- K policies -------------------------------------------------------------------------------------
 
 
-def drafted_by(key: str, tokens: int) -> Draft:
-    return Draft(key, key, [0] * tokens, None)
+def drafted_by(key: str, tokens: int, plan: Plan = NO_PLAN, **fields) -> Draft:
+    """A draft of `tokens` tokens of `key`, made on `plan` (NO_PLAN: a step learnt, not asked)."""
+    return Draft(key, key, [0] * tokens, None, plan, **fields)
 
 
 def step(drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.01) -> StepEvent:
     return StepEvent(drafted, accepted, draft_seconds, target_seconds, 0.0, "x")
 
 
+def observe(policy: AutoK, draft: Draft, step: StepEvent) -> None:
+    policy.observe(draft, step, [0] * (step.accepted + 1))
+
+
+def ask(policy: AutoK, key: str, available: int, kept=lambda k: 0, token_cost: float = 0.0) -> int:
+    """One step that asks `key` for a draft, as a source does: it drafts what the plan says and the
+    first kept(k) tokens are kept (a plain step where the plan is 0), timed as calibrated. Returns k."""
+    k = policy.plan(key, available).k
+    observe(policy, drafted_by(key, k, policy.plan(key, available)),
+            step(k, kept(k), k * 0.025 * token_cost, policy.verify(k + 1)))
+    return k
+
+
 def test_fixed_k_drafts_k_unless_less_is_available() -> None:
-    assert FixedK(4).length_for("model", 10) == 4 and FixedK(4).length_for("ngram:1-2", 2) == 2
+    assert FixedK(4).plan("model", 10) == Plan(4) and FixedK(4).plan("ngram:1-2", 2) == Plan(2)
 
 
 # Verify cost curves measured on this kind of CPU (single-token decodes per n-token verify).
@@ -480,7 +519,7 @@ def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
 def learn(policy: AutoK, key: str, drafted: int, accepted: int, times: int, token_cost: float = 0.0) -> None:
     """`times` steps of `key` drafting `drafted` tokens and keeping `accepted`, timed as calibrated."""
     for _ in range(times):
-        policy.observe(drafted_by(key, drafted), step(drafted, accepted, drafted * 0.025 * token_cost, policy.verify(drafted + 1)))
+        observe(policy, drafted_by(key, drafted), step(drafted, accepted, drafted * 0.025 * token_cost, policy.verify(drafted + 1)))
 
 
 def test_auto_never_drafts_with_a_model_that_cannot_pay() -> None:
@@ -488,12 +527,8 @@ def test_auto_never_drafts_with_a_model_that_cannot_pay() -> None:
     policy = calibrated(COMPUTE_BOUND, {"model": 0.68})
     for accepted in [4, 3, 4, 2, 4, 4, 1, 4, 3, 4] * 3:
         learn(policy, "model", 4, accepted, 1, token_cost=0.68)
-    chosen = []
-    for _ in range(500):
-        k = policy.length_for("model", 16)
-        chosen.append(k)
-        if k:  # a re-check (every draft kept would pay at K=15 on this curve): it keeps 2 of 2
-            learn(policy, "model", k, k, 1, token_cost=0.68)
+    # A re-check (every draft kept would pay at K=15 on this curve) keeps 2 of 2.
+    chosen = [ask(policy, "model", 16, kept=lambda k: k, token_cost=0.68) for _ in range(500)]
     assert sum(1 for k in chosen if k) <= 5, "re-checks must become ever rarer"
 
 
@@ -501,14 +536,14 @@ def test_auto_drafts_long_with_a_good_cheap_draft_on_a_flat_verify_curve() -> No
     """Gemma F32 target, its own Q4_K_M as draft (c ~ 0.55, acceptance ~ 0.99)."""
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 8, 8, 30, token_cost=0.55)
-    assert policy.length_for("model", 16) >= 6
+    assert policy.plan("model", 16).k >= 6
 
 
 def test_auto_stops_drafting_a_source_that_is_always_rejected() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
-    assert policy.length_for("model", 8) > 0  # optimistic before it has seen anything
+    assert ask(policy, "model", 8, token_cost=0.55) > 0  # optimistic before it has seen anything
     learn(policy, "model", 2, 0, 30, token_cost=0.55)
-    assert policy.length_for("model", 8) == 0
+    assert policy.plan("model", 8).k == 0
 
 
 def test_auto_prices_a_draft_models_catch_up_into_the_step_that_drafts() -> None:
@@ -518,16 +553,16 @@ def test_auto_prices_a_draft_models_catch_up_into_the_step_that_drafts() -> None
     policy = AutoK()
     token = 0.49 * 0.025
     policy.calibrate({n: 0.025 * units for n, units in COMPUTE_BOUND.items()}, {"model": DraftCosts(token, {2: token, 16: 4 * token})})
-    model = policy.keys["model"]
+    model = policy.keys["model"].cost
     assert model.catch_up_fixed == pytest.approx(token * 8 / 14) and model.catch_up_per_token == pytest.approx(token * 3 / 14)
     learn(policy, "model", 4, 3, 12, token_cost=0.49)  # 3 of 4 kept: drafting pays a little
-    assert policy.length_for("model", 16, 0) > 0
-    assert policy.best_rate("model", 16, 19) < policy.best_rate("model", 16, 0)
-    assert policy.length_for("model", 16, 19) == 0
+    assert ask(policy, "model", 16, kept=lambda k: 3 * k // 4, token_cost=0.49) > 0
+    assert policy.plan("model", 16, 19).rate < policy.plan("model", 16, 0).rate
+    assert policy.plan("model", 16, 19).k == 0
     # A catch-up measured at twice the line moves the line a TIMING_WEIGHT of the way up.
     seconds = (model.catch_up_fixed + 10 * model.catch_up_per_token) * policy.verify.level
     before = model.catch_up_per_token
-    policy.observe(replace(drafted_by("model", 2), catch_up_tokens=10), replace(step(2, 2, token * 2), catch_up_seconds=2 * seconds))
+    observe(policy, drafted_by("model", 2, catch_up_tokens=10), replace(step(2, 2, token * 2), catch_up_seconds=2 * seconds))
     assert model.catch_up_per_token == pytest.approx(before * (1 + TIMING_WEIGHT))
 
 
@@ -544,9 +579,8 @@ def test_chain_weighs_the_next_source_with_what_it_must_catch_up_on() -> None:
 def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None:
     policy = calibrated(COMPUTE_BOUND, {})
     learn(policy, "ngram:12+", 16, 16, 20)
-    chosen = policy.length_for("ngram:12+", 32)
-    assert chosen >= 8
-    assert policy.best_rate("ngram:12+", 32) > 1.5 * policy.best_rate("ngram:12+", 0)  # 0: the target alone
+    assert policy.plan("ngram:12+", 32).k >= 8
+    assert policy.plan("ngram:12+", 32).rate > 1.5 * policy.plan("ngram:12+", 0).rate  # 0: the target alone
 
 
 def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
@@ -555,8 +589,7 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
     learn(policy, "model", 4, 4, 100, token_cost=0.3)
     failing_steps = 0
-    while (k := policy.length_for("model", 16)) and failing_steps < 300:
-        learn(policy, "model", k, 0, 1, token_cost=0.3)
+    while ask(policy, "model", 16, token_cost=0.3) and failing_steps < 300:
         failing_steps += 1
     assert failing_steps <= 20
 
@@ -576,13 +609,13 @@ def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_st
     if start > RAMP_START:
         assert policy.verify(start + 1) <= 2 * policy.verify(1)
         assert start == 24 or policy.verify(start + 2) > 2 * policy.verify(1)
-    assert policy.length_for("ngram:12+", 24) == start
+    assert policy.plan("ngram:12+", 24).k == start
     learn(policy, "ngram:12+", start, start - 1, 1, token_cost=0.0004)  # its last token missed
-    assert policy.length_for("ngram:12+", 24) == min(max(start, 2 * (start - 1)), 24)
+    assert policy.plan("ngram:12+", 24).k == min(max(start, 2 * (start - 1)), 24)
     learn(policy, "ngram:12+", 3, 3, 1, token_cost=0.0004)  # kept whole: its estimates choose from here
-    assert policy.length_for("ngram:12+", 24) == 24
+    assert policy.plan("ngram:12+", 24).k == 24
     learn(policy, "ngram:12+", 24, 0, 1, token_cost=0.0004)
-    assert policy.length_for("ngram:12+", 24) == after_a_miss
+    assert policy.plan("ngram:12+", 24).k == after_a_miss
 
 
 def test_a_lookup_makes_a_plain_step_where_only_a_draft_past_its_ramp_would_pay() -> None:
@@ -595,12 +628,12 @@ def test_a_lookup_makes_a_plain_step_where_only_a_draft_past_its_ramp_would_pay(
         learn(policy, "ngram:1-2/once", 1, accepted, 1)
     policy.begin_reply()
     assert policy.verify(RAMP_START + 2) > 2 * policy.verify(1)  # so the lookup's ramp starts at RAMP_START
-    first, continuation = policy.keys["ngram:1-2/once"].acceptance(2)
+    first, continuation = policy.keys["ngram:1-2/once"].acceptance.rates(2)
     expected = [(1 + first * sum(continuation**i for i in range(k))) / policy.verify(k + 1) for k in range(25)]
     best = max(range(25), key=expected.__getitem__)
     assert best > RAMP_START and expected[best] > expected[0]  # a long draft would pay (15 tokens)...
     assert all(rate < expected[0] for rate in expected[1 : RAMP_START + 1])  # ...none the ramp allows
-    assert policy.length_for("ngram:1-2/once", 24) == 0
+    assert policy.plan("ngram:1-2/once", 24).k == 0
 
 
 def test_auto_earns_long_drafts_again_in_each_reply() -> None:
@@ -612,23 +645,20 @@ def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.55})
     learn(policy, "model", 16, 16, 30, token_cost=0.55)
     learn(policy, "ngram:12+", 16, 16, 30, token_cost=0.0004)  # a lookup takes microseconds, not nothing
-    assert policy.length_for("model", 24) == 24  # within the reply that earned them, long drafts go on
-    assert policy.length_for("ngram:12+", 24) == 24
-    rate_earned = policy.best_rate("model", 24)
+    assert policy.plan("model", 24).k == 24  # within the reply that earned them, long drafts go on
+    assert policy.plan("ngram:12+", 24).k == 24
+    rate_earned = policy.plan("model", 24).rate
     policy.begin_reply()
-    assert policy.best_rate("model", 24) < rate_earned  # a chain weighs the model's ramped draft
-    lengths = []
-    for _ in range(3):
-        lengths.append(policy.length_for("model", 24))
-        learn(policy, "model", lengths[-1], lengths[-1], 1, token_cost=0.55)
+    assert policy.plan("model", 24).rate < rate_earned  # a chain weighs the model's ramped draft
+    lengths = [ask(policy, "model", 24, kept=lambda k: k, token_cost=0.55) for _ in range(3)]
     assert lengths == [RAMP_START, 2 * RAMP_START, 4 * RAMP_START]
-    learn(policy, "model", policy.length_for("model", 24), 3, 1, token_cost=0.55)
-    assert policy.length_for("model", 24) <= 6  # a long draft that kept 3: twice that, at most
+    ask(policy, "model", 24, kept=lambda k: 3, token_cost=0.55)
+    assert policy.plan("model", 24).k <= 6  # a long draft that kept 3: twice that, at most
     learn(policy, "model", 6, 0, 1, token_cost=0.55)
-    assert policy.length_for("model", 24) == 1  # one that kept nothing: one token next, not RAMP_START
-    assert policy.length_for("ngram:12+", 24) == 24
+    assert policy.plan("model", 24).k == 1  # one that kept nothing: one token next, not RAMP_START
+    assert policy.plan("ngram:12+", 24).k == 24
     learn(policy, "model", 1, 1, 1, token_cost=0.55)
-    assert policy.length_for("model", 24) == 2
+    assert policy.plan("model", 24).k == 2
 
 
 def test_auto_cut_back_ramp_drafts_the_shortest_length_that_pays_and_never_ends_drafting() -> None:
@@ -641,11 +671,10 @@ def test_auto_cut_back_ramp_drafts_the_shortest_length_that_pays_and_never_ends_
         policy = calibrated(COMPUTE_BOUND, {"model": 0.43})
         learn(policy, "model", 4, 4, good_steps, token_cost=0.43)
         policy.begin_reply()
-        assert policy.length_for("model", 16) == RAMP_START
-        learn(policy, "model", RAMP_START, 0, 1, token_cost=0.43)
-        history = policy.keys["model"]
-        one_token = (1 + history.acceptance(1)[0]) / (history.token_seconds * policy.verify.level + policy.verify(2))
-        chosen[good_steps] = (one_token > 1 / policy.verify(1), policy.length_for("model", 16))
+        assert ask(policy, "model", 16, token_cost=0.43) == RAMP_START  # and it keeps nothing
+        model = policy.keys["model"]
+        one_token = (1 + model.acceptance.rates(1)[0]) / (model.cost.token_seconds * policy.verify.level + policy.verify(2))
+        chosen[good_steps] = (one_token > 1 / policy.verify(1), policy.plan("model", 16).k)
     assert chosen[10] == (True, 1)  # a long good run before the failure: one token pays
     assert chosen[4] == (False, RAMP_START)  # a short one: no length up to RAMP_START pays, yet it drafts
 
@@ -655,19 +684,18 @@ def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> N
     kept in full at K=3 twenty times must be tried deeper, not held at 3 by the cheap step below 4."""
     policy = calibrated({1: 1.0, 2: 1.35, 3: 1.76, 4: 1.77, 8: 3.42, 16: 6.24, 32: 6.47}, {})
     learn(policy, "ngram:12+", 3, 3, 20)
-    assert policy.length_for("ngram:12+", 32) > 3
+    assert policy.plan("ngram:12+", 32).k > 3
 
 
 def test_auto_judges_a_proposal_it_did_not_verify_against_what_the_step_yielded() -> None:
     policy = AutoK()
     shadow = Draft("ngram", "ngram:3-5", [5, 6, 7], None)
-    policy.observe_unverified(shadow, [5, 6, 9])  # two kept, the third rejected
-    policy.observe_unverified(shadow, [5])  # a plain step's token: the first kept, the rest not judged
-    policy.observe_unverified(shadow, [4, 6, 7])  # the first rejected: the rest not judged
-    history = policy.keys["ngram:3-5"]
+    for yielded in ([5, 6, 9], [5], [4, 6, 7]):  # two kept; a plain step's one token, kept; the first rejected
+        policy.observe(replace(Draft.nothing(), shadow=shadow), step(len(yielded) - 1, len(yielded) - 1), yielded)
+    acceptance = policy.keys["ngram:3-5"].acceptance
     # Each step weighs the ones before it by RECENCY (0.9).
-    assert history.judged_at == pytest.approx([0.81 + 0.9 + 1, 0.81, 0.81])
-    assert history.kept_at == pytest.approx([0.81 + 0.9, 0.81, 0])
+    assert acceptance.judged_at == pytest.approx([0.81 + 0.9 + 1, 0.81, 0.81])
+    assert acceptance.kept_at == pytest.approx([0.81 + 0.9, 0.81, 0])
 
 
 def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposals() -> None:
@@ -676,51 +704,46 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
     missing is ruled out without drafting them (prose after a copied passage)."""
     policy = calibrated(COMPUTE_BOUND, {})
     learn(policy, "ngram:3-5", 3, 0, 20)
-    assert policy.length_for("ngram:3-5", 8) == 0
-    copying = Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None)
+    assert policy.plan("ngram:3-5", 8).k == 0
+    copying = replace(Draft.nothing(), shadow=Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None))
     came_back_after = None
     for steps in range(1, 6):
-        policy.observe_unverified(copying, [1, 2])  # a model draft kept one, the target yielded one more
-        if policy.length_for("ngram:3-5", 8):
+        policy.observe(copying, step(1, 1), [1, 2])  # a model draft kept one, the target yielded one more
+        if (plan := policy.plan("ngram:3-5", 8)).k:
             came_back_after = steps
             break
-    assert came_back_after is not None and not policy.keys["ngram:3-5"].probing  # not a re-check: its estimate
+    assert came_back_after is not None and not plan.probe  # not a re-check: its estimate
     fresh = calibrated(COMPUTE_BOUND, {})
     learn(fresh, "ngram:3-5", 3, 3, 10)
-    assert fresh.length_for("ngram:3-5", 8) > 0
+    assert fresh.plan("ngram:3-5", 8).k > 0
     for _ in range(15):  # plain steps whose token the lookup got wrong (ten kept drafts fade by then)
-        fresh.observe_unverified(copying, [7])
-    assert fresh.length_for("ngram:3-5", 8) == 0
+        fresh.observe(copying, step(0, 0), [7])
+    assert fresh.plan("ngram:3-5", 8).k == 0
 
 
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     cheap = calibrated(COMPUTE_BOUND, {})
     learn(cheap, "ngram:1-2", 2, 0, 30, token_cost=0.0004)  # a lookup takes microseconds: still no draft model
-    probes = []
-    for index in range(500):
-        k = cheap.length_for("ngram:1-2", 8)
-        if k:
-            probes.append(index)
-            learn(cheap, "ngram:1-2", k, 0, 1, token_cost=0.0004)  # the re-check fails too
+    # Each re-check fails too.
+    probes = [index for index in range(500) if ask(cheap, "ngram:1-2", 8, token_cost=0.0004)]
     gaps = np.diff(probes)
     assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:])), probes
     costly = calibrated(COMPUTE_BOUND, {"model": 0.68})
     learn(costly, "model", 2, 0, 30, token_cost=0.68)
-    assert all(costly.length_for("model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
+    assert all(ask(costly, "model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
 
 
-def test_a_take_over_question_is_not_a_step_and_brings_no_re_check_due() -> None:
-    """While a draft model drafts 8 tokens, a chain asks the lookup after each whether it takes over:
-    counted as asks, those brought a ruled-out lookup key's re-check due after two target steps, and the
-    re-check faded the evidence that had ruled it out (to RECHECK_CARRY) without ever being verified."""
+def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:
+    """While a draft model drafts 8 tokens, a chain asks the lookup after each whether it takes over.
+    Counted as asks, those once brought a ruled-out lookup key's re-check due after two target steps.
+    A plan changes nothing: only the step's own draft, observed, counts."""
     policy = calibrated(COMPUTE_BOUND, {})
     learn(policy, "ngram:1-2", 2, 0, 30, token_cost=0.0004)
-    weight = sum(policy.keys["ngram:1-2"].judged_at)
     for _ in range(FIRST_PROBE_AFTER):  # steps the model drafted, the lookup asked 7 times in each
-        assert [policy.length_if_asked("ngram:1-2", 8) for _ in range(7)] == [0] * 7
-        assert policy.length_for("ngram:1-2", 8) == 0  # the step's own ask
-    assert sum(policy.keys["ngram:1-2"].judged_at) == weight and not policy.keys["ngram:1-2"].probing
-    assert policy.length_for("ngram:1-2", 8) == 2 and policy.keys["ngram:1-2"].probing  # due after 16 idle steps
+        assert [policy.plan("ngram:1-2", 8) for _ in range(7)] == [policy.plan("ngram:1-2", 8)] * 7
+        assert ask(policy, "ngram:1-2", 8) == 0  # the step's own ask
+    plan = policy.plan("ngram:1-2", 8)
+    assert plan.k == 2 and plan.probe  # due after 16 idle steps
 
 
 def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_a_reply() -> None:
@@ -729,15 +752,16 @@ def test_auto_re_checks_a_ruled_out_draft_model_only_where_it_is_first_asked_in_
     its re-checks fail, up to a bound: a chat that turns to code must find its draft model again."""
     policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
     learn(policy, "model", 4, 0, 30, token_cost=0.3)
-    policy.keys["model"].unsure_judged = 20.0  # its unsure tokens were all rejected, too
+    policy.keys["model"].acceptance.unsure_judged = 20.0  # its unsure tokens were all rejected, too
     probes = []
     for reply in range(40):
         policy.begin_reply()
         for index in range(100):
-            if k := policy.length_for("model", 16):
+            plan = policy.plan("model", 16)
+            if plan.k:
                 probes.append((reply, index))
-                assert policy.keep_drafting("model", lambda: 0.1)  # a re-check measures: no unsure stop
-                learn(policy, "model", k, 0, 1, token_cost=0.3)  # the re-check fails
+                assert policy.keep_drafting("model", plan, lambda: 0.1)  # a re-check measures: no unsure stop
+            ask(policy, "model", 16, token_cost=0.3)  # the re-check fails
     assert {index for _, index in probes} == {0}, probes
     gaps = np.diff([reply for reply, _ in probes]).tolist()
     assert gaps[:2] == [2, 4] and set(gaps[2:]) == {MAX_REPLIES_BETWEEN_CHECKS}, probes  # ever rarer, up to a bound
@@ -748,16 +772,13 @@ def test_auto_counts_a_reply_s_drafts_chosen_on_its_estimates_apart_from_its_re_
     apart from the drafts the estimates chose, per reply."""
     policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
     policy.begin_reply()
-    k = policy.length_for("model", 16)  # nothing measured yet: the prior's estimates choose a draft
-    learn(policy, "model", k, k, 1, token_cost=0.3)
+    k = ask(policy, "model", 16, kept=lambda k: k, token_cost=0.3)  # nothing measured yet: the prior's estimates choose
     assert k and (policy.reply.chosen, policy.reply.rechecks) == (1, 0)
     learn(policy, "model", 4, 0, 30, token_cost=0.3)  # then ruled out
     policy.begin_reply()
     assert (policy.reply.chosen, policy.reply.rechecks) == (0, 0)
-    k = policy.length_for("model", 16)  # first asked in the reply: a re-check
-    learn(policy, "model", k, 0, 1, token_cost=0.3)
-    assert policy.length_for("model", 16) == 0  # the re-check failed: nothing more in this reply
-    policy.observe(drafted_by("model", 0), step(0, 0))  # a plain step counts for neither
+    k = ask(policy, "model", 16, token_cost=0.3)  # first asked in the reply: a re-check, which fails
+    assert ask(policy, "model", 16) == 0  # nothing more in this reply; a plain step counts for neither
     assert k == 2 and (policy.reply.chosen, policy.reply.rechecks) == (0, 1)
     assert FixedK(4).reply is None  # a fixed K drafts what it is told: nothing to report
 
@@ -772,9 +793,7 @@ def test_auto_brings_back_a_ruled_out_draft_model_whose_re_check_is_kept() -> No
         policy.begin_reply()
         lengths = []
         for _ in range(12):
-            lengths.append(k := policy.length_for("model", 16))
-            if k:
-                learn(policy, "model", k, kept(k), 1, token_cost=0.45)
+            lengths.append(ask(policy, "model", 16, kept=kept, token_cost=0.45))
         return lengths
 
     assert all(reply(lambda k: k))  # code: every draft kept

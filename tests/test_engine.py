@@ -11,6 +11,7 @@ from speccli.core.stats import DoneEvent, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams
+from speccli.core.seam import Plan
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -235,12 +236,13 @@ class LookupsNeverDrafted(AutoK):
         super().__init__()
         self.judged: list[tuple[list[int], list[int]]] = []
 
-    def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
-        return 0 if key.startswith("ngram") else super().length_for(key, available, catch_up)
+    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up)
 
-    def observe_unverified(self, shadow, yielded) -> None:
-        self.judged.append((list(shadow.tokens), list(yielded)))
-        super().observe_unverified(shadow, yielded)
+    def observe(self, draft, step, yielded) -> None:
+        if draft.shadow is not None:
+            self.judged.append((list(draft.shadow.tokens), list(yielded)))
+        super().observe(draft, step, yielded)
 
 
 class LookupRecordingWhere(NgramDrafter):
@@ -272,7 +274,7 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
         assert tokens_yielded == [generator.tokens[at]]
         not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available, catch_up: 0)
         assert proposal and NgramDrafter().propose(not_drafted).shadow.tokens[: len(proposal)] == proposal
-    assert sum(history.judged_at[0] for key, history in policy.keys.items() if key.startswith("ngram")) > 0
+    assert sum(state.acceptance.judged_at[0] for key, state in policy.keys.items() if key.startswith("ngram")) > 0
 
 
 def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up(models) -> None:
@@ -282,19 +284,25 @@ def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up(models) 
     class PlainStepsAtFirst(AutoK):  # 4 plain steps, then 2-token drafts, whatever the estimates say
         asked = 0
 
-        def length_for(self, key: str, available: int, catch_up: int = 0) -> int:
-            super().length_for(key, available, catch_up)
+        def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
             self.asked += 1
-            return 0 if self.asked <= 4 else min(available, 2)
+            return Plan(0) if self.asked <= 4 else Plan(min(available, 2))
 
     target, draft = models
     policy = PlainStepsAtFirst()
     generator = Generator(target, ModelDrafter(draft), GREEDY, policy)
     generator.reset()
     calibrated, learned = [], []
-    calibrate, learn = policy.calibrate, policy._learn_catch_up
-    policy.calibrate = lambda *costs: (calibrate(*costs), calibrated.append(dict(vars(policy.keys["model"]))))
-    policy._learn_catch_up = lambda history, tokens, seconds: (learned.append((tokens, seconds)), learn(history, tokens, seconds))
+    calibrate = policy.calibrate
+
+    def calibrate_and_watch(*costs) -> None:
+        calibrate(*costs)
+        cost = policy.keys["model"].cost
+        calibrated.append(dict(vars(cost)))
+        learn = cost.learn_catch_up
+        cost.learn_catch_up = lambda tokens, seconds, level: (learned.append((tokens, seconds)), learn(tokens, seconds, level))
+
+    policy.calibrate = calibrate_and_watch
     run(generator, target.tokenizer.tokenize("a b c d e f"), max_tokens=12)
     assert calibrated[0]["catch_up_per_token"] > 0 and calibrated[0]["catch_up_fixed"] >= 0
     # After 4 plain steps the model lacks the prompt's last token and their 4: it takes in all but the last

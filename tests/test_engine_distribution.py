@@ -19,7 +19,7 @@ from speccli.core.generator import Generator
 from speccli.core.sampling import SamplingParams, probabilities
 from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.base import Draft
+from speccli.core.seam import Draft, Plan
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
@@ -99,7 +99,7 @@ class UnsureStopsK(FixedK):
         super().__init__(3)
         self.floor = floor
 
-    def keep_drafting(self, key: str, confidence) -> bool:
+    def keep_drafting(self, key: str, plan, confidence) -> bool:
         return confidence() >= self.floor
 
 
@@ -206,10 +206,10 @@ class LookupFavouredK(FixedK):
         super().__init__(3)
         self.taken_over = 0
 
-    def best_rate(self, key: str, available: int, catch_up: int = 0) -> float | None:
-        return 2.0 if key.startswith("ngram") else 1.0
+    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        return Plan(min(self.k, available), 2.0 if key.startswith("ngram") else 1.0)
 
-    def observe(self, draft: Draft, step) -> None:
+    def observe(self, draft: Draft, step, yielded) -> None:
         self.taken_over += draft.continuation is not None
 
 

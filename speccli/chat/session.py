@@ -37,7 +37,7 @@ from speccli.core.text import begins_a_stop
 from speccli.errors import SpeccliError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
-from speccli.drafting.policy import ReplyDrafting
+from speccli.core.seam import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag, terminated

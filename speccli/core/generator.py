@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
+from speccli.core.seam import Draft, DraftRequest, Drafter, KPolicy
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.core.verify import Verdict, verify_greedy, verify_sampled
-from speccli.drafting.base import Draft, DraftRequest, Drafter
-from speccli.drafting.policy import PROFILED_SIZES, AutoK, KPolicy
 from speccli.errors import SpeccliError
 from speccli.settings import check_max_tokens
 from speccli.util.sequences import common_prefix_length
@@ -43,7 +42,7 @@ class Generator:
     """Speculative generation with a drafter, or the target alone (`drafter=None`, the baseline).
 
     Both go through the same backend, sampler and bookkeeping, so a comparison between them is fair.
-    `policy` chooses each step's draft length (default: `AutoK`, from measured costs).
+    `policy` (required with a drafter) chooses each step's draft length.
     """
 
     def __init__(
@@ -58,7 +57,9 @@ class Generator:
         self.target = target
         self.drafter = drafter
         self.sampling = sampling
-        self.policy = policy or AutoK()
+        if drafter is not None and policy is None:
+            raise ValueError("a drafter needs a K policy")
+        self.policy = policy
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
@@ -86,7 +87,8 @@ class Generator:
         between events would wait out), or between two steps, so that the tokens of a step verified
         are all given, and the figures count no more than them."""
         limits.validate()
-        self.policy.begin_reply()
+        if self.drafter is not None:
+            self.policy.begin_reply()
         # Shared with the caller, who may stop reading before DoneEvent (Ctrl-C, a client gone) and still
         # report what the reply cost, its prefill included.
         self.reply_stats = stats = RunStats(prompt_tokens=len(prompt))
@@ -177,12 +179,12 @@ class Generator:
         return True
 
     def _profile_verify(self) -> dict[int, float]:
-        """Seconds of one target decode with n logit rows, for n in PROFILED_SIZES that fit (in the context
+        """Seconds of one target decode with n logit rows, for the policy's sizes that fit (in the context
         and in one batch), timed at the cache's end (after the prompt) and dropped again. One unmeasured
         decode comes first: the first decode pays set-up. The tokens are copies of the pending one: cost
         does not depend on them."""
         target = self.target
-        fits = [n for n in (1, *PROFILED_SIZES) if target.n_past + n <= target.n_ctx and n <= target.n_batch]
+        fits = [n for n in (1, *self.policy.profiled_sizes) if target.n_past + n <= target.n_ctx and n <= target.n_batch]
         return {n: target.time_decode([self.tokens[-1]] * n, n_logit_rows=n) for n in fits}
 
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
@@ -190,12 +192,7 @@ class Generator:
         started = time.perf_counter()
         draft = Draft.nothing()
         if self.drafter is not None and limit > 0:
-            draft = self.drafter.propose(
-                DraftRequest(
-                    self.tokens, limit, self.sampling, self.rng,
-                    self.policy.length_for, self.policy.best_rate, self.policy.keep_drafting, self.policy.length_if_asked,
-                )
-            )
+            draft = self.drafter.propose(DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy))
         draft_seconds = time.perf_counter() - started
         proposed = draft.proposed
         k = len(proposed)
@@ -216,9 +213,7 @@ class Generator:
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:
-            self.policy.observe(draft, step)
-            if draft.shadow is not None:
-                self.policy.observe_unverified(draft.shadow, new_tokens)
+            self.policy.observe(draft, step, new_tokens)
             self.drafter.observe(step)
         return new_tokens, sources, step
 

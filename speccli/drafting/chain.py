@@ -5,7 +5,7 @@ the steps before it in the chain did.
 
 A lookup draft costs nothing to make, but a short or shaky match may promise less than the draft model
 would deliver here; the model's draft costs decodes, so it is weighed before it is made, from the K
-policy's estimates (`best_rate`). That weighing sees one step only. Where the reply copies its input,
+policy's estimates (`Plan.rate`). That weighing sees one step only. Where the reply copies its input,
 the tokens a model draft takes at its price are mostly ones the lookup would have copied a step later,
 almost for free: on Gemma's qa task the model drafted wherever a lookup's match was short, and in three
 runs the chain reached 1.5-2.0x where the lookup alone, plain steps in between, reached 2.0-2.4x. So
@@ -29,7 +29,8 @@ either way).
 
 A costlier source's draft may also be taken over: after each token it drafts, the sources before it
 are asked to continue from there, and the first whose draft is expected to pay at least as well as
-more of the costlier source's would ends it (Drafter `take_over`). Where a reply starts to copy, the
+more of the costlier source's would ends it (`DraftRequest.take_over`; never a re-check's draft: a
+re-check is a step's own choice). Where a reply starts to copy, the
 lookup finds no match at the reply's own last token, but does one or two model tokens later: the draft
 model's tokens lead the lookup into the text being copied, instead of drafting it at a decode per
 token (Gemma, the tasks in a row under one fixed cost model, three times each way: 1.74 -> 1.97 tokens
@@ -42,8 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from speccli.core.seam import Draft, DraftCosts, DraftRequest, Drafter
 from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftCosts, DraftRequest, Drafter
 
 REALIZED_WEIGHT = 0.1  # weight of the newest step in a source's realized rate (about the last 10 steps)
 
@@ -74,10 +75,11 @@ class ChainDrafter:
 
     def propose(self, request: DraftRequest) -> Draft:
         passed_over = None  # a cheaper source's proposal, judged all the same (see `Draft.shadow`)
+        policy = request.policy
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             # The next source's best, with what it must take in first; None under a fixed K.
-            following_rate = request.best_rate(following.name, request.limit, following.catch_up_tokens(request.context))
+            following_rate = policy.plan(following.name, request.limit, following.catch_up_tokens(request.context)).rate
             proposal = draft if draft.tokens else draft.shadow  # drafted or not; None: no match at all
             if following_rate is not None and proposal is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
@@ -91,17 +93,16 @@ class ChainDrafter:
     def _offering_take_over(self, position: int, request: DraftRequest) -> DraftRequest:
         """`request` for the source at `position`, whose draft the sources before it may take over."""
         drafting = self.drafters[position].name
-        if not position or request.best_rate(drafting, request.limit, 0) is None:  # first, or a fixed K
+        if not position or request.policy.plan(drafting, request.limit).rate is None:  # first, or a fixed K
             return request
 
         def take_over(drafted: Sequence[int]) -> Draft:
-            extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted),
-                               length_for=request.length_if_asked)
-            rate_of_more = request.best_rate(drafting, extended.limit, 0)  # it is drafting: caught up
+            extended = replace(request, context=[*request.context, *drafted], limit=request.limit - len(drafted))
+            rate_of_more = request.policy.plan(drafting, extended.limit).rate  # it is drafting: caught up
             for source in self.drafters[:position]:
                 draft = source.propose(extended)
                 source.forget(len(request.context))  # what it took in of the drafted tokens
-                if draft.tokens and not self._promises_more(rate_of_more, draft, extended):
+                if draft.tokens and not draft.plan.probe and not self._promises_more(rate_of_more, draft, extended):
                     return draft
             return Draft.nothing()
 
@@ -124,7 +125,7 @@ class ChainDrafter:
     @staticmethod
     def _promises_more(following_rate: float | None, draft: Draft, request: DraftRequest) -> bool:
         """Is the next source's best expected rate above that of this draft?"""
-        this = request.best_rate(draft.key, len(draft.tokens), 0)
+        this = request.policy.plan(draft.key, len(draft.tokens)).rate
         return this is not None and following_rate is not None and following_rate > this
 
     def sync(self, context: Sequence[int]) -> None:

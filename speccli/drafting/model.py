@@ -5,8 +5,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from speccli.core.sampling import RowBuffer, probabilities, sample, top_probability
-from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftCosts, DraftRequest
+from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -18,7 +17,7 @@ if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to imp
 CATCH_UP_SIZES = (2, 16)
 
 
-class ModelDrafter:
+class ModelDrafter(DraftSource):
     """Drafts with a draft `Model`, keeping its KV cache a prefix of the context between steps."""
 
     name = "model"
@@ -41,15 +40,19 @@ class ModelDrafter:
         return pending - 1 if pending > 2 else 0
 
     def propose(self, request: DraftRequest) -> Draft:
-        model = self.model
+        model, policy = self.model, request.policy
         # Decoding k - 1 tokens past the context must fit in the draft's own window.
-        room = model.n_ctx - len(request.context) + 1
-        catch_up = self.catch_up_tokens(request.context)
-        k = request.length_for(self.name, min(request.limit, room), catch_up)
-        if k <= 0:
+        available = min(request.limit, model.n_ctx - len(request.context) + 1)
+        if available <= 0:
             return Draft.nothing()
-        q_rows = self._q_rows.take(k, model.n_vocab)
+        catch_up = self.catch_up_tokens(request.context)
+        plan = policy.plan(self.name, available, catch_up)
+        if plan.k <= 0:  # not drafted: the policy still counts what it was asked
+            return Draft("", self.name, [], None, plan)
+        q_rows = self._q_rows.take(plan.k, model.n_vocab)
         drafted: list[int] = []
+        confidences: list[float] = []  # each drafted token's, where the policy read it
+        withheld = False
         continuation = Draft.nothing()
         pending = self.visible(request.context[model.n_past :])
         catch_up_seconds = 0.0
@@ -58,31 +61,37 @@ class ModelDrafter:
             model.decode(pending[:-1], n_logit_rows=0)
             catch_up_seconds = time.perf_counter() - began
             pending = pending[-1:]
-        for i in range(k):
+        for i in range(plan.k):
             logits = model.decode(pending, n_logit_rows=1)
-            # The draft's confidence in this token, computed only if the policy asks (within this pass).
             if request.sampling.greedy:
                 token = int(logits[0].argmax())
-                confidence = lambda: top_probability(logits[0], out=q_rows[i])  # noqa: E731
             else:
                 q = probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0]
-                token, confidence = sample(q, request.rng), lambda: float(q.max())  # noqa: E731
+                token = sample(q, request.rng)
+
+            def confidence() -> float:  # computed only where the policy asks (a fixed K never does)
+                greedy = request.sampling.greedy
+                confidences.append(top_probability(logits[0], out=q_rows[i]) if greedy else float(q.max()))
+                return confidences[-1]
+
             # Stopping on the draft's own confidence uses nothing the target has said: still exact.
-            if not request.keep_drafting(self.name, confidence):
+            if not policy.keep_drafting(self.name, plan, confidence):
+                withheld = True
+                del confidences[len(drafted) :]  # the withheld token's: it is not part of the draft
                 break
             drafted.append(token)
             pending = [token]
-            if i + 1 < k:
+            if i + 1 < plan.k:
                 continuation = request.take_over(drafted)
                 if continuation.tokens:
                     break
-        if not drafted:  # nothing to verify, but the policy learns what asking this source cost
-            return Draft("", self.name, [], None, catch_up_seconds, catch_up)
         # The last draft token is decoded here only where the draft stopped short after it (its next
         # token unsure): otherwise, if all pass, the next step catches up.
-        q_drawn = None if request.sampling.greedy else q_rows[: len(drafted)]
-        taken_over = continuation if continuation.tokens else None
-        return Draft(self.name, self.name, drafted, q_drawn, catch_up_seconds, catch_up, taken_over)
+        q_drawn = None if request.sampling.greedy or not drafted else q_rows[: len(drafted)]
+        return Draft(
+            self.name if drafted else "", self.name, drafted, q_drawn, plan, tuple(confidences), withheld,
+            catch_up_seconds, catch_up, continuation if continuation.tokens else None,
+        )
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary
@@ -92,9 +101,6 @@ class ModelDrafter:
 
     def forget(self, n_tokens: int) -> None:
         self.model.truncate(min(self.model.n_past, n_tokens))
-
-    def observe(self, step: StepEvent) -> None:
-        pass  # what a step yields is the K policy's to learn
 
     def reset(self) -> None:
         self.model.reset()

@@ -25,27 +25,22 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.core.stats import StepEvent
-from speccli.drafting.base import Draft, DraftCosts, DraftRequest
-from speccli.drafting.policy import AUTO_MAX_K
+from speccli.core.seam import Draft, DraftRequest, DraftSource
 
 MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
-# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.shadow`): a
-# step yields at most the longest draft `auto` makes and one more.
-SHADOW_TOKENS = AUTO_MAX_K + 1
+# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.shadow`): as
+# many as a step of the longest draft `auto` makes (24) yields.
+SHADOW_TOKENS = 25
 
 
-class NgramDrafter:
+class NgramDrafter(DraftSource):
     name = "ngram"
 
     def __init__(self) -> None:
         self.reset()
-
-    def observe(self, step: StepEvent) -> None:
-        pass  # what a step yields is the K policy's to learn
 
     def reset(self) -> None:
         self._tokens = array("i")  # the indexed prefix of the context
@@ -72,11 +67,11 @@ class NgramDrafter:
         def following(n: int) -> list[int]:
             return [context[end + i % period] for i in range(n)]
 
-        k = request.length_for(key, available, 0)
-        if k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
+        plan = request.policy.plan(key, available)
+        if plan.k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
             proposal = following(min(available, SHADOW_TOKENS))
-            return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None))
-        return Draft(self.name, key, following(k), None)
+            return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None, plan))
+        return Draft(self.name, key, following(plan.k), None, plan)
 
     def forget(self, n_tokens: int) -> None:
         # Positions were appended in order, so each dropped position is the last of its token's array.
@@ -87,12 +82,6 @@ class NgramDrafter:
             if not positions:
                 del self._positions[token]
         del self._tokens[n_tokens:]
-
-    def catch_up_tokens(self, context: Sequence[int]) -> int:
-        return 0  # `propose` indexes what it has not seen: microseconds
-
-    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
-        return {}  # a lookup costs microseconds: nothing the policy needs to weigh
 
     def _index(self, context: Sequence[int]) -> None:
         """Add the tokens of `context` past the indexed prefix (which `context` extends)."""

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from speccli.drafting.base import Drafter
+from speccli.core.seam import Drafter, KPolicy
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import AutoK, FixedK, KPolicy
+from speccli.drafting.policy import AutoK, FixedK
 from speccli.settings import check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import

@@ -15,7 +15,8 @@ import tracemalloc
 import numpy as np
 
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.base import DraftRequest
+from speccli.core.seam import DraftRequest
+from speccli.drafting.policy import FixedK
 from speccli.drafting.ngram import NgramDrafter
 
 
@@ -41,11 +42,7 @@ def measure(context_tokens: int, steps: int = 2000) -> tuple[float, float]:
     seconds, end = [], context_tokens
     for _ in range(steps):
         end += int(rng.integers(1, 5))  # 1-4 tokens accepted per step
-        request = DraftRequest(
-            stream[:end], 32, sampling, rng,
-            lambda key, available, catch_up: available, lambda key, available, catch_up: None, lambda key, confidence: True,
-            lambda key, available, catch_up: available,
-        )
+        request = DraftRequest(stream[:end], 32, sampling, rng, FixedK(32))
         began = time.perf_counter()
         drafter.propose(request)
         seconds.append(time.perf_counter() - began)

@@ -41,7 +41,7 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
-from speccli.drafting.base import Draft, DraftCosts, DraftRequest
+from speccli.core.seam import Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -225,11 +225,7 @@ def replay(
             model.step_from(len(context))
             draft = Draft.nothing()
             if limit > 0:
-                request = DraftRequest(
-                    context, limit, GREEDY, rng, policy.length_for, policy.best_rate, policy.keep_drafting,
-                    policy.length_if_asked,
-                )
-                draft = drafter.propose(request)
+                draft = drafter.propose(DraftRequest(context, limit, GREEDY, rng, policy))
             proposed = draft.proposed
             truth = reply.tokens[t:]
             accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
@@ -241,9 +237,7 @@ def replay(
                 catch_up_seconds=catch_up_cost * c * UNIT,
                 continuation=(draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
             )
-            policy.observe(draft, step)
-            if draft.shadow is not None:
-                policy.observe_unverified(draft.shadow, new_tokens)
+            policy.observe(draft, step, new_tokens)
             drafter.observe(step)
             cost += (step.draft_seconds + step.target_seconds) / UNIT
             steps.append(step_text(step))
