@@ -126,7 +126,7 @@ def test_a_reader_that_went_away_is_exit_141_without_a_word(tiny_pair, tmp_path)
     prompts.write_text("the cat sat on\n")
     bench = ["bench", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft), "--k", "2", "-n", "4", "--runs", "1",
              "--warmup", "0", "--threads", "1", "--prompts", str(prompts)]
-    for args in (["--help"], ["models"], bench):
+    for args in (["--help"], ["--version"], [], ["models"], bench):
         done = speccli_to_a_closed_pipe(*args)
         assert (done.returncode, done.stderr) == (141, ""), args
 
@@ -447,7 +447,7 @@ def test_debug_adds_the_traceback_and_changes_no_exit_code(tmp_path, switch, env
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
-@pytest.mark.parametrize("command", [["models"], ["env"], ["bench", "--schema"]])
+@pytest.mark.parametrize("command", [["models"], ["env"], ["bench", "--schema"], ["--version"], ["--help"], []])
 def test_a_full_stdout_is_named(command):
     """"error: No space left on device" alone had named nothing: the disk looked full."""
     with open("/dev/full", "w") as full:
@@ -474,6 +474,15 @@ def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
     result = subprocess.run([sys.executable, "-m", "speccli", "check-vocab", str(missing), str(missing)], cwd=REPO,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                             preexec_fn=lambda: os.close(1))
+    assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], []], ids=["--version", "--help", "bare"])
+def test_the_top_levels_own_output_to_a_closed_stdout_is_an_error_too(args):
+    """What the top level prints as its line is read (versions, help) had vanished with exit 0 (bare
+    `speccli`: exit 2 without a word)."""
+    result = subprocess.run([sys.executable, "-m", "speccli", *args], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=lambda: os.close(1))
     assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")
 
 

@@ -13,7 +13,8 @@ import os
 import re
 import sys
 import traceback
-from typing import Annotated, Any
+from contextlib import contextmanager
+from typing import Annotated, Any, Iterator
 
 import typer
 from rich.console import Console
@@ -48,8 +49,7 @@ class SpeccliGroup(TyperGroup):
             with sigterm_unwinds():
                 exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
-            # Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty.
-            if type(error).__name__ == "NoArgsIsHelpError":
+            if _is_bare_help(error):
                 sys.exit(error.exit_code)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
@@ -63,25 +63,55 @@ class SpeccliGroup(TyperGroup):
             exit_code = exit_code_for_interrupt()  # 143 where SIGTERM, not Ctrl-C, was the interrupt
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """The top level writes to stdout as its line is read, before any command runs: `--help`,
+        `--version` and bare `speccli`'s help. The same rules as a command's output apply to it."""
+        with _errors_as_one_line(None):
+            try:
+                return super().make_context(info_name, args, parent, **extra)
+            except (typer.Exit, _CLICK_EXCEPTION) as ending:
+                if isinstance(ending, typer.Exit) or _is_bare_help(ending):  # it printed (help, versions)
+                    _require_stdout()
+                raise
+
     def invoke(self, ctx: typer.Context) -> Any:
-        if sys.stdout is None and ctx.invoked_subcommand != "serve":  # serve writes to stderr only
-            # Python's stdout where the shell closed it (`>&-`): every print would vanish, and exit 0.
-            typer.echo("error: stdout is closed, so the output would go nowhere", err=True)
-            raise typer.Exit(USAGE_ERROR)
-        try:
+        with _errors_as_one_line(ctx):
+            # Every command, serve included: its output is on stderr, but uvicorn reads stdout as it starts.
+            _require_stdout()
             return super().invoke(ctx)
-        except BrokenPipeError:
-            # The reader went away (`speccli models | head`): nothing left to say to anyone.
-            sys.stderr.close()
-            raise typer.Exit(READER_GONE) from None
-        except (SpeccliError, OSError) as error:
-            if debugging():
-                traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
-            if isinstance(error, OSError) and error.filename is None and _raised_writing_stdout(error):
-                error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
-            typer.echo(f"error: {_one_line(error)}", err=True)
-            code = getattr(error, "exit_code", USAGE_ERROR)
-            raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
+
+
+def _is_bare_help(error: Exception) -> bool:
+    """Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty."""
+    return type(error).__name__ == "NoArgsIsHelpError"
+
+
+def _require_stdout() -> None:
+    """Python's stdout where the shell closed it (`>&-`) is None: every print would vanish, and exit 0."""
+    if sys.stdout is None:
+        typer.echo("error: stdout is closed, so the output would go nowhere", err=True)
+        raise typer.Exit(USAGE_ERROR)
+
+
+@contextmanager
+def _errors_as_one_line(ctx: typer.Context | None) -> Iterator[None]:
+    """Every error a user can cause, as one line and its exit code (that of the command `ctx` invoked,
+    if any by then); a reader of stdout gone is exit 141 without a word."""
+    try:
+        yield
+    except BrokenPipeError:
+        # The reader went away (`speccli models | head`): nothing left to say to anyone.
+        sys.stderr.close()
+        raise typer.Exit(READER_GONE) from None
+    except (SpeccliError, OSError) as error:
+        if debugging():
+            traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
+        if isinstance(error, OSError) and error.filename is None and _raised_writing_stdout(error):
+            error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        code = getattr(error, "exit_code", USAGE_ERROR)
+        command = ctx.invoked_subcommand if ctx is not None else None
+        raise typer.Exit(USAGE_ERROR if code == 1 and command in VERDICT_COMMANDS else code) from None
 
 
 def _raised_writing_stdout(error: OSError) -> bool:
