@@ -205,6 +205,19 @@ def test_an_empty_prompt_is_refused_whether_given_or_read_from_stdin(args, stdin
     assert_one_line(speccli("chat", "-m", MISSING_MODEL, *args, input=stdin), line, 1)
 
 
+@pytest.mark.parametrize("args, line", [
+    (["-p", "-"], "error: stdin is closed, so there is no message to read (--prompt -); give it with --prompt TEXT"),
+    ([], "error: stdin is closed, so there are no messages to read; give one with --prompt, or pipe them in"),
+], ids=["--prompt -", "turns"])
+def test_a_closed_stdin_is_one_line_before_any_model_loads(args, line):
+    """`chat -p - <&-` had been a traceback ('NoneType' object has no attribute 'buffer'), and a chat
+    reading turns loaded both models before its traceback (isatty)."""
+    result = subprocess.run([sys.executable, "-m", "speccli", "chat", "-m", MISSING_MODEL, *args], cwd=REPO,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: os.close(0))
+    assert (result.returncode, result.stderr, result.stdout) == (2, line + "\n", "")
+
+
 REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
 
 

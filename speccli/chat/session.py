@@ -34,7 +34,7 @@ from speccli.chat.view import Display, Mode
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UsageError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.drafting.policy import ReplyDrafting
@@ -460,6 +460,7 @@ def run_chat(
     seconds of model loading.
     """
     request.validate()
+    _require_stdin(prompt)
     display = Display(_output_mode(json_output), provenance=provenance)
     message = one_message(prompt, display) if prompt is not None else None
     if system is not None:
@@ -487,6 +488,16 @@ def run_chat(
                 raise KeyboardInterrupt
             if failed:  # a script feeding chat must see that lines failed
                 raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
+
+
+def _require_stdin(prompt: str | None) -> None:
+    """Python's stdin where the shell closed it (`<&-`) is None: refused before any model loads, where
+    the messages were to come from it."""
+    if sys.stdin is not None or (prompt is not None and prompt != "-"):
+        return
+    if prompt == "-":
+        raise UsageError("stdin is closed, so there is no message to read (--prompt -); give it with --prompt TEXT")
+    raise UsageError("stdin is closed, so there are no messages to read; give one with --prompt, or pipe them in")
 
 
 def _output_mode(json_output: bool) -> Mode:
