@@ -25,7 +25,7 @@ from speccli.gguf_meta import read_gguf_metadata, require_gguf
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
 from speccli.settings import check_seed
-from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_tiny_gguf
+from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/nonexistent/model.gguf"  # an argument that fails if anything tries to load it
@@ -334,6 +334,21 @@ def test_empty_token_texts_are_not_taken_for_a_token_twice(tmp_path):
     empty = write_tiny_gguf(tmp_path / "empty.gguf", TinyConfig(vocab=vocab.with_token(400, "").with_token(401, "")))
     result = speccli("chat", "-m", str(empty), "--spec", "ngram", "-t", "1", "-c", "256", "-n", "2", "-p", "hello")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("broken, args", [
+    ("target", []), ("target", ["--temp", "0"]), ("draft", ["--spec", "model", "--k", "2"]),
+], ids=["target", "target, greedy", "draft"])
+def test_a_model_whose_logits_are_nan_is_named_in_one_line(tiny_pair, tmp_path, broken, args):
+    """Chat's default filters had met NaN logits with a traceback (zero-size array to reduction operation
+    maximum), and greedy decoding with a reply of token 0 (argmax takes NaN for the largest), exit 0."""
+    pair = tiny_pair._replace(**{broken: poisoned_copy(getattr(tiny_pair, broken), tmp_path / f"nan-{broken}.gguf")})
+    result = chat(pair, "-p", "hello", *args)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {getattr(pair, broken)} (the {broken} model): its logits are not finite (NaN or infinity), so no "
+        "token can be drawn from them; check the file against its source")
+    assert result.stdout == ""
 
 
 # --- 17: a loop of symbolic links ---------------------------------------------------------------------

@@ -39,7 +39,7 @@ from speccli.server.launch import ServeSettings, bind, build_service, serving_in
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
-from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
+from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_related_pair
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -484,6 +484,25 @@ def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
 
 
 # --- one sequence at a time -------------------------------------------------------------------------
+
+
+def test_a_draft_whose_logits_are_nan_is_a_500_naming_it_and_the_server_serves_on(chat_pair, tmp_path):
+    """NaN logits had reached the client as the raw exception ("internal error: ValueError: zero-size array
+    to reduction operation maximum which has no identity"), with its traceback in the log."""
+    broken = (chat_pair[0], poisoned_copy(chat_pair[1], tmp_path / "nan-draft.gguf"))
+    with serving(broken) as url:
+        status, body, _ = post(url, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                             "temperature": 0.8, "max_tokens": 8})
+        assert_openai_error(status, body, 500)
+        assert body["error"]["message"] == ("nan-draft.gguf (the draft model): its logits are not finite (NaN or "
+                                            "infinity), so no token can be drawn from them; check the file against its source")
+        assert body["error"]["type"] == "server_error"
+        c = client(url)
+        with pytest.raises(openai.InternalServerError):
+            ask(c, "hi", temperature=0.8)
+        reply = ask(c, "hi", temperature=0.8, extra_body={"speculative": {"enabled": False}})  # the target alone
+        assert reply.usage.completion_tokens > 0
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="error"}') == 2
 
 
 def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from speccli.llama.model import Model, shared_context
+from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.llama.tokenizer import Tokenizer
 from speccli.chat.template import ChatFormat, Message, chat_format_for, tokenize_rendered
 from speccli.chat.view import Display, Mode
@@ -174,13 +174,15 @@ class ChatSession:
         check_max_tokens(max_tokens, "max tokens")
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
+        self.draft = draft
         self.generator = Generator(target, make_drafter(spec, draft), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = shared_context(target, draft)
-        self.target_token_seconds = measure_target_token_seconds(target, sampling)
+        with naming_non_finite_logits(target, draft):  # it samples from the target's logits
+            self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0
         self.finish_reason: str | None = None  # the last reply's ("stop", "max_tokens", "interrupted", ...)
@@ -243,6 +245,7 @@ class ChatSession:
         source = Source.TARGET
         limits = GenerationLimits(self.max_tokens, self.conversation.format.stop)
         with (
+            naming_non_finite_logits(self.generator.target, self.draft),
             self.display.reply(self.target_token_seconds) as view,
             ctrl_c_as_flag() as interrupted,
             closing(self.generator.generate(prompt.tokens, limits, interrupted)) as events,

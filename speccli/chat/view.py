@@ -256,11 +256,14 @@ class PlainReply:
 
     def __init__(self, out: TextIO) -> None:
         self._out = out
+        self._written = False
 
     def __enter__(self) -> PlainReply:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, error_type: type[BaseException] | None, *exc_info: object) -> None:
+        if error_type is not None and not self._written:  # a reply that failed before its first text: no line
+            return
         self._out.write("\n")
         self._out.flush()
 
@@ -268,6 +271,7 @@ class PlainReply:
         if text:
             self._out.write(text)
             self._out.flush()
+            self._written = True
 
     def update(self, stats: RunStats) -> None:
         pass
