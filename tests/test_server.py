@@ -505,6 +505,24 @@ def test_a_draft_whose_logits_are_nan_is_a_500_naming_it_and_the_server_serves_o
         assert metric(get(url, "/metrics")[1], 'requests_total{outcome="error"}') == 2
 
 
+def test_a_client_leaving_before_its_body_is_all_sent_is_counted_cancelled_without_a_traceback(chat_pair, capfd):
+    """A body declared 1000 bytes long, 9 sent, then the connection closed: Starlette's ClientDisconnect had
+    reached the log as a 45-line traceback."""
+    with serving(chat_pair) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n{\"model\":")
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 1:
+            assert time.monotonic() < deadline, "the request was not counted as cancelled"
+            time.sleep(0.02)
+        text = get(url, "/metrics")[1]
+        assert metric(text, 'requests_total{outcome="error"}') == 0
+        assert ask(client(url), "hi").usage.completion_tokens > 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
     with serving(endless_pair, n_ctx=LONG_CTX) as url:
         c = client(url)

@@ -20,7 +20,7 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -245,6 +245,12 @@ def create_app(service: Service) -> Starlette:
             message, code = str(error.detail), None
         return APIError(error.status_code, message, param=None, code=code, headers=headers).response()
 
+    async def client_gone(_: Request, error: Exception) -> Response:
+        """A client that left before its request was read (its body cut short): cancelled, as one that leaves
+        while its generation waits or runs."""
+        service.metrics.record(None, "cancelled")
+        return Response(status_code=499)  # nobody reads it
+
     async def unexpected(_: Request, error: Exception) -> Response:
         service.metrics.record(None, "error")  # a bug: Starlette then logs its traceback
         return APIError(500, f"internal error: {type(error).__name__}", kind="server_error").response()
@@ -257,7 +263,7 @@ def create_app(service: Service) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    handlers = {APIError: api_error, HTTPException: http_error, Exception: unexpected}
+    handlers = {APIError: api_error, HTTPException: http_error, ClientGone: client_gone, Exception: unexpected}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -280,11 +286,14 @@ async def _body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # closed before the whole body came: nobody to answer
+        raise ClientGone from None
     return b"".join(chunks)
 
 
