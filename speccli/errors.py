@@ -41,6 +41,13 @@ class NonFiniteLogitsError(SpeccliError):
         super().__init__(message)
 
 
+class ReaderGoneError(SpeccliError):
+    """The reader of stdout went away (`| head`) before a result it cannot be run again for cheaply was
+    written (bench's --json -): exit 141, as for any command, but with a line saying where it is kept."""
+
+    exit_code = 141
+
+
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
 TERMINATED_EXIT_CODE = 143  # SIGTERM, likewise
 

@@ -110,6 +110,8 @@ def _errors_as_one_line(ctx: typer.Context | None) -> Iterator[None]:
             error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
         typer.echo(f"error: {_one_line(error)}", err=True)
         code = getattr(error, "exit_code", USAGE_ERROR)
+        if code == READER_GONE:  # said why (bench keeps its report): what stdout still holds goes nowhere
+            _discard_stdout()
         command = ctx.invoked_subcommand if ctx is not None else None
         raise typer.Exit(USAGE_ERROR if code == 1 and command in VERDICT_COMMANDS else code) from None
 
@@ -141,9 +143,15 @@ def _reader_went_away(console: Console) -> None:
     /dev/null, so that nothing fails again as the process ends. Set on the class, as rich means it to
     be overridden: Typer makes its own consoles for --help."""
     console.quiet = True
+    _discard_stdout()
+    raise SystemExit(READER_GONE)
+
+
+def _discard_stdout() -> None:
+    """stdout to /dev/null, its reader being gone: what is left in its buffer must not fail again, in
+    words, as the process ends."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    raise SystemExit(READER_GONE)
 
 
 def _write_names_as_given() -> None:
