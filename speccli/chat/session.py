@@ -18,7 +18,6 @@ turn then drops old turns as above.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from contextlib import closing
@@ -126,24 +125,30 @@ class Conversation:
 # --- a chat session ---------------------------------------------------------------------------
 
 
-def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 3) -> float:
-    """What one token costs the target alone: a 1-token decode and one sample from its logits.
+def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 5) -> float:
+    """What one token costs the target alone: a 1-token decode (`Model.time_decode`, the cost probe) and
+    one sample from its logits.
 
-    Speculation's benefit is measured against this (see display.estimated_speedup). It is timed on
-    real decodes, after one warm-up, and the cache is put back as it was. At position 0 it slightly
-    underestimates the cost deep in a long context, where attention costs more.
+    Speculation's benefit is measured against this (see display.estimated_speedup). Each part is the
+    least of `repeats` timings after a warm-up: what else the machine does only ever lengthens a
+    timing, and on a loaded machine slow ones had made a session's estimate 49x at an acceptance of 0%.
+    The cache is left as it was. At position 0 it slightly underestimates the cost deep in a long
+    context, where attention costs more.
     """
-    start = target.n_past
     token = max(target.tokenizer.bos_id, 0)
+    decode_seconds = min([target.time_decode([token], n_logit_rows=1) for _ in range(repeats + 1)][1:])
+    start = target.n_past
+    logits = target.decode([token], n_logit_rows=1)
     rng = np.random.default_rng(0)
-    timings = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        logits = target.decode([token], n_logit_rows=1)
-        sample(probabilities(logits, sampling)[0], rng)
-        timings.append(time.perf_counter() - started)
+    sample_seconds = []
+    try:
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            sample(probabilities(logits, sampling)[0], rng)
+            sample_seconds.append(time.perf_counter() - started)
+    finally:
         target.truncate(start)
-    return statistics.median(timings[1:])
+    return decode_seconds + min(sample_seconds[1:])
 
 
 def no_pay_notice(drafting: ReplyDrafting) -> str:
