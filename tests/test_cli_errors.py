@@ -178,6 +178,25 @@ def test_the_default_context_is_the_shortest_any_model_was_trained_with(tmp_path
     assert fitted_context(2000, 4096, [long, short]) == 2000  # as given: loading refuses it
 
 
+def test_a_model_trained_with_less_than_the_least_context_is_refused_before_loading(tiny_pair, tmp_path):
+    """A model trained with 8 tokens had run at 8, below --ctx's least (16), in chat; --ctx 16 was "use at most 8"."""
+    short = write_tiny_gguf(tmp_path / "short.gguf", TinyConfig(context_length=8))
+    line = f"error: {short}: the model was trained with a context of 8 tokens, below speccli's minimum of 16 tokens"
+    target, prompts = str(tiny_pair.target), tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on\n")
+    alone = ["-m", str(short), "--spec", "ngram"]
+    for args in (["chat", *alone, "-p", "hi"], ["chat", *alone, "-p", "hi", "--ctx", "16"],
+                 ["bench", *alone, "--k", "2", "--prompts", str(prompts)]):
+        assert_one_line(speccli(*args), line, 1)
+    assert_one_line(speccli("quant-check", str(short), str(short)), line, 2)  # quant-check's 1 is its verdict
+    # A draft trained so, with a target that is not: refused before either loads (llama.cpp logs no load).
+    for args in (["chat", "-m", target, "-md", str(short), "-p", "hi"],
+                 ["serve", "-m", target, "-md", str(short), "--port", "0"]):
+        done = subprocess.run([sys.executable, "-m", "speccli", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO), "SPECCLI_LLAMA_LOG": "1"})
+        assert (done.returncode, done.stderr) == (1, line + "\n"), args
+
+
 def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):
     """A model trained for a context whose KV cache is 4x this machine's memory and swap: llama.cpp's
     allocation fails at once (no page is touched) and says so in one line."""

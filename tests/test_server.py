@@ -491,8 +491,8 @@ def test_a_draft_whose_logits_are_nan_is_a_500_naming_it_and_the_server_serves_o
     to reduction operation maximum which has no identity"), with its traceback in the log."""
     broken = (chat_pair[0], poisoned_copy(chat_pair[1], tmp_path / "nan-draft.gguf"))
     with serving(broken) as url:
-        status, body, _ = post(url, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                                             "temperature": 0.8, "max_tokens": 8})
+        request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.8, "max_tokens": 8}
+        status, body, _ = post(url, "/v1/chat/completions", request)
         assert_openai_error(status, body, 500)
         assert body["error"]["message"] == ("nan-draft.gguf (the draft model): its logits are not finite (NaN or "
                                             "infinity), so no token can be drawn from them; check the file against its source")

@@ -27,7 +27,7 @@ from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
-from speccli.settings import CHAT_CTX
+from speccli.settings import CHAT_CTX, MIN_CTX
 
 
 # How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a
@@ -48,11 +48,22 @@ class LoadOptions:
     n_batch: int = 512
 
 
+def trained_context(path: Path) -> int | None:
+    """The context `path` was trained with, from its GGUF header (None where it does not say), refused
+    below speccli's least --ctx: such a model could only run at a context speccli refuses (an 8-token
+    model ran at 8, where --ctx 8 is refused and --ctx 16 is past its training)."""
+    trained = trained_context_length(path)
+    if trained is not None and trained < MIN_CTX:
+        raise SpeccliError(f"{path}: the model was trained with a context of {trained} tokens, below speccli's minimum "
+                           f"of {MIN_CTX} tokens")
+    return trained
+
+
 def _check_ctx_within_training(n_ctx: int, path: Path) -> None:
     """Read from the GGUF header before any weights: past its training context a model's output means
     little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
     before it failed)."""
-    trained = trained_context_length(path)
+    trained = trained_context(path)
     if trained is not None and n_ctx > trained:
         raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}")
 
@@ -229,7 +240,9 @@ class Model:
 
 
 @contextmanager
-def naming_non_finite_logits(target: Model, draft: Model | None, name: Callable[[Model], str] = lambda model: str(model.path)) -> Iterator[None]:
+def naming_non_finite_logits(
+    target: Model, draft: Model | None, name: Callable[[Model], str] = lambda model: str(model.path)
+) -> Iterator[None]:
     """Sampling refuses logits that are no distribution without knowing whose they are (NonFiniteLogitsError):
     within this block, that error names the model(s) whose last decode gave them, by `name` (the path;
     a server tells its clients the file name only). A step decodes the draft first, so a draft whose
