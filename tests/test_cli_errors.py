@@ -303,12 +303,14 @@ def test_json_naming_a_path_that_is_not_utf8_is_still_utf8(non_utf8_pair, tmp_pa
     assert json.loads(report.read_bytes().decode("utf-8"))["models"]["draft"]["path"].endswith("draft\\udcfe.gguf")
 
 
-def test_an_error_naming_a_path_that_is_not_utf8_is_one_line(non_utf8_pair, tmp_path):
+def test_an_error_naming_a_path_that_is_not_utf8_names_it_as_its_bytes(non_utf8_pair, tmp_path):
+    """As `ls` writes it, as stdout does: the line had said `gone\\udcff.gguf`, a name on no disk."""
     target, _ = non_utf8_pair
     missing = os.fsdecode(bytes(tmp_path) + b"/gone\xff.gguf")
-    result = speccli("chat", "-m", target, "-md", missing, "-p", "hello")
-    assert result.exit_code == 2, result.output
-    assert result.stderr.splitlines() == [f"error: {bytes(tmp_path).decode()}/gone\\udcff.gguf: no such file"]
+    done = subprocess.run([sys.executable, "-m", "speccli", "chat", "-m", target, "-md", missing, "-p", "hello"], cwd=REPO,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr == b"error: " + bytes(tmp_path) + b"/gone\xff.gguf: no such file\n"
 
 
 def test_a_model_file_cut_short_is_one_line_before_llama_cpp_reads_it(tiny_pair, tmp_path):

@@ -9,6 +9,7 @@ there is 2: a script must never read a typo as a verdict.
 """
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import sys
@@ -23,7 +24,6 @@ from typer.core import TyperGroup
 from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
-from speccli.util.format import escape_undecodable
 from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
@@ -156,10 +156,26 @@ def _discard_stdout() -> None:
 
 def _write_names_as_given() -> None:
     """A file name that is not UTF-8 (`bad\\xffname.gguf`) reaches Python as surrogate escapes; on
-    stdout they become the original bytes again, as `ls` prints them, rather than an encoding error
-    in the middle of a report. (stderr already escapes them: Python's default there.)"""
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="surrogateescape")
+    stdout and stderr (error lines, notices) they become the original bytes again, as `ls` prints them,
+    rather than an encoding error in the middle of a report or, on stderr, a name that is on no disk
+    (`bad\\udcffname.gguf`). Any other character the stream's encoding lacks is escaped, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=_AS_GIVEN)
+
+
+_AS_GIVEN = "speccli-as-given"
+
+
+def _bytes_as_given(error: UnicodeError) -> tuple[str | bytes, int]:
+    """An encoding error handler: surrogate escapes (bytes that were not UTF-8) back to their bytes; the
+    rest as Python's stderr writes them (`\\u00e9`)."""
+    if isinstance(error, UnicodeEncodeError) and all("\udc80" <= c <= "\udcff" for c in error.object[error.start:error.end]):
+        return codecs.lookup_error("surrogateescape")(error)
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error(_AS_GIVEN, _bytes_as_given)
 
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -168,14 +184,14 @@ _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 def _one_line(error: Exception) -> str:
     """SpeccliErrors are written for users already; an OSError (disk full, permission denied while
     writing a cache or report) gets its file and reason. Line breaks in text from elsewhere (another
-    package's exception, llama.cpp's log) become spaces, and text that cannot be shown as it is (a
-    file name with a byte that is not UTF-8) is escaped, never a second error."""
+    package's exception, llama.cpp's log) become spaces. A file name's bytes that are not UTF-8 are
+    written as they are (see `_write_names_as_given`)."""
     if isinstance(error, OSError) and not isinstance(error, SpeccliError):
         where = f"{error.filename}: " if error.filename else ""
         message = f"{where}{error.strerror or error}"
     else:
         message = str(error)
-    return escape_undecodable(_LINE_BREAKS.sub(" ", message).strip())
+    return _LINE_BREAKS.sub(" ", message).strip()
 
 
 app = typer.Typer(
