@@ -31,6 +31,23 @@ class StdoutError(SpeccliError):
     exit_code = 2
 
 
+class NonFiniteLogitsError(SpeccliError):
+    """A row of logits with NaN or +infinity in it, or no finite value at all: no distribution, so no
+    token can be drawn from it (a broken model file or backend). Raised where sampling finds it, which
+    does not know the model; `speccli.llama.model.naming_non_finite_logits` names it."""
+
+    def __init__(self, message: str = "a model's logits are not finite (NaN or infinity), so no token can be "
+                                      "drawn from them") -> None:
+        super().__init__(message)
+
+
+class ReaderGoneError(SpeccliError):
+    """The reader of stdout went away (`| head`) before a result it cannot be run again for cheaply was
+    written (bench's --json -): exit 141, as for any command, but with a line saying where it is kept."""
+
+    exit_code = 141
+
+
 INTERRUPTED_EXIT_CODE = 130  # Ctrl-C, as shells report a process ended by SIGINT
 TERMINATED_EXIT_CODE = 143  # SIGTERM, likewise
 

@@ -9,10 +9,11 @@ Light on imports, so the command line can check its options without numpy or lla
 from __future__ import annotations
 
 import math
+import os
 import re
 import secrets
 
-from speccli.errors import SpeccliError, WrongTypeError
+from speccli.errors import SpeccliError, UsageError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
 AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
@@ -24,6 +25,7 @@ CHAT_CTX = 4096
 BENCH_CTX = 2048
 MAX_THREADS = 512  # GGML_MAX_N_THREADS
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
+API_KEY_VARIABLE = "SPECCLI_API_KEY"  # serve's key where `ps` does not show it
 
 
 def check_k(k: int, name: str = "--k") -> int:
@@ -168,3 +170,24 @@ def check_seed(value: int | None, name: str = "--seed") -> int | None:
     if value is not None and value < 0:
         raise SpeccliError(f"{name} must be >= 0, or -1 for a random seed, got {value}")
     return value
+
+
+def check_api_key(value: str, name: str = "--api-key") -> str:
+    """The key a server's clients must send (`Authorization: Bearer KEY`). Empty is a usage error (not
+    "no key": a script whose variable came out empty must not serve in the open), and so is a key no
+    HTTP header could carry whole (spaces, control or non-ASCII characters). The key is never echoed."""
+    if not value:
+        without = "unset it" if name == API_KEY_VARIABLE else "leave it out"
+        raise UsageError(f"{name} is empty; give a key, or {without} to serve without one")
+    if not re.fullmatch(r"[\x21-\x7e]+", value):
+        raise UsageError(f"{name} must be printable ASCII without spaces, as an HTTP header carries it")
+    return value
+
+
+def api_key_for(given: str | None) -> str | None:
+    """serve's key: --api-key as given (checked as it was parsed), else SPECCLI_API_KEY where it is
+    set, else None (no key asked for)."""
+    if given is not None:
+        return given
+    from_environment = os.environ.get(API_KEY_VARIABLE)
+    return None if from_environment is None else check_api_key(from_environment, API_KEY_VARIABLE)

@@ -227,6 +227,25 @@ def test_a_report_for_stdout_that_stdout_cannot_take_is_kept_and_named(tiny_repo
     assert_kept(caught.value, tiny_report)
 
 
+def test_json_to_stdout_whose_reader_went_away_is_kept_and_named(pair_args) -> None:
+    """`bench --json - | (a reader that quits at once)`: exit 141 with nothing on stderr had lost the whole
+    measurement. Exit 141 still, as any command whose reader left, but the report is kept and named."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    process = speccli("bench", *pair_args, "--k", "1", "--json", "-", stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 141, stderr
+    error = stderr.splitlines()[-1]
+    assert error.startswith("error: --json -: the reader of stdout went away; the report is kept in "), stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    kept = Path(error.rsplit("kept in ", 1)[1])
+    try:
+        validate(json.loads(kept.read_text()))
+    finally:
+        kept.unlink()
+
+
 def test_a_report_file_that_cannot_be_written_at_the_end_leaves_the_screen_report(pair_args, tmp_path, monkeypatch) -> None:
     """The measurement is shown as well as kept: the failed write had ended the command before its report."""
 

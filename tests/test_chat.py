@@ -25,10 +25,12 @@ from gguf import TokenType
 from typer.testing import CliRunner
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.chat.session import ChatSession, Conversation, no_pay_notice
+from speccli.chat.session import ChatSession, Conversation, measure_target_token_seconds, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
-from speccli.chat.view import Display, LiveReply, acceptance_bar, estimated_speedup, stats_panel, stats_record
+from speccli.chat.view import (
+    Display, LiveReply, acceptance_bar, estimated_speedup, stats_panel, stats_record, summary_line,
+)
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import DraftCosts, ReplyDrafting
@@ -512,6 +514,37 @@ def test_speedup_estimate_and_bars():
     assert estimated_speedup(_stats(), 0.2) == pytest.approx(2.0)  # 10 tok/s against 5 tok/s alone
     assert estimated_speedup(RunStats(), 0.2) is None
     assert acceptance_bar(0.5, width=4) == "██  " and acceptance_bar(0.5, width=1) == "▌"
+
+
+def test_the_speedup_estimate_never_exceeds_the_tokens_per_target_decode():
+    """A step costs a target decode at least: a baseline timed slow had shown '1.00 tok/decode ·
+    acceptance 0% · ~49.83x'."""
+    one_per_decode = RunStats(generated=2)
+    for _ in range(2):
+        one_per_decode.add(StepEvent(drafted=2, accepted=0, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1,
+                                     source="model"))
+    assert estimated_speedup(one_per_decode, target_token_seconds=25.0) == 1.0
+    assert estimated_speedup(_stats(), target_token_seconds=50.0) == pytest.approx(5.0)  # 10 tokens in 2 decodes
+    assert "~1.00x vs target alone" in summary_line(one_per_decode, 25.0)
+    assert stats_record(one_per_decode, 25.0)["estimated_speedup"] == 1.0
+
+
+def test_the_baseline_token_time_shrugs_off_slow_decodes(tiny_model):
+    """Two decodes of the baseline's slowed as a loaded machine slows them (the median of three had taken
+    one): the estimate's baseline must stay what the model costs, and the cache as it was."""
+    with Model(tiny_model, LoadOptions(n_ctx=64, n_threads=1)) as model:
+        decode, calls = model.decode, []
+
+        def sometimes_slow(*args, **kwargs):
+            calls.append(1)
+            if len(calls) in (2, 3):
+                time.sleep(0.5)
+            return decode(*args, **kwargs)
+
+        model.decode = sometimes_slow
+        seconds = measure_target_token_seconds(model, SamplingParams())
+        assert len(calls) >= 4 and model.n_past == 0
+    assert seconds < 0.25
 
 
 def test_session_totals_add_runs_of_different_k():

@@ -25,7 +25,7 @@ from speccli.gguf_meta import read_gguf_metadata, require_gguf
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
 from speccli.settings import check_seed
-from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_tiny_gguf
+from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING_MODEL = "/nonexistent/model.gguf"  # an argument that fails if anything tries to load it
@@ -126,7 +126,7 @@ def test_a_reader_that_went_away_is_exit_141_without_a_word(tiny_pair, tmp_path)
     prompts.write_text("the cat sat on\n")
     bench = ["bench", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft), "--k", "2", "-n", "4", "--runs", "1",
              "--warmup", "0", "--threads", "1", "--prompts", str(prompts)]
-    for args in (["--help"], ["models"], bench):
+    for args in (["--help"], ["--version"], [], ["models"], bench):
         done = speccli_to_a_closed_pipe(*args)
         assert (done.returncode, done.stderr) == (141, ""), args
 
@@ -178,6 +178,25 @@ def test_the_default_context_is_the_shortest_any_model_was_trained_with(tmp_path
     assert fitted_context(2000, 4096, [long, short]) == 2000  # as given: loading refuses it
 
 
+def test_a_model_trained_with_less_than_the_least_context_is_refused_before_loading(tiny_pair, tmp_path):
+    """A model trained with 8 tokens had run at 8, below --ctx's least (16), in chat; --ctx 16 was "use at most 8"."""
+    short = write_tiny_gguf(tmp_path / "short.gguf", TinyConfig(context_length=8))
+    line = f"error: {short}: the model was trained with a context of 8 tokens, below speccli's minimum of 16 tokens"
+    target, prompts = str(tiny_pair.target), tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on\n")
+    alone = ["-m", str(short), "--spec", "ngram"]
+    for args in (["chat", *alone, "-p", "hi"], ["chat", *alone, "-p", "hi", "--ctx", "16"],
+                 ["bench", *alone, "--k", "2", "--prompts", str(prompts)]):
+        assert_one_line(speccli(*args), line, 1)
+    assert_one_line(speccli("quant-check", str(short), str(short)), line, 2)  # quant-check's 1 is its verdict
+    # A draft trained so, with a target that is not: refused before either loads (llama.cpp logs no load).
+    for args in (["chat", "-m", target, "-md", str(short), "-p", "hi"],
+                 ["serve", "-m", target, "-md", str(short), "--port", "0"]):
+        done = subprocess.run([sys.executable, "-m", "speccli", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONPATH": str(REPO), "SPECCLI_LLAMA_LOG": "1"})
+        assert (done.returncode, done.stderr) == (1, line + "\n"), args
+
+
 def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):
     """A model trained for a context whose KV cache is 4x this machine's memory and swap: llama.cpp's
     allocation fails at once (no page is touched) and says so in one line."""
@@ -203,6 +222,19 @@ def test_a_context_too_big_for_memory_is_one_line_naming_ctx(tmp_path):
 ])
 def test_an_empty_prompt_is_refused_whether_given_or_read_from_stdin(args, stdin, line):
     assert_one_line(speccli("chat", "-m", MISSING_MODEL, *args, input=stdin), line, 1)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["-p", "-"], "error: stdin is closed, so there is no message to read (--prompt -); give it with --prompt TEXT"),
+    ([], "error: stdin is closed, so there are no messages to read; give one with --prompt, or pipe them in"),
+], ids=["--prompt -", "turns"])
+def test_a_closed_stdin_is_one_line_before_any_model_loads(args, line):
+    """`chat -p - <&-` had been a traceback ('NoneType' object has no attribute 'buffer'), and a chat
+    reading turns loaded both models before its traceback (isatty)."""
+    result = subprocess.run([sys.executable, "-m", "speccli", "chat", "-m", MISSING_MODEL, *args], cwd=REPO,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            preexec_fn=lambda: os.close(0))
+    assert (result.returncode, result.stderr, result.stdout) == (2, line + "\n", "")
 
 
 REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
@@ -271,12 +303,14 @@ def test_json_naming_a_path_that_is_not_utf8_is_still_utf8(non_utf8_pair, tmp_pa
     assert json.loads(report.read_bytes().decode("utf-8"))["models"]["draft"]["path"].endswith("draft\\udcfe.gguf")
 
 
-def test_an_error_naming_a_path_that_is_not_utf8_is_one_line(non_utf8_pair, tmp_path):
+def test_an_error_naming_a_path_that_is_not_utf8_names_it_as_its_bytes(non_utf8_pair, tmp_path):
+    """As `ls` writes it, as stdout does: the line had said `gone\\udcff.gguf`, a name on no disk."""
     target, _ = non_utf8_pair
     missing = os.fsdecode(bytes(tmp_path) + b"/gone\xff.gguf")
-    result = speccli("chat", "-m", target, "-md", missing, "-p", "hello")
-    assert result.exit_code == 2, result.output
-    assert result.stderr.splitlines() == [f"error: {bytes(tmp_path).decode()}/gone\\udcff.gguf: no such file"]
+    done = subprocess.run([sys.executable, "-m", "speccli", "chat", "-m", target, "-md", missing, "-p", "hello"], cwd=REPO,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert (done.returncode, done.stdout) == (2, b"")
+    assert done.stderr == b"error: " + bytes(tmp_path) + b"/gone\xff.gguf: no such file\n"
 
 
 def test_a_model_file_cut_short_is_one_line_before_llama_cpp_reads_it(tiny_pair, tmp_path):
@@ -321,6 +355,21 @@ def test_empty_token_texts_are_not_taken_for_a_token_twice(tmp_path):
     empty = write_tiny_gguf(tmp_path / "empty.gguf", TinyConfig(vocab=vocab.with_token(400, "").with_token(401, "")))
     result = speccli("chat", "-m", str(empty), "--spec", "ngram", "-t", "1", "-c", "256", "-n", "2", "-p", "hello")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("broken, args", [
+    ("target", []), ("target", ["--temp", "0"]), ("draft", ["--spec", "model", "--k", "2"]),
+], ids=["target", "target, greedy", "draft"])
+def test_a_model_whose_logits_are_nan_is_named_in_one_line(tiny_pair, tmp_path, broken, args):
+    """Chat's default filters had met NaN logits with a traceback (zero-size array to reduction operation
+    maximum), and greedy decoding with a reply of token 0 (argmax takes NaN for the largest), exit 0."""
+    pair = tiny_pair._replace(**{broken: poisoned_copy(getattr(tiny_pair, broken), tmp_path / f"nan-{broken}.gguf")})
+    result = chat(pair, "-p", "hello", *args)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {getattr(pair, broken)} (the {broken} model): its logits are not finite (NaN or infinity), so no "
+        "token can be drawn from them; check the file against its source")
+    assert result.stdout == ""
 
 
 # --- 17: a loop of symbolic links ---------------------------------------------------------------------
@@ -447,7 +496,7 @@ def test_debug_adds_the_traceback_and_changes_no_exit_code(tmp_path, switch, env
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
-@pytest.mark.parametrize("command", [["models"], ["env"], ["bench", "--schema"]])
+@pytest.mark.parametrize("command", [["models"], ["env"], ["bench", "--schema"], ["--version"], ["--help"], []])
 def test_a_full_stdout_is_named(command):
     """"error: No space left on device" alone had named nothing: the disk looked full."""
     with open("/dev/full", "w") as full:
@@ -474,6 +523,15 @@ def test_a_closed_stdout_is_an_error_not_a_silent_success(tmp_path):
     result = subprocess.run([sys.executable, "-m", "speccli", "check-vocab", str(missing), str(missing)], cwd=REPO,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
                             preexec_fn=lambda: os.close(1))
+    assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], []], ids=["--version", "--help", "bare"])
+def test_the_top_levels_own_output_to_a_closed_stdout_is_an_error_too(args):
+    """What the top level prints as its line is read (versions, help) had vanished with exit 0 (bare
+    `speccli`: exit 2 without a word)."""
+    result = subprocess.run([sys.executable, "-m", "speccli", *args], cwd=REPO, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=lambda: os.close(1))
     assert (result.returncode, result.stderr) == (2, "error: stdout is closed, so the output would go nowhere\n")
 
 

@@ -8,6 +8,8 @@ import pytest
 from scipy import stats
 
 from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.core.verify import verify_greedy
+from speccli.errors import NonFiniteLogitsError
 
 LOGITS = np.array([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, 0.0, 1.0, 2.0, -5.0]], dtype=np.float32)
 
@@ -26,6 +28,28 @@ def test_temperature_only_is_softmax_of_scaled_logits() -> None:
 def test_greedy_is_one_hot_on_the_argmax() -> None:
     result = probabilities(LOGITS, SamplingParams(temperature=0))
     np.testing.assert_array_equal(result, [[0, 0, 0, 0, 1], [0, 0, 0, 1, 0]])
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0), SamplingParams(temperature=0.8), SamplingParams(0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(0.8, top_p=0.9), SamplingParams(0.8, top_k=2),
+], ids=["greedy", "temperature", "chat's filters", "top-p", "top-k"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, "all -inf"])
+def test_logits_that_are_no_distribution_are_refused_in_words(params: SamplingParams, bad) -> None:
+    """A model with NaN weights gives NaN logits: with chat's filters that had been a traceback ("zero-size
+    array to reduction operation maximum"), greedy a reply of token 0 (argmax takes a NaN for the largest)."""
+    logits = LOGITS.copy()
+    if bad == "all -inf":
+        logits[1] = -np.inf
+    else:
+        logits[1] = bad
+    with pytest.raises(NonFiniteLogitsError, match=r"^a model's logits are not finite \(NaN or infinity\)"):
+        probabilities(logits, params)
+    with pytest.raises(NonFiniteLogitsError):
+        verify_greedy(np.array([4]), logits)
+    masked = LOGITS.copy()
+    masked[0, :2] = -np.inf  # a token masked out is no fault
+    assert probabilities(masked, params)[0, :2].tolist() == [0, 0]
 
 
 @pytest.mark.parametrize("temperature", [1e-30, 1e-38, 1e-39, 1e-46, 1e-300])

@@ -35,11 +35,11 @@ from speccli.cli.app import app as cli_app
 from speccli.core.stats import RunStats, StepEvent
 from speccli.llama.model import LoadOptions, Model
 from speccli.server.app import APIError, speculative_summary
-from speccli.server.launch import ServeSettings, bind, build_service, serving_in_thread
+from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, serving_in_thread
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
-from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
+from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_related_pair
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "tiny"
@@ -486,6 +486,43 @@ def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
 # --- one sequence at a time -------------------------------------------------------------------------
 
 
+def test_a_draft_whose_logits_are_nan_is_a_500_naming_it_and_the_server_serves_on(chat_pair, tmp_path):
+    """NaN logits had reached the client as the raw exception ("internal error: ValueError: zero-size array
+    to reduction operation maximum which has no identity"), with its traceback in the log."""
+    broken = (chat_pair[0], poisoned_copy(chat_pair[1], tmp_path / "nan-draft.gguf"))
+    with serving(broken) as url:
+        request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0.8, "max_tokens": 8}
+        status, body, _ = post(url, "/v1/chat/completions", request)
+        assert_openai_error(status, body, 500)
+        assert body["error"]["message"] == ("nan-draft.gguf (the draft model): its logits are not finite (NaN or "
+                                            "infinity), so no token can be drawn from them; check the file against its source")
+        assert body["error"]["type"] == "server_error"
+        c = client(url)
+        with pytest.raises(openai.InternalServerError):
+            ask(c, "hi", temperature=0.8)
+        reply = ask(c, "hi", temperature=0.8, extra_body={"speculative": {"enabled": False}})  # the target alone
+        assert reply.usage.completion_tokens > 0
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="error"}') == 2
+
+
+def test_a_client_leaving_before_its_body_is_all_sent_is_counted_cancelled_without_a_traceback(chat_pair, capfd):
+    """A body declared 1000 bytes long, 9 sent, then the connection closed: Starlette's ClientDisconnect had
+    reached the log as a 45-line traceback."""
+    with serving(chat_pair) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as raw:
+            raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: 1000\r\n\r\n{\"model\":")
+        deadline = time.monotonic() + 10
+        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 1:
+            assert time.monotonic() < deadline, "the request was not counted as cancelled"
+            time.sleep(0.02)
+        text = get(url, "/metrics")[1]
+        assert metric(text, 'requests_total{outcome="error"}') == 0
+        assert ask(client(url), "hi").usage.completion_tokens > 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
     with serving(endless_pair, n_ctx=LONG_CTX) as url:
         c = client(url)
@@ -625,6 +662,93 @@ def test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest(endle
         with ThreadPoolExecutor(2) as pool:  # with one place to wait in, both would be served
             outcomes = list(pool.map(attempt, range(2)))
         assert sorted(outcomes) == ["refused", "served"]
+
+
+# --- an API key ------------------------------------------------------------------------------------------
+
+
+KEY = "sk-test-0123456789"
+
+
+def get_with(url: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, headers=headers), timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_an_api_key_is_asked_for_on_every_path_but_health(chat_pair):
+    with serving(chat_pair, api_key=KEY) as url:
+        keyed = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert ask(keyed, "hello").usage.completion_tokens > 0
+        assert [m.id for m in keyed.models.list()] == [MODEL]
+        with pytest.raises(openai.AuthenticationError) as refused:
+            ask(client(url), "hello")  # "unused", the key an open server takes
+        assert refused.value.status_code == 401
+        assert refused.value.body == {"message": "incorrect API key provided", "type": "invalid_request_error",
+                                      "param": None, "code": "invalid_api_key"}
+        for headers in ({}, {"Authorization": f"Basic {KEY}"}, {"Authorization": "Bearer"}):
+            status, body = get_with(url, "/v1/models", headers)
+            assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", headers
+        assert json.loads(get_with(url, "/v1/models", {})[1])["error"]["message"].startswith("no API key provided")
+        assert get(url, "/metrics")[0] == 401
+        status, text = get_with(url, "/metrics", {"Authorization": f"bearer {KEY}"})  # the scheme in any case
+        assert status == 200 and metric(text, 'requests_total{outcome="rejected"}') == 6
+        assert get(url, "/health")[0] == 200  # a load balancer's probe needs no key
+
+
+@pytest.mark.parametrize("args, env, line", [
+    (["--api-key", ""], {}, "error: --api-key is empty; give a key, or leave it out to serve without one"),
+    ([], {"SPECCLI_API_KEY": ""}, "error: SPECCLI_API_KEY is empty; give a key, or unset it to serve without one"),
+    (["--api-key", "two words"], {}, "error: --api-key must be printable ASCII without spaces, as an HTTP header carries it"),
+], ids=["--api-key ''", "SPECCLI_API_KEY=''", "a space"])
+def test_an_empty_api_key_is_a_usage_error_before_anything_loads(args, env, line):
+    result = CliRunner(env=env).invoke(cli_app, ["serve", "-m", "/nonexistent/model.gguf", "--port", "0", *args])
+    assert (result.exit_code, result.stderr) == (2, line + "\n")
+
+
+def test_listening_beyond_loopback_without_a_key_is_warned_of_at_start():
+    for address in ("127.0.0.1", "127.0.0.2", "::1"):
+        assert exposure_warning(address, address, None) is None
+    for address in ("0.0.0.0", "::", "192.0.2.7", "fe80::1%eth0"):
+        assert exposure_warning(address, address, None).startswith(f"warning: --host {address} is reachable beyond")
+        assert exposure_warning(address, address, KEY) is None
+    # The real command, bound to every interface for as long as it takes to find the model missing.
+    env = {key: value for key, value in os.environ.items() if key != "SPECCLI_API_KEY"}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", "/nonexistent/model.gguf", "--host", "0.0.0.0", "--port", "0"]
+    done = subprocess.run(command, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "warning: --host 0.0.0.0 is reachable beyond this machine and no API key is asked for: anyone who reaches it "
+        "can use the models (set SPECCLI_API_KEY, or --api-key)",
+        "error: /nonexistent/model.gguf: no such file",
+    ]
+    done = subprocess.run(command, env={**env, "PYTHONPATH": str(REPO), "SPECCLI_API_KEY": KEY}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stderr.splitlines() == ["error: /nonexistent/model.gguf: no such file"]
+
+
+def test_serve_takes_its_key_from_the_environment_out_of_ps(chat_pair):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECCLI_API_KEY": KEY}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
+               "--port", "0", "-t", "1", "--ctx", "64"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        match = re.search(r"256-token context, API key required\) at (http://127\.0\.0\.1:\d+)/v1", line)
+        assert match, line
+        assert KEY.encode() not in Path(f"/proc/{process.pid}/cmdline").read_bytes()
+        url = match.group(1)
+        with pytest.raises(openai.AuthenticationError):
+            client(url).models.list()
+        keyed = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in keyed.models.list()] == [chat_pair[0].stem]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+        assert "Traceback" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
 
 
 # --- the command --------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ honest):
 """
 from __future__ import annotations
 
+import shutil
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -239,6 +240,21 @@ def write_related_pair(
         replace(config, n_layer=draft_layers, layer_output_scales=scales[:draft_layers]),
     )
     return target, draft
+
+
+def poisoned_copy(source: str | Path, destination: str | Path, tensor: str = "output_norm.weight",
+                  value: float = float("nan")) -> Path:
+    """A copy of `source` with every weight of `tensor` set to `value`, as a bad conversion or a backend
+    bug breaks a file: NaN in the final norm makes every logit NaN."""
+    from gguf import GGUFReader
+
+    destination = Path(destination)
+    shutil.copyfile(source, destination)
+    reader = GGUFReader(destination, "r+")  # the file memory-mapped for writing
+    [weights] = [t for t in reader.tensors if t.name == tensor]
+    weights.data[...] = value
+    reader.data.flush()
+    return destination
 
 
 def _llama_metadata(config: TinyConfig, vocab: Vocabulary) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
 from speccli.errors import SpeccliError
+from speccli.llama.model import naming_non_finite_logits
 from speccli.models.pair import open_pair
 from speccli.util.cache import user_config_path
 from speccli.util.progress import progress_bar
@@ -103,7 +104,8 @@ def run_command(request: BenchRequest) -> None:
         refuse_overwriting(destination, [("target model", resolved.target_path), ("draft model", resolved.draft_path)])
         n_ctx = loaded.target.n_ctx  # what llama.cpp holds: it rounds a --ctx up (100 to 256)
         settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
-        measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
+        with naming_non_finite_logits(loaded.target, loaded.draft):
+            measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(
             command=request.reproducing_command(settings, n_ctx),
             settings=settings,

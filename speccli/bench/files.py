@@ -16,7 +16,7 @@ from typing import Iterable, Literal
 from pydantic import ValidationError
 
 from speccli.bench.report import KIND, SCHEMA_VERSION, BenchReport
-from speccli.errors import SpeccliError, StdoutError, UnreadableFileError
+from speccli.errors import ReaderGoneError, SpeccliError, StdoutError, UnreadableFileError
 from speccli.util.files import build_atomically, read_text_input
 from speccli.util.format import json_safe
 
@@ -115,9 +115,10 @@ def write_report(destination: JsonDestination, report: BenchReport) -> None:
         else:
             build_atomically(destination.path, lambda partial: partial.write_text(text, encoding="utf-8"))
     except BrokenPipeError:
-        if destination.is_stdout:
-            raise  # the reader went away on purpose (`| head`): exit 141, as any command
-        kept = _keep_elsewhere(text)  # a FIFO whose reader left: the report must not go with it
+        kept = _keep_elsewhere(text)  # a reader gone (`| head`, a FIFO's) must not take the measurement with it
+        if destination.is_stdout:  # exit 141, as any command whose reader left
+            raise ReaderGoneError(f"--json {destination.given}: the reader of stdout went away; the report is kept "
+                                  f"in {kept}") from None
         raise SpeccliError(f"--json {destination.given}: its reader went away; the report is kept in {kept}") from None
     except OSError as error:
         kept = _keep_elsewhere(text)

@@ -18,7 +18,6 @@ turn then drops old turns as above.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from contextlib import closing
@@ -27,14 +26,14 @@ from typing import Iterator
 
 import numpy as np
 
-from speccli.llama.model import Model, shared_context
+from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.llama.tokenizer import Tokenizer
 from speccli.chat.template import ChatFormat, Message, chat_format_for, tokenize_rendered
 from speccli.chat.view import Display, Mode
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UsageError
 from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.core.seam import ReplyDrafting
@@ -126,24 +125,30 @@ class Conversation:
 # --- a chat session ---------------------------------------------------------------------------
 
 
-def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 3) -> float:
-    """What one token costs the target alone: a 1-token decode and one sample from its logits.
+def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 5) -> float:
+    """What one token costs the target alone: a 1-token decode (`Model.time_decode`, the cost probe) and
+    one sample from its logits.
 
-    Speculation's benefit is measured against this (see display.estimated_speedup). It is timed on
-    real decodes, after one warm-up, and the cache is put back as it was. At position 0 it slightly
-    underestimates the cost deep in a long context, where attention costs more.
+    Speculation's benefit is measured against this (see display.estimated_speedup). Each part is the
+    least of `repeats` timings after a warm-up: what else the machine does only ever lengthens a
+    timing, and on a loaded machine slow ones had made a session's estimate 49x at an acceptance of 0%.
+    The cache is left as it was. At position 0 it slightly underestimates the cost deep in a long
+    context, where attention costs more.
     """
-    start = target.n_past
     token = max(target.tokenizer.bos_id, 0)
+    decode_seconds = min([target.time_decode([token], n_logit_rows=1) for _ in range(repeats + 1)][1:])
+    start = target.n_past
+    logits = target.decode([token], n_logit_rows=1)
     rng = np.random.default_rng(0)
-    timings = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        logits = target.decode([token], n_logit_rows=1)
-        sample(probabilities(logits, sampling)[0], rng)
-        timings.append(time.perf_counter() - started)
+    sample_seconds = []
+    try:
+        for _ in range(repeats + 1):
+            started = time.perf_counter()
+            sample(probabilities(logits, sampling)[0], rng)
+            sample_seconds.append(time.perf_counter() - started)
+    finally:
         target.truncate(start)
-    return statistics.median(timings[1:])
+    return decode_seconds + min(sample_seconds[1:])
 
 
 def no_pay_notice(drafting: ReplyDrafting) -> str:
@@ -174,13 +179,15 @@ class ChatSession:
         check_max_tokens(max_tokens, "max tokens")
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
+        self.draft = draft
         self.generator = Generator(target, make_drafter(spec, draft), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = shared_context(target, draft)
-        self.target_token_seconds = measure_target_token_seconds(target, sampling)
+        with naming_non_finite_logits(target, draft):  # it samples from the target's logits
+            self.target_token_seconds = measure_target_token_seconds(target, sampling)
         self.totals = RunStats()
         self.replies = 0
         self.finish_reason: str | None = None  # the last reply's ("stop", "max_tokens", "interrupted", ...)
@@ -243,6 +250,7 @@ class ChatSession:
         source = Source.TARGET
         limits = GenerationLimits(self.max_tokens, self.conversation.format.stop)
         with (
+            naming_non_finite_logits(self.generator.target, self.draft),
             self.display.reply(self.target_token_seconds) as view,
             ctrl_c_as_flag() as interrupted,
             closing(self.generator.generate(prompt.tokens, limits, interrupted)) as events,
@@ -460,6 +468,7 @@ def run_chat(
     seconds of model loading.
     """
     request.validate()
+    _require_stdin(prompt)
     display = Display(_output_mode(json_output), provenance=provenance)
     message = one_message(prompt, display) if prompt is not None else None
     if system is not None:
@@ -487,6 +496,16 @@ def run_chat(
                 raise KeyboardInterrupt
             if failed:  # a script feeding chat must see that lines failed
                 raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
+
+
+def _require_stdin(prompt: str | None) -> None:
+    """Python's stdin where the shell closed it (`<&-`) is None: refused before any model loads, where
+    the messages were to come from it."""
+    if sys.stdin is not None or (prompt is not None and prompt != "-"):
+        return
+    if prompt == "-":
+        raise UsageError("stdin is closed, so there is no message to read (--prompt -); give it with --prompt TEXT")
+    raise UsageError("stdin is closed, so there are no messages to read; give one with --prompt, or pipe them in")
 
 
 def _output_mode(json_output: bool) -> Mode:

@@ -9,11 +9,13 @@ there is 2: a script must never read a typo as a verdict.
 """
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import sys
 import traceback
-from typing import Annotated, Any
+from contextlib import contextmanager
+from typing import Annotated, Any, Iterator
 
 import typer
 from rich.console import Console
@@ -22,7 +24,6 @@ from typer.core import TyperGroup
 from speccli import __version__
 from speccli.cli import bench, chat, env, models, quant_check, serve, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
-from speccli.util.format import escape_undecodable
 from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 
 # Typer raises Click's exceptions, from its own copy of Click in recent versions: typer.BadParameter
@@ -48,8 +49,7 @@ class SpeccliGroup(TyperGroup):
             with sigterm_unwinds():
                 exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
-            # Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty.
-            if type(error).__name__ == "NoArgsIsHelpError":
+            if _is_bare_help(error):
                 sys.exit(error.exit_code)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
@@ -63,25 +63,57 @@ class SpeccliGroup(TyperGroup):
             exit_code = exit_code_for_interrupt()  # 143 where SIGTERM, not Ctrl-C, was the interrupt
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
 
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        """The top level writes to stdout as its line is read, before any command runs: `--help`,
+        `--version` and bare `speccli`'s help. The same rules as a command's output apply to it."""
+        with _errors_as_one_line(None):
+            try:
+                return super().make_context(info_name, args, parent, **extra)
+            except (typer.Exit, _CLICK_EXCEPTION) as ending:
+                if isinstance(ending, typer.Exit) or _is_bare_help(ending):  # it printed (help, versions)
+                    _require_stdout()
+                raise
+
     def invoke(self, ctx: typer.Context) -> Any:
-        if sys.stdout is None and ctx.invoked_subcommand != "serve":  # serve writes to stderr only
-            # Python's stdout where the shell closed it (`>&-`): every print would vanish, and exit 0.
-            typer.echo("error: stdout is closed, so the output would go nowhere", err=True)
-            raise typer.Exit(USAGE_ERROR)
-        try:
+        with _errors_as_one_line(ctx):
+            # Every command, serve included: its output is on stderr, but uvicorn reads stdout as it starts.
+            _require_stdout()
             return super().invoke(ctx)
-        except BrokenPipeError:
-            # The reader went away (`speccli models | head`): nothing left to say to anyone.
-            sys.stderr.close()
-            raise typer.Exit(READER_GONE) from None
-        except (SpeccliError, OSError) as error:
-            if debugging():
-                traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
-            if isinstance(error, OSError) and error.filename is None and _raised_writing_stdout(error):
-                error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
-            typer.echo(f"error: {_one_line(error)}", err=True)
-            code = getattr(error, "exit_code", USAGE_ERROR)
-            raise typer.Exit(USAGE_ERROR if code == 1 and ctx.invoked_subcommand in VERDICT_COMMANDS else code) from None
+
+
+def _is_bare_help(error: Exception) -> bool:
+    """Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty."""
+    return type(error).__name__ == "NoArgsIsHelpError"
+
+
+def _require_stdout() -> None:
+    """Python's stdout where the shell closed it (`>&-`) is None: every print would vanish, and exit 0."""
+    if sys.stdout is None:
+        typer.echo("error: stdout is closed, so the output would go nowhere", err=True)
+        raise typer.Exit(USAGE_ERROR)
+
+
+@contextmanager
+def _errors_as_one_line(ctx: typer.Context | None) -> Iterator[None]:
+    """Every error a user can cause, as one line and its exit code (that of the command `ctx` invoked,
+    if any by then); a reader of stdout gone is exit 141 without a word."""
+    try:
+        yield
+    except BrokenPipeError:
+        # The reader went away (`speccli models | head`): nothing left to say to anyone.
+        sys.stderr.close()
+        raise typer.Exit(READER_GONE) from None
+    except (SpeccliError, OSError) as error:
+        if debugging():
+            traceback.print_exc()  # then the same line and exit code as without it: scripts see no difference
+        if isinstance(error, OSError) and error.filename is None and _raised_writing_stdout(error):
+            error.filename = "stdout"  # `> /dev/full`: "No space left on device" alone named nothing
+        typer.echo(f"error: {_one_line(error)}", err=True)
+        code = getattr(error, "exit_code", USAGE_ERROR)
+        if code == READER_GONE:  # said why (bench keeps its report): what stdout still holds goes nowhere
+            _discard_stdout()
+        command = ctx.invoked_subcommand if ctx is not None else None
+        raise typer.Exit(USAGE_ERROR if code == 1 and command in VERDICT_COMMANDS else code) from None
 
 
 def _raised_writing_stdout(error: OSError) -> bool:
@@ -111,17 +143,39 @@ def _reader_went_away(console: Console) -> None:
     /dev/null, so that nothing fails again as the process ends. Set on the class, as rich means it to
     be overridden: Typer makes its own consoles for --help."""
     console.quiet = True
+    _discard_stdout()
+    raise SystemExit(READER_GONE)
+
+
+def _discard_stdout() -> None:
+    """stdout to /dev/null, its reader being gone: what is left in its buffer must not fail again, in
+    words, as the process ends."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    raise SystemExit(READER_GONE)
 
 
 def _write_names_as_given() -> None:
     """A file name that is not UTF-8 (`bad\\xffname.gguf`) reaches Python as surrogate escapes; on
-    stdout they become the original bytes again, as `ls` prints them, rather than an encoding error
-    in the middle of a report. (stderr already escapes them: Python's default there.)"""
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(errors="surrogateescape")
+    stdout and stderr (error lines, notices) they become the original bytes again, as `ls` prints them,
+    rather than an encoding error in the middle of a report or, on stderr, a name that is on no disk
+    (`bad\\udcffname.gguf`). Any other character the stream's encoding lacks is escaped, never an error."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=_AS_GIVEN)
+
+
+_AS_GIVEN = "speccli-as-given"
+
+
+def _bytes_as_given(error: UnicodeError) -> tuple[str | bytes, int]:
+    """An encoding error handler: surrogate escapes (bytes that were not UTF-8) back to their bytes; the
+    rest as Python's stderr writes them (`\\u00e9`)."""
+    if isinstance(error, UnicodeEncodeError) and all("\udc80" <= c <= "\udcff" for c in error.object[error.start:error.end]):
+        return codecs.lookup_error("surrogateescape")(error)
+    return codecs.backslashreplace_errors(error)
+
+
+codecs.register_error(_AS_GIVEN, _bytes_as_given)
 
 
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
@@ -130,14 +184,14 @@ _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
 def _one_line(error: Exception) -> str:
     """SpeccliErrors are written for users already; an OSError (disk full, permission denied while
     writing a cache or report) gets its file and reason. Line breaks in text from elsewhere (another
-    package's exception, llama.cpp's log) become spaces, and text that cannot be shown as it is (a
-    file name with a byte that is not UTF-8) is escaped, never a second error."""
+    package's exception, llama.cpp's log) become spaces. A file name's bytes that are not UTF-8 are
+    written as they are (see `_write_names_as_given`)."""
     if isinstance(error, OSError) and not isinstance(error, SpeccliError):
         where = f"{error.filename}: " if error.filename else ""
         message = f"{where}{error.strerror or error}"
     else:
         message = str(error)
-    return escape_undecodable(_LINE_BREAKS.sub(" ", message).strip())
+    return _LINE_BREAKS.sub(" ", message).strip()
 
 
 app = typer.Typer(

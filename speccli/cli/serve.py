@@ -1,15 +1,15 @@
 """`speccli serve`: options -> a pair request and server settings -> `speccli.server.launch`."""
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
-    TargetOption, ThreadsOption,
+    TargetOption, ThreadsOption, checked,
 )
-from speccli.settings import CHAT_CTX, format_k, parse_k
+from speccli.settings import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key, format_k, parse_k
 
 
 def serve(
@@ -21,6 +21,14 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
     queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs (0: none); more get 503.")] = 16,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--api-key", metavar="KEY", callback=checked(check_api_key),
+            help=f"Answer 401 to any request but GET /health without 'Authorization: Bearer KEY' (default: "
+            f"{API_KEY_VARIABLE}, which keeps the key out of `ps`; neither: no key).",
+        ),
+    ] = None,
     ctx: ContextOption = None,
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
@@ -29,8 +37,9 @@ def serve(
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
     from speccli.models.pair import PairRequest
-    from speccli.server.launch import ServeSettings, bind, build_service, open_models, run_server
+    from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, open_models, run_server
 
+    api_key = api_key_for(api_key)
     ServeSettings(host=host, port=port, max_waiting=queue).validate()
     request = PairRequest(
         pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
@@ -38,13 +47,16 @@ def serve(
     )
     request.validate()
     sock = bind(host, port)  # before loading: a port in use fails at once
+    if (warning := exposure_warning(host, sock.getsockname()[0], api_key)) is not None:
+        typer.echo(warning, err=True)
     with open_models(request) as (model_id, loaded):
         resolved = loaded.resolved
         settings = ServeSettings(
-            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else parse_k(k), max_waiting=queue
+            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else parse_k(k), max_waiting=queue,
+            api_key=api_key,
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
-        context = f"{loaded.target.n_ctx}-token context"
+        context = f"{loaded.target.n_ctx}-token context{', API key required' if api_key else ''}"
         run_server(service, sock, lambda url: typer.echo(
             f"serving {model_id} (--spec {settings.spec}, --k {format_k(settings.k)}, {context}) at {url}/v1 · Ctrl-C stops", err=True))

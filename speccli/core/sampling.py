@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from speccli.errors import NonFiniteLogitsError
 from speccli.settings import check_min_p, check_temperature, check_top_k, check_top_p
 
 
@@ -55,13 +56,18 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
     if params.greedy:
         # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
         out.fill(0)
-        out[np.arange(len(logits)), logits.argmax(axis=1)] = 1
+        out[np.arange(len(logits)), greedy_choice(logits)] = 1
         return out
     if params.top_k or params.top_p < 1 or params.min_p > 0:
         for row, result in zip(logits, out):
             result[:] = _filtered_probabilities(row, params)
         return out
-    np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    # The maxima, needed anyway, say whether each row is a distribution: a row's is NaN where one of its
+    # logits is, +inf where one is, -inf where all are.
+    maxima = logits.max(axis=1, keepdims=True)
+    if not np.isfinite(maxima).all():
+        raise NonFiniteLogitsError
+    np.subtract(logits, maxima, out=out)
     with np.errstate(over="ignore"):  # a tiny temperature sends the gaps to -inf: probability 0
         out *= _inverse_temperature(params)
     np.exp(out, out=out)
@@ -73,6 +79,15 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
 # than 1e-30, so every gap becomes -inf either way. The cap keeps 1/temperature finite (1e-39 is a
 # valid temperature), where infinity would make the top token's 0 gap times it NaN.
 _MAX_INVERSE_TEMPERATURE = 1e30
+
+
+def greedy_choice(logits: np.ndarray) -> np.ndarray:
+    """Each row's most likely token (the first, on a tie), refused where the row is no distribution:
+    argmax takes the first NaN for the largest value, so reading the values it chose is the whole check."""
+    top = logits.argmax(axis=1)
+    if not np.isfinite(logits[np.arange(len(logits)), top]).all():
+        raise NonFiniteLogitsError
+    return top
 
 
 def _inverse_temperature(params: SamplingParams) -> np.float32:
@@ -93,8 +108,12 @@ def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarr
     else:
         candidates = np.arange(vocab)
     values = row[candidates].astype(np.float32)
+    # A NaN compares false with everything: NaN logits leave no candidate, or a NaN or infinite top one.
+    top = values.max() if len(values) else np.nan
+    if not np.isfinite(top):
+        raise NonFiniteLogitsError
     if params.top_p < 1 or params.min_p > 0:
-        untempered = _softmax(values)
+        untempered = _softmax(values, top)
         keep = np.ones(len(values), dtype=bool)
         if params.min_p > 0:
             keep &= untempered >= params.min_p * untempered.max()
@@ -109,7 +128,7 @@ def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarr
         candidates, values = candidates[keep], values[keep]
     probs = np.zeros(vocab, dtype=np.float32)
     with np.errstate(over="ignore"):
-        probs[candidates] = _softmax((values - values.max()) * _inverse_temperature(params))
+        probs[candidates] = _softmax((values - top) * _inverse_temperature(params), 0)  # the top token is kept
     return probs
 
 
@@ -127,8 +146,9 @@ def _head_holding(probs: np.ndarray, mass: float) -> np.ndarray:
     return np.flatnonzero(probs > 0)
 
 
-def _softmax(values: np.ndarray) -> np.ndarray:
-    exp = np.exp(values - values.max())
+def _softmax(values: np.ndarray, top: float) -> np.ndarray:
+    """softmax(values), given their largest."""
+    exp = np.exp(values - top)
     return exp / exp.sum()
 
 

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.core.sampling import sample
+from speccli.core.sampling import greedy_choice, sample
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def without_token(p: np.ndarray, token: int) -> np.ndarray:
 
 def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> Verdict:
     """Keep drafts while they equal the target's argmax; then emit the target's argmax."""
-    target_choice = target_logits.argmax(axis=1)
+    target_choice = greedy_choice(target_logits)
     matches = drafted == target_choice[: len(drafted)]
     n_accepted = len(drafted) if matches.all() else int(np.argmin(matches))
     return Verdict(n_accepted, int(target_choice[n_accepted]))

@@ -14,19 +14,20 @@ import ctypes
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 import llama_cpp
 
-from speccli.errors import SpeccliError
+from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
-from speccli.settings import CHAT_CTX
+from speccli.settings import CHAT_CTX, MIN_CTX
 
 
 # How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a
@@ -47,11 +48,22 @@ class LoadOptions:
     n_batch: int = 512
 
 
+def trained_context(path: Path) -> int | None:
+    """The context `path` was trained with, from its GGUF header (None where it does not say), refused
+    below speccli's least --ctx: such a model could only run at a context speccli refuses (an 8-token
+    model ran at 8, where --ctx 8 is refused and --ctx 16 is past its training)."""
+    trained = trained_context_length(path)
+    if trained is not None and trained < MIN_CTX:
+        raise SpeccliError(f"{path}: the model was trained with a context of {trained} tokens, below speccli's minimum "
+                           f"of {MIN_CTX} tokens")
+    return trained
+
+
 def _check_ctx_within_training(n_ctx: int, path: Path) -> None:
     """Read from the GGUF header before any weights: past its training context a model's output means
     little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
     before it failed)."""
-    trained = trained_context_length(path)
+    trained = trained_context(path)
     if trained is not None and n_ctx > trained:
         raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}")
 
@@ -107,6 +119,7 @@ class Model:
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0  # tokens held in the KV cache, at positions 0 .. n_past-1
         self.decoded_tokens = 0
+        self._last_logits: np.ndarray | None = None  # what the last decode returned (see gave_non_finite_logits)
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
         """Append `tokens` to the sequence; return logits for its last `n_logit_rows` tokens.
@@ -114,6 +127,7 @@ class Model:
         The result has shape (n_logit_rows, n_vocab) and is a view of llama.cpp's buffer: valid only
         until the next decode on this model. Copy what must outlive it.
         """
+        self._last_logits = None  # llama.cpp may move its buffer: never kept past a decode, failed or not
         if not tokens:
             raise ValueError("decode needs at least one token")
         if not 0 <= n_logit_rows <= len(tokens):
@@ -131,7 +145,8 @@ class Model:
             self._decode_chunk(tokens[start : min(start + self.n_batch, split)], n_logit_rows=0)
         tail = tokens[split:]
         self._decode_chunk(tail, n_logit_rows)
-        return self._logit_rows(len(tail), n_logit_rows)
+        self._last_logits = self._logit_rows(len(tail), n_logit_rows)
+        return self._last_logits
 
     def _decode_chunk(self, chunk: Sequence[int], n_logit_rows: int) -> None:
         batch = self._batch
@@ -186,6 +201,14 @@ class Model:
         self.truncate(start)
         return seconds
 
+    def gave_non_finite_logits(self) -> bool:
+        """Whether a row of the last decode's logits is no distribution (a NaN or +inf in it, or no finite
+        value): asked once sampling has refused a row, so as to name the model; never on the hot path."""
+        rows = self._last_logits
+        if rows is None or not rows.size:
+            return False
+        return bool((np.isnan(rows) | np.isposinf(rows)).any() or not np.isfinite(rows).any(axis=1).all())
+
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._memory, True)
         self.n_past = 0
@@ -198,6 +221,7 @@ class Model:
         ctx, self._ctx = getattr(self, "_ctx", None), None
         if not ctx:
             return
+        self._last_logits = None  # a view of the context's buffer, freed below
         batch, self._batch = getattr(self, "_batch", None), None
         model, self._model = self._model, None
         if batch is not None:
@@ -213,6 +237,27 @@ class Model:
 
     def __del__(self) -> None:
         self.close()
+
+
+@contextmanager
+def naming_non_finite_logits(
+    target: Model, draft: Model | None, name: Callable[[Model], str] = lambda model: str(model.path)
+) -> Iterator[None]:
+    """Sampling refuses logits that are no distribution without knowing whose they are (NonFiniteLogitsError):
+    within this block, that error names the model(s) whose last decode gave them, by `name` (the path;
+    a server tells its clients the file name only). A step decodes the draft first, so a draft whose
+    logits broke fails before the target decodes again."""
+    try:
+        yield
+    except NonFiniteLogitsError as error:
+        broken = [(role, model) for role, model in (("target", target), ("draft", draft))
+                  if model is not None and model.gave_non_finite_logits()]
+        if not broken:
+            raise
+        who = " and ".join(f"{name(model)} (the {role} model)" for role, model in broken)
+        whose = "its logits are" if len(broken) == 1 else "their logits are"
+        raise NonFiniteLogitsError(f"{who}: {whose} not finite (NaN or infinity), so no token can be drawn from "
+                                   f"them; check the file against its source") from error
 
 
 def shared_context(target: Model, draft: Model | None) -> int:

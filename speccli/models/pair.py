@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.gguf_meta import trained_context_length
-from speccli.llama.model import LoadOptions, Model
+from speccli.llama.model import LoadOptions, Model, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.settings import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
@@ -23,10 +22,11 @@ def fitted_context(given: int | None, default: int, paths: Iterable[Path | None]
     """The context to load `paths` with: --ctx as given (a model refuses it past its training context
     as it loads), or else the command's `default` lowered to the shortest training context among them.
     A default no one asked for must not refuse a model trained on less (2048-token models under chat's
-    4096); a context asked for that the model cannot honour is refused, not quietly shrunk."""
+    4096); a context asked for that the model cannot honour is refused, not quietly shrunk. Every model
+    is read here, before any loads: one trained with less than speccli's least context is refused."""
+    trained = [trained_context(path) for path in paths if path is not None]
     if given is not None:
         return given
-    trained = [trained_context_length(path) for path in paths if path is not None]
     return min([default, *(length for length in trained if length)])
 
 

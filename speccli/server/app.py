@@ -9,6 +9,7 @@ responses with a `speculative` object beside `usage`. Every error is OpenAI-shap
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import re
 import time
@@ -20,9 +21,11 @@ from typing import AsyncIterator, Callable, Sequence, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
 from speccli.core.generator import GenerationLimits
@@ -72,6 +75,7 @@ class Service:
     default_speculation: Speculation
     worker: Worker
     metrics: Metrics
+    api_key: str | None = None  # what `Authorization: Bearer` must carry on every path but /health; None: open
 
     def __post_init__(self) -> None:
         self.chat_format: ChatFormat = chat_format_for(self.target.tokenizer)[0]
@@ -245,6 +249,12 @@ def create_app(service: Service) -> Starlette:
             message, code = str(error.detail), None
         return APIError(error.status_code, message, param=None, code=code, headers=headers).response()
 
+    async def client_gone(_: Request, error: Exception) -> Response:
+        """A client that left before its request was read (its body cut short): cancelled, as one that leaves
+        while its generation waits or runs."""
+        service.metrics.record(None, "cancelled")
+        return Response(status_code=499)  # nobody reads it
+
     async def unexpected(_: Request, error: Exception) -> Response:
         service.metrics.record(None, "error")  # a bug: Starlette then logs its traceback
         return APIError(500, f"internal error: {type(error).__name__}", kind="server_error").response()
@@ -257,7 +267,7 @@ def create_app(service: Service) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    handlers = {APIError: api_error, HTTPException: http_error, Exception: unexpected}
+    handlers = {APIError: api_error, HTTPException: http_error, ClientGone: client_gone, Exception: unexpected}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -265,11 +275,40 @@ def create_app(service: Service) -> Starlette:
         yield
         await asyncio.to_thread(service.worker.stop)
 
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [] if service.api_key is None else [Middleware(RequireKey, key=service.api_key, metrics=service.metrics)]
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
     # A path with a trailing slash is an unknown path (404, JSON), not a redirect built from the
     # client's own Host header.
     app.router.redirect_slashes = False
     return app
+
+
+class RequireKey:
+    """ASGI middleware: a request to any path but /health (a load balancer's probe) without
+    `Authorization: Bearer KEY` gets OpenAI's 401 (`invalid_api_key`), counted as rejected, before any
+    route reads it. The key is compared in constant time, so its timing tells nothing of it."""
+
+    def __init__(self, app: ASGIApp, key: str, metrics: Metrics) -> None:
+        self.app, self.key, self.metrics = app, key.encode(), metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health" and (refusal := self._refusal(scope)) is not None:
+            self.metrics.record(None, "rejected")
+            await refusal.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.strip().partition(b" ")
+                given = token.strip() if scheme.lower() == b"bearer" else None
+        if given is not None and hmac.compare_digest(given, self.key):
+            return None
+        message = ("incorrect API key provided" if given else
+                   "no API key provided: send it in an Authorization header, as 'Authorization: Bearer KEY'")
+        return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
 async def _body(request: Request) -> bytes:
@@ -280,11 +319,14 @@ async def _body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # closed before the whole body came: nobody to answer
+        raise ClientGone from None
     return b"".join(chunks)
 
 

@@ -6,6 +6,7 @@ one clear error (uvicorn itself would log it and exit). Only the host given is b
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import threading
 import time
@@ -19,7 +20,7 @@ import uvicorn
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
-from speccli.settings import check_spec, require_draft_model
+from speccli.settings import API_KEY_VARIABLE, check_api_key, check_spec, require_draft_model
 from speccli.server.app import Service, create_app
 from speccli.server.metrics import Metrics
 from speccli.server.worker import Speculation, Worker
@@ -32,6 +33,7 @@ class ServeSettings:
     spec: str = "ngram+model"
     k: int | None = None  # None: auto
     max_waiting: int = 16  # requests that may wait while one runs; more get 503
+    api_key: str | None = None  # clients must send `Authorization: Bearer KEY` (all but /health); None: open
 
     def validate(self) -> None:
         check_spec(self.spec)
@@ -42,6 +44,8 @@ class ServeSettings:
             raise SpeccliError(f"--port must be between 0 and 65535, got {self.port}")
         if self.max_waiting < 0:
             raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
+        if self.api_key is not None:
+            check_api_key(self.api_key)
 
 
 def model_id_for(name: str) -> str:
@@ -53,7 +57,8 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
     metrics = Metrics()
     speculation = Speculation(settings.spec, settings.k)
     require_draft_model(settings.spec, draft)
-    return Service(model_id, target, draft, speculation, Worker(target, draft, settings.max_waiting, metrics), metrics)
+    worker = Worker(target, draft, settings.max_waiting, metrics)
+    return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key)
 
 
 @contextmanager
@@ -76,6 +81,20 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as error:
         raise SpeccliError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     return sock
+
+
+def exposure_warning(host: str, address: str, api_key: str | None) -> str | None:
+    """The line serve prints as it starts where it listens beyond this machine (`address`, the one bound:
+    any but loopback, 0.0.0.0 and :: included) and no API key is asked for; None otherwise."""
+    if api_key is not None:
+        return None
+    try:
+        if ipaddress.ip_address(address.partition("%")[0]).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (f"warning: --host {host} is reachable beyond this machine and no API key is asked for: anyone who reaches "
+            f"it can use the models (set {API_KEY_VARIABLE}, or --api-key)")
 
 
 def url_of(sock: socket.socket) -> str:

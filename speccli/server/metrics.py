@@ -22,7 +22,7 @@ class Metrics:
         self._waiting = 0
 
     def record(self, stats: RunStats | None, outcome: str) -> None:
-        """A request ended: "completed", "cancelled" (client left), "error", "rejected" (400/404),
+        """A request ended: "completed", "cancelled" (client left), "error", "rejected" (400/401/404),
         "queue_full" (503). `stats`: what its generation did, if it ran."""
         with self._lock:
             self._requests[outcome] += 1

@@ -26,7 +26,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
-from speccli.llama.model import Model
+from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
 
 log = logging.getLogger("speccli.server")
@@ -189,7 +189,10 @@ class Worker:
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
-        with closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events:
+        with (
+            naming_non_finite_logits(self.target, self.draft, lambda model: model.path.name),  # no paths to clients
+            closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events,
+        ):
             for event in events:
                 if job.cancelled.is_set():
                     self.metrics.record(generator.reply_stats, "cancelled")
