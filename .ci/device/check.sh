@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check (issue 15): one command for the lent GPU machine, which has no network.
 #
-#   bash .ci/device/check.sh              on the device; results under $OUT (README, "GPU")
+#   bash .ci/device/check.sh              on the device; results under $OUT (docs/gpu.md)
 #   bash .ci/device/check.sh --rehearse   here, on CPU: small models, short runs, $OUT a temp dir unless set
 #
 # Installs speccli from the carried bundle (.ci/device/bundle.py), builds llama-cpp-python with
