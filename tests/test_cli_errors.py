@@ -359,7 +359,8 @@ def test_empty_token_texts_are_not_taken_for_a_token_twice(tmp_path):
 
 @pytest.mark.parametrize("broken, args", [
     ("target", []), ("target", ["--temp", "0"]), ("draft", ["--spec", "model", "--k", "2"]),
-], ids=["target", "target, greedy", "draft"])
+    ("draft", ["--spec", "model", "--k", "2", "--temp", "0"]),
+], ids=["target", "target, greedy", "draft", "draft, greedy"])
 def test_a_model_whose_logits_are_nan_is_named_in_one_line(tiny_pair, tmp_path, broken, args):
     """Chat's default filters had met NaN logits with a traceback (zero-size array to reduction operation
     maximum), and greedy decoding with a reply of token 0 (argmax takes NaN for the largest), exit 0."""

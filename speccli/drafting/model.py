@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from speccli.core.sampling import RowBuffer, probabilities, sample, top_probability
+from speccli.core.sampling import RowBuffer, greedy_choice, probabilities, sample, top_probability
 from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -64,7 +64,7 @@ class ModelDrafter(DraftSource):
         for i in range(plan.k):
             logits = model.decode(pending, n_logit_rows=1)
             if request.sampling.greedy:
-                token = int(logits[0].argmax())
+                token = int(greedy_choice(logits)[0])  # refused where the row is NaN: a broken draft is named
             else:
                 q = probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0]
                 token = sample(q, request.rng)
