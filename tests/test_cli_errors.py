@@ -121,7 +121,7 @@ def speccli_to_a_closed_pipe(*args: str) -> subprocess.CompletedProcess:
 
 def test_a_reader_that_went_away_is_exit_141_without_a_word(tiny_pair, tmp_path):
     """rich ends the process with exit 1 on a broken pipe, and Click does for its own writes: the
-    README promises 141 (as a shell reports SIGPIPE), for help and reports alike."""
+    docs/cli.md promises 141 (as a shell reports SIGPIPE), for help and reports alike."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("the cat sat on\n")
     bench = ["bench", "-m", str(tiny_pair.target), "-md", str(tiny_pair.draft), "--k", "2", "-n", "4", "--runs", "1",

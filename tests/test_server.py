@@ -307,7 +307,7 @@ def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() ->
     assert {key: summary[key] for key in ("take_overs", "draft_seconds", "catch_up_seconds", "target_seconds")} == {
         "take_overs": {"ngram": 1}, "draft_seconds": 0.5, "catch_up_seconds": 0.2, "target_seconds": 1.25,
     }
-    assert set(summary) == {  # README's "Server" field list
+    assert set(summary) == {  # docs/server.md's field list
         "enabled", "spec", "k", "drafted", "accepted", "acceptance_rate", "acceptance_by_position", "target_decodes",
         "tokens_per_target_decode", "draft_lengths", "by_source", "take_overs", "decode_tokens_per_second",
         "prefill_seconds", "draft_seconds", "catch_up_seconds", "target_seconds",
