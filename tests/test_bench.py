@@ -30,6 +30,7 @@ from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import Verdict, verify_greedy
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
+from speccli.settings import K
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
@@ -506,18 +507,19 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
 
 
 def test_configurations_and_what_is_loaded_for_them() -> None:
-    def request(spec: str | None, k: str | None = "auto,1-2") -> BenchRequest:
-        return BenchRequest(PairRequest(target="t"), spec, k, BenchSettings(), None, None)
+    def request(specs: list[str] | None, ks: list[K] | None = None) -> BenchRequest:
+        return BenchRequest(PairRequest(target="t"), specs, ks, BenchSettings(), None, None)
 
-    assert request(None).resolve_specs() is None and request(None, None).resolve_ks() is None
-    assert request("ngram,model,ngram").resolve_specs() == ["ngram", "model"]
-    assert request(None).resolve_ks() == [None, 1, 2]
+    # --spec and --k not given (None): the pair's; given: as parsed
+    assert request(None).resolved("ngram", 3) == BenchSettings(specs=("ngram",), ks=(3,))
+    given = request(["ngram", "model"], ["auto", 1, 2]).resolved("model", 4)
+    assert given == BenchSettings(specs=("ngram", "model"), ks=("auto", 1, 2))
     # the draft model is loaded when any source needs it, and only then
-    assert request("ngram").loading_request().spec == "ngram"
-    assert request("ngram,ngram+model").loading_request().spec == "ngram+model"
-    assert request("ngram,model").loading_request().spec == "model"
+    assert request(["ngram"]).loading_request().spec == "ngram"
+    assert request(["ngram", "ngram+model"]).loading_request().spec == "ngram+model"
+    assert request(["ngram", "model"]).loading_request().spec == "model"
     assert request(None).loading_request().spec is None  # the pair's
-    settings = BenchSettings(specs=("model", "ngram"), ks=(None, 4))
+    settings = BenchSettings(specs=("model", "ngram"), ks=("auto", 4))
     assert [c.label for c in settings.configurations] == ["model auto", "model K=4", "ngram auto", "ngram K=4"]
 
 

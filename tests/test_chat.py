@@ -272,7 +272,7 @@ def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
         err = io.StringIO()
         display = Display("plain", provenance=False, out=io.StringIO(), err=err)
-        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=None,
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k="auto",
                               max_tokens=12)
         session.generator.policy.calibrate({n: 0.01 * n for n in (1, 2, 4, 8, 16, 25)}, {"model": DraftCosts(0.01, {})})
         session.send("hello there")

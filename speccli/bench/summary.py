@@ -23,6 +23,7 @@ from speccli.bench.report import (
 from speccli.bench.settings import Configuration
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup, prediction_not_applicable
 from speccli.core.stats import RunStats
+from speccli.settings import AUTO_K
 
 
 @dataclass
@@ -77,7 +78,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
         )
     positions = spec_stats.positions
     by_position = [a / d if d else None for a, d in zip(positions.accepted_at, positions.drafted_at)]
-    by_position += [None] * ((k or 0) - len(by_position))  # positions no step drafted
+    by_position += [None] * ((0 if k == AUTO_K else k) - len(by_position))  # positions no step drafted
     return Summary(
         runs=len(rounds),
         baseline=_side(base, base_stats),

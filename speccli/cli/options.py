@@ -15,7 +15,9 @@ from speccli import settings
 
 
 def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.CallbackParam, Any], Any]:
-    """A Click callback running `check` on the value under the option's own name (`--temp`)."""
+    """A Click callback running `check` on the value under the option's own name (`--temp`). The
+    command gets what `check` returns: a parser's value (`parse_k`: a K), never the text again. An
+    option not given stays None, which means "not given" and nothing else."""
 
     def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
         if value is None or ctx.resilient_parsing:
@@ -47,23 +49,14 @@ SpecOption = Annotated[
 ]
 
 
-def kept_as_typed(check: Callable[[str, str], Any]) -> Callable[[str, str], str]:
-    """For options whose absence means "the pair's setting": checked while the line is parsed, but
-    passed on as typed, so that 'not given' stays apart from any value (K's None means auto)."""
-
-    def check_and_keep(text: str, name: str) -> str:
-        check(text, name)
-        return text
-
-    return check_and_keep
-
-
+# Click reads --k as text (Typer takes no union type); the callback hands the command a `settings.K`,
+# or None where --k was not given (the pair's k then).
 KOption = Annotated[
     Optional[str],
     typer.Option(
         "--k", metavar="K",
         help="Draft tokens per step: auto (chosen per step from measured costs) or 1 to 64 (default: the pair's, else auto).",
-        callback=checked(kept_as_typed(settings.parse_k)),
+        callback=checked(settings.parse_k),
     ),
 ]
 TemperatureOption = Annotated[
