@@ -27,7 +27,7 @@ from speccli.bench.summary import _by_source, _time_split
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.stats import RunStats, StepEvent
-from speccli.core.verify import Verdict, verify_greedy
+from speccli.core.verify import DraftVerdict, verify_greedy
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
 from speccli.settings import K
@@ -316,7 +316,7 @@ def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, mo
             return verdict
         # emit a token the target did not choose, where it clearly prefers its own
         row = np.asarray(target_logits[verdict.n_accepted])
-        return Verdict(verdict.n_accepted, int(row.argmin()))
+        return DraftVerdict(verdict.n_accepted, int(row.argmin()))
 
     monkeypatch.setattr("speccli.core.generator.verify_greedy", wrong_after_drafts)
     out = tmp_path / "broken.json"
