@@ -568,7 +568,7 @@ def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
     model, ngram = stats.by_source["model"], stats.by_source["ngram"]
     assert (model.drafted, model.accepted, model.judged, model.accepted_at) == (4, 3, 4, [2, 1])
     assert (ngram.drafted, ngram.accepted, ngram.judged, ngram.drafted_at) == (6, 2, 3, [2, 2, 2])
-    assert (stats.drafted, stats.accepted, stats.positions.judged) == (10, 5, 7)
+    assert (stats.drafted_counted, stats.accepted, stats.positions.judged) == (10, 5, 7)
 
 
 def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
@@ -582,9 +582,9 @@ def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
     assert [(p.source, p.drafted) for p in step.cut_to(2).parts(as_counted=False)] == [("model", 2), ("ngram", 3)]
     stats = RunStats()
     stats.add(step.cut_to(2))
-    assert (stats.drafted, stats.accepted, stats.positions.judged, stats.by_source["model"].drafted) == (2, 2, 2, 2)
+    assert (stats.drafted_counted, stats.accepted, stats.positions.judged, stats.by_source["model"].drafted) == (2, 2, 2, 2)
     assert "ngram" not in stats.by_source
-    assert (stats.draft_lengths, stats.take_overs, stats.drafted_tokens) == ({5: 1}, {"ngram": 1}, 5)
+    assert (stats.draft_lengths, stats.take_overs, stats.drafted_whole) == ({5: 1}, {"ngram": 1}, 5)
     plain = StepEvent(0, 0, 0.0, 0.02, 0.0)
     assert plain.cut_to(1) == plain
 

@@ -56,7 +56,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     speedups = [
         s.wall_tokens_per_second / b.wall_tokens_per_second for b, s in zip(base, spec) if b.wall_tokens_per_second > 0
     ]
-    steps, drafted, accepted = spec_stats.steps, spec_stats.drafted, spec_stats.accepted
+    steps, drafted, accepted = spec_stats.steps, spec_stats.drafted_counted, spec_stats.accepted
     judged = spec_stats.positions.judged
     alpha = estimate_alpha(accepted, judged)
     measured = statistics.median(speedups) if speedups else None
@@ -69,7 +69,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     observed = None
     if base_stats.steps and base_stats.target_seconds and drafted and steps:
         target_per_step = base_stats.target_seconds / base_stats.steps
-        c = (spec_stats.draft_seconds / spec_stats.drafted_tokens) / target_per_step
+        c = (spec_stats.draft_seconds / spec_stats.drafted_whole) / target_per_step
         verify = (spec_stats.target_seconds / steps) / target_per_step
         observed = ObservedCosts(
             c=c,
