@@ -30,7 +30,7 @@ from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import DraftVerdict, verify_greedy
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
-from speccli.settings import K
+from speccli.validation import K
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.

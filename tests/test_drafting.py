@@ -23,7 +23,7 @@ from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError, WrongTypeError
 from speccli.llama.model import LoadOptions, Model
-from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
+from speccli.validation import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
 GREEDY = SamplingParams(temperature=0)
 

@@ -31,8 +31,8 @@ from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, shared_context
-from speccli.settings import AUTO_K, require_draft_model
 from speccli.util.interrupts import terminated
+from speccli.validation import AUTO_K, require_draft_model
 
 
 @dataclass

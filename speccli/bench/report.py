@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, GetPydanticSchema, computed_field
 from pydantic_core import core_schema
 
 from speccli.core.stats import RunStats
-from speccli.settings import AUTO_K, K
+from speccli.validation import AUTO_K, K
 
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
@@ -48,7 +48,7 @@ def _k_schema(_source: Any, _handler: Any) -> core_schema.CoreSchema:
     )
 
 
-# K in the report: a `speccli.settings.K` in Python; in the JSON an integer, or null for auto (as every
+# K in the report: a `speccli.validation.K` in Python; in the JSON an integer, or null for auto (as every
 # report since schema version 3 writes it).
 ReportK = Annotated[K, GetPydanticSchema(_k_schema)]
 

@@ -1,5 +1,5 @@
 """What one `speccli bench` run is asked to do: the configurations (draft sources x K values, parsed by
-`speccli.settings`, the same rules as chat and models.toml), the measuring settings, and the command
+`speccli.validation`, the same rules as chat and models.toml), the measuring settings, and the command
 line that repeats them."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
-from speccli.settings import AUTO_K, K, needs_draft_model
+from speccli.validation import AUTO_K, K, needs_draft_model
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from speccli.bench.report import (
 from speccli.bench.settings import Configuration
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup, prediction_not_applicable
 from speccli.core.stats import RunStats
-from speccli.settings import AUTO_K
+from speccli.validation import AUTO_K
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from speccli.bench.report import Best, ConfigResult
-from speccli.settings import AUTO_K, K
+from speccli.validation import AUTO_K, K
 
 
 def expected_tokens_per_verify(alpha: float, k: int) -> float:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from speccli.bench.report import ConfigResult, Costs
 from speccli.bench.theory import predicted_speedup
-from speccli.settings import AUTO_K
+from speccli.validation import AUTO_K
 
 
 def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:

@@ -38,9 +38,9 @@ from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.core.seam import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
-from speccli.settings import MAX_K, K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import K, MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",

@@ -16,8 +16,8 @@ from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry
 from speccli.models.pair import fitted_context
 from speccli.models.resolve import resolve_models
-from speccli.settings import BENCH_CTX
 from speccli.util.progress import progress_bar
+from speccli.validation import BENCH_CTX
 from speccli.vocab.check import check_pair
 from speccli.vocab.report import VocabVerdict
 

@@ -12,7 +12,7 @@ from speccli.cli.options import (
     TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
 from speccli.errors import UsageError
-from speccli.settings import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
+from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
 
 def bench(

@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption, checked,
 )
-from speccli.settings import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
+from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
 
 
 def serve(

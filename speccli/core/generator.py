@@ -22,8 +22,8 @@ from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, To
 from speccli.core.text import TextAssembler
 from speccli.core.verify import DraftVerdict, verify_greedy, verify_sampled
 from speccli.errors import SpeccliError
-from speccli.settings import check_max_tokens
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import check_max_tokens
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model

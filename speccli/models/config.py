@@ -21,9 +21,9 @@ from speccli.models.chunked import ChunkedPackagesSource
 from speccli.models.hub import HubSource
 from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
-from speccli.settings import AUTO_K, K, needs_draft_model
 from speccli.util.cache import user_config_path
 from speccli.util.files import read_text_input
+from speccli.validation import AUTO_K, K, needs_draft_model
 
 DEFAULT_K: K = AUTO_K  # K chosen per step from measured costs
 DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere

@@ -38,10 +38,10 @@ from speccli.server.metrics import Metrics
 from speccli.server.schemas import (
     ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl, unsupported_parameter,
 )
-from speccli.settings import needs_draft_model
 from speccli.server.worker import (
     SHUTTING_DOWN, GenerationError, Job, QueueFullError, ShuttingDownError, Speculation, Started, Worker,
 )
+from speccli.validation import needs_draft_model
 
 # OpenAI's finish reasons for the Generator's.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}

@@ -20,10 +20,10 @@ import uvicorn
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
-from speccli.settings import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
 from speccli.server.app import Service, create_app
 from speccli.server.metrics import Metrics
 from speccli.server.worker import Speculation, Worker
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
 
 
 @dataclass(frozen=True)

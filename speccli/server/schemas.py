@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from speccli.settings import K, MAX_K, SPECS
+from speccli.validation import K, MAX_K, SPECS
 
 
 class Strict(BaseModel):

@@ -28,7 +28,7 @@ from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
-from speccli.settings import K
+from speccli.validation import K
 
 log = logging.getLogger("speccli.server")
 

@@ -50,8 +50,8 @@ from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
-from speccli.settings import AUTO_K, K, parse_k
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import AUTO_K, K, parse_k
 
 GREEDY = SamplingParams(temperature=0.0)
 PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply

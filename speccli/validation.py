@@ -1,4 +1,6 @@
-"""The one check of each user setting, shared by the command line, chat's slash commands and models.toml.
+"""The one check of each user setting, shared by the command line, chat's slash commands and models.toml:
+the parsers (`parse_k`), the checks (`check_*`), their bounds and the commands' defaults. (The settings
+themselves live with what they set: `BenchSettings`, `ServeSettings`, `SamplingParams`, ...)
 
 Every check takes the value and the name the user knows it by (`--temp`, `/temp`, `pairs.x.k`),
 raises `SpeccliError` with one line naming it and saying what is wrong, and returns the value it
