@@ -4,6 +4,11 @@ gguf's GGUFReader takes ~10 s on Gemma 3 270M (262,144 tokens), so this module p
 header itself and stops at the end of the key-value section (or of the tensor table, for the size a
 whole file has): ~0.07 s for that file, whatever its size.
 tests/test_gguf_meta.py cross-checks it against gguf.GGUFReader on real files.
+
+Three checks of a file, each stricter than the one before, each raising UnreadableFileError in one line:
+* `require_gguf`: a readable file that begins as GGUF does (4 bytes read);
+* `require_whole_gguf`: and its header is whole, and its size holds every tensor the header lists;
+* `require_loadable_gguf`: nothing llama.cpp would fail on, or abort the process over, as it loads it.
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def read_gguf_header(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[st
     return _parse(path, lambda data: _read_header(data, wanted))
 
 
-def require_size(path: Path, needed: int | None) -> None:
+def _require_size(path: Path, needed: int | None) -> None:
     """Raise UnreadableFileError where `path` has fewer than `needed` bytes (see `needed_size`)."""
     try:
         size = path.stat().st_size
@@ -98,21 +103,32 @@ def require_whole_gguf(path: Path) -> None:
     """Raise UnreadableFileError unless `path` is a readable GGUF file whose header is whole and whose
     size holds every tensor it lists (where their types say how big they are): the damage a copy, a
     download or a write cut short leaves, found without reading the tensor data."""
-    require_size(path, needed_size(path))
+    _require_size(path, needed_size(path))
 
 
-def require_loadable_gguf(path: Path, *, weights: bool) -> None:
+def require_loadable_gguf(
+    path: Path, *, weights: bool, header: tuple[dict[str, Any], int | None] | None = None
+) -> None:
     """Raise UnreadableFileError, in one line, for what llama.cpp would fail on or abort the process
     over as it loads `path`: anything not GGUF, a header cut short, a vocabulary that holds one token's
     text twice (a GGML_ASSERT in llama.cpp's vocabulary loader), and where the weights are wanted, a
-    file cut short of its tensors."""
-    metadata, _, needed = read_gguf_header(path, lambda key: key in (_TOKENS, SPLIT_COUNT))
+    file cut short of its tensors, or a split model's later part cut short or missing.
+
+    `header`: the metadata (with the tokens and SPLIT_COUNT) and needed size a caller has read already
+    with `read_gguf_header`, so that the header is not read twice."""
+    metadata, needed = header if header is not None else _header_of(path)
     tokens = metadata.get(_TOKENS)
     if isinstance(tokens, list):
-        require_distinct_tokens(path, tokens)
+        _require_distinct_tokens(path, tokens)
     if weights:
-        require_size(path, needed)
-        require_later_parts_whole(path, metadata.get(SPLIT_COUNT))
+        _require_size(path, needed)
+        for part in _split_parts(path, metadata.get(SPLIT_COUNT))[1:]:  # llama.cpp opens them itself
+            require_whole_gguf(part)
+
+
+def _header_of(path: Path) -> tuple[dict[str, Any], int | None]:
+    metadata, _, needed = read_gguf_header(path, lambda key: key in (_TOKENS, SPLIT_COUNT))
+    return metadata, needed
 
 
 def model_files(first: Path) -> list[Path]:
@@ -123,13 +139,6 @@ def model_files(first: Path) -> list[Path]:
         return [first]
     metadata, _, _ = read_gguf_header(first, lambda key: key == SPLIT_COUNT)
     return _split_parts(first, metadata.get(SPLIT_COUNT))
-
-
-def require_later_parts_whole(first: Path, split_count: Any) -> None:
-    """`require_whole_gguf` for the files after `first` of a model split in `split_count` parts (the
-    value of `first`'s SPLIT_COUNT key): llama.cpp is given the first and opens the others itself."""
-    for part in _split_parts(first, split_count)[1:]:
-        require_whole_gguf(part)
 
 
 def split_part_names(prefix: str, count: int) -> list[str]:
@@ -147,7 +156,7 @@ def _split_parts(first: Path, count: Any) -> list[Path]:
     return [first.with_name(name) for name in split_part_names(named["prefix"], count)]
 
 
-def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
+def _require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
     """Raise UnreadableFileError where two ids of the vocabulary have the same text as llama.cpp reads
     it: a C string (up to a NUL byte), an empty one renamed "[EMPTY_<id>]"."""
     if len(set(tokens)) == len(tokens) and b"" not in tokens and b"\0" not in b"".join(tokens):
@@ -165,11 +174,6 @@ def require_distinct_tokens(path: Path, tokens: list[bytes]) -> None:
         first_id[text] = token_id
 
 
-def is_whole_gguf(path: Path) -> bool:
-    """`require_whole_gguf`, as a question."""
-    return _passes(require_whole_gguf, path)
-
-
 def require_gguf(path: Path) -> None:
     """Raise UnreadableFileError unless `path` is a readable file that starts as a GGUF file does (its
     first 4 bytes only: a check cheap enough for every model `pull` reports)."""
@@ -178,19 +182,6 @@ def require_gguf(path: Path) -> None:
             _check_magic(path, file.read(4))
     except OSError as error:
         raise unreadable(path, error) from None
-
-
-def starts_as_gguf(path: Path) -> bool:
-    """Whether `path` is a readable file beginning as a GGUF file does (`require_gguf`, as a question)."""
-    return _passes(require_gguf, path)
-
-
-def _passes(check: Callable[[Path], None], path: Path) -> bool:
-    try:
-        check(path)
-    except UnreadableFileError:
-        return False
-    return True
 
 
 def _check_magic(path: Path, first: bytes) -> None:

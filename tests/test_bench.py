@@ -27,9 +27,10 @@ from speccli.bench.summary import _by_source, _time_split
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.stats import RunStats, StepEvent
-from speccli.core.verify import Verdict, verify_greedy
+from speccli.core.verify import DraftVerdict, verify_greedy
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
+from speccli.validation import K
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
@@ -315,7 +316,7 @@ def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, mo
             return verdict
         # emit a token the target did not choose, where it clearly prefers its own
         row = np.asarray(target_logits[verdict.n_accepted])
-        return Verdict(verdict.n_accepted, int(row.argmin()))
+        return DraftVerdict(verdict.n_accepted, int(row.argmin()))
 
     monkeypatch.setattr("speccli.core.generator.verify_greedy", wrong_after_drafts)
     out = tmp_path / "broken.json"
@@ -506,18 +507,19 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
 
 
 def test_configurations_and_what_is_loaded_for_them() -> None:
-    def request(spec: str | None, k: str | None = "auto,1-2") -> BenchRequest:
-        return BenchRequest(PairRequest(target="t"), spec, k, BenchSettings(), None, None)
+    def request(specs: list[str] | None, ks: list[K] | None = None) -> BenchRequest:
+        return BenchRequest(PairRequest(target="t"), specs, ks, BenchSettings(), None, None)
 
-    assert request(None).resolve_specs() is None and request(None, None).resolve_ks() is None
-    assert request("ngram,model,ngram").resolve_specs() == ["ngram", "model"]
-    assert request(None).resolve_ks() == [None, 1, 2]
+    # --spec and --k not given (None): the pair's; given: as parsed
+    assert request(None).resolved("ngram", 3) == BenchSettings(specs=("ngram",), ks=(3,))
+    given = request(["ngram", "model"], ["auto", 1, 2]).resolved("model", 4)
+    assert given == BenchSettings(specs=("ngram", "model"), ks=("auto", 1, 2))
     # the draft model is loaded when any source needs it, and only then
-    assert request("ngram").loading_request().spec == "ngram"
-    assert request("ngram,ngram+model").loading_request().spec == "ngram+model"
-    assert request("ngram,model").loading_request().spec == "model"
+    assert request(["ngram"]).loading_request().spec == "ngram"
+    assert request(["ngram", "ngram+model"]).loading_request().spec == "ngram+model"
+    assert request(["ngram", "model"]).loading_request().spec == "model"
     assert request(None).loading_request().spec is None  # the pair's
-    settings = BenchSettings(specs=("model", "ngram"), ks=(None, 4))
+    settings = BenchSettings(specs=("model", "ngram"), ks=("auto", 4))
     assert [c.label for c in settings.configurations] == ["model auto", "model K=4", "ngram auto", "ngram K=4"]
 
 
@@ -566,7 +568,7 @@ def test_a_taken_over_draft_counts_for_each_source_its_own_tokens() -> None:
     model, ngram = stats.by_source["model"], stats.by_source["ngram"]
     assert (model.drafted, model.accepted, model.judged, model.accepted_at) == (4, 3, 4, [2, 1])
     assert (ngram.drafted, ngram.accepted, ngram.judged, ngram.drafted_at) == (6, 2, 3, [2, 2, 2])
-    assert (stats.drafted, stats.accepted, stats.positions.judged) == (10, 5, 7)
+    assert (stats.drafted_counted, stats.accepted, stats.positions.judged) == (10, 5, 7)
 
 
 def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
@@ -580,9 +582,9 @@ def test_a_step_cut_where_the_reply_ended_counts_only_the_tokens_used() -> None:
     assert [(p.source, p.drafted) for p in step.cut_to(2).parts(as_counted=False)] == [("model", 2), ("ngram", 3)]
     stats = RunStats()
     stats.add(step.cut_to(2))
-    assert (stats.drafted, stats.accepted, stats.positions.judged, stats.by_source["model"].drafted) == (2, 2, 2, 2)
+    assert (stats.drafted_counted, stats.accepted, stats.positions.judged, stats.by_source["model"].drafted) == (2, 2, 2, 2)
     assert "ngram" not in stats.by_source
-    assert (stats.draft_lengths, stats.take_overs, stats.drafted_tokens) == ({5: 1}, {"ngram": 1}, 5)
+    assert (stats.draft_lengths, stats.take_overs, stats.drafted_whole) == ({5: 1}, {"ngram": 1}, 5)
     plain = StepEvent(0, 0, 0.0, 0.02, 0.0)
     assert plain.cut_to(1) == plain
 

@@ -95,7 +95,7 @@ def test_slower_where_the_costs_allow_a_gain_is_said_without_claiming_it_cannot_
 
 def test_auto_drafting_nothing_says_so_and_cannot_pay_only_where_the_costs_rule_it_out(mixed_report) -> None:
     idle = with_speedups(mixed_report, 1.01)
-    idle.results = [r for r in idle.results if r.k is None]
+    idle.results = [r for r in idle.results if r.k == "auto"]
     for result in idle.results:
         result.overall.drafted = 0
     line = cannot_pay(idle.results, idle.costs)
@@ -109,7 +109,7 @@ def test_auto_drafting_nothing_says_so_and_cannot_pay_only_where_the_costs_rule_
 def test_auto_drafting_nothing_while_a_fixed_k_gains_claims_neither(mixed_report) -> None:
     idle = with_speedups(mixed_report, 1.2)
     for result in idle.results:
-        if result.k is None:
+        if result.k == "auto":
             result.overall.drafted = 0
     line = cannot_pay(idle.results, idle.costs)
     assert line is not None and "cannot pay here" not in line

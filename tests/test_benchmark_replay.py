@@ -81,7 +81,7 @@ def test_a_measured_curve_is_priced_as_given_and_warm_up_replays_are_not_counted
 
 def test_the_same_recording_and_costs_give_the_same_figures(replies) -> None:
     for spec in ("ngram+model", "ngram", "model"):
-        assert replay(replies, spec, None, 2, C, COSTS) == replay(replies, spec, None, 2, C, COSTS)
+        assert replay(replies, spec, "auto", 2, C, COSTS) == replay(replies, spec, "auto", 2, C, COSTS)
 
 
 def test_a_draft_models_catch_up_is_priced_where_it_skipped_the_lookups_steps() -> None:

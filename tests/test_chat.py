@@ -212,7 +212,7 @@ def test_ctrl_c_during_a_long_prompts_prefill_stops_it_and_keeps_no_turn(chat_pa
         decoded_before = target.decoded_tokens
         session.send(message)  # sent again: the prefill goes on from the batch already decoded
         reply = session.generator.reply_stats
-        assert target.decoded_tokens - decoded_before == (prompt_tokens - 1 - 32) + reply.steps + reply.drafted
+        assert target.decoded_tokens - decoded_before == (prompt_tokens - 1 - 32) + reply.steps + reply.drafted_counted
         assert json.loads(out.getvalue().splitlines()[-1])["prefill_tokens"] == prompt_tokens - 1 - 32
     assert [turn["content"] for turn, _ in session.conversation.turns] == [message] and session.replies == 1
 
@@ -272,14 +272,14 @@ def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
         err = io.StringIO()
         display = Display("plain", provenance=False, out=io.StringIO(), err=err)
-        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=None,
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k="auto",
                               max_tokens=12)
         session.generator.policy.calibrate({n: 0.01 * n for n in (1, 2, 4, 8, 16, 25)}, {"model": DraftCosts(0.01, {})})
         session.send("hello there")
         session.send("and again")
     notice = ("(k auto drafted nothing: by the costs measured on this machine and the acceptance seen so far, no "
               "draft would pay here, so the reply came from the target alone, at its own speed)")
-    assert session.totals.drafted == 0 and err.getvalue().count(notice) == 1  # said once, not every reply
+    assert session.totals.drafted_counted == 0 and err.getvalue().count(notice) == 1  # said once, not every reply
 
 
 def test_a_reply_with_only_re_checks_is_told_apart_from_one_without_drafts() -> None:

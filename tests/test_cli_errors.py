@@ -24,7 +24,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.gguf_meta import read_gguf_metadata, require_gguf
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
-from speccli.settings import check_seed
+from speccli.validation import check_seed
 from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]

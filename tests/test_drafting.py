@@ -23,7 +23,7 @@ from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError, WrongTypeError
 from speccli.llama.model import LoadOptions, Model
-from speccli.settings import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
+from speccli.validation import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -834,14 +834,14 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     with pytest.raises(SpeccliError, match=r"--spec must be one of model, ngram, ngram\+model, got 'tree'"):
         check_spec("tree")
     assert parse_spec_list("ngram, model,ngram") == ["ngram", "model"]
-    assert parse_k("auto") is None and parse_k("8") == 8 and parse_k(3) == 3
+    assert parse_k("auto") == "auto" and parse_k("8") == 8 and parse_k(3) == 3
     for bad in ["0", "65", "-1"]:
         with pytest.raises(SpeccliError, match=rf"--k \(draft tokens per step\) must be between 1 and 64, got {bad}$"):
             parse_k(bad)
     for bad, given in [("abc", "got 'abc'"), ("2.5", "got '2.5'"), ("", "and none was given")]:
         with pytest.raises(SpeccliError, match=rf"^--k needs 'auto' or a whole number from 1 to 64, {given}$"):
             parse_k(bad)
-    assert parse_k_sweep("4,auto,1-2") == [None, 1, 2, 4]
+    assert parse_k_sweep("4,auto,1-2") == ["auto", 1, 2, 4]
     # A list that cannot be read is a usage error (exit 2) however it is malformed; a K out of range is not.
     for malformed in ["", " ", ",2", "2,", "x", "1-"]:
         with pytest.raises(WrongTypeError):

@@ -58,7 +58,7 @@ def test_max_tokens_is_exact_and_extra_accepted_tokens_are_forgotten(generator) 
     assert shown == prompt + [t.token for t in tokens]
     assert generator.target.n_past <= len(generator.tokens) - 1
     assert generator.drafter.model.n_past <= len(generator.tokens) - 1
-    assert sum(step.drafted for step in steps) == done.stats.drafted
+    assert sum(step.drafted for step in steps) == done.stats.drafted_counted
 
 
 def test_stop_string_ends_the_text_before_it(models) -> None:
@@ -108,7 +108,7 @@ def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it(mode
     kept_drafts_given = sum(t.source is Source.DRAFT for t in tokens)
     assert done.stats.accepted == kept_drafts_given
     assert steps[-1].used == 2 and steps[-1].accepted >= 3  # cut at the stop, though it kept more
-    assert done.stats.drafted_tokens == sum(step.drafted for step in steps) > done.stats.drafted  # the cost, whole
+    assert done.stats.drafted_whole == sum(step.drafted for step in steps) > done.stats.drafted_counted  # the cost, whole
 
 
 def test_a_full_context_ends_generation_cleanly(generator) -> None:
@@ -133,7 +133,7 @@ def test_a_second_call_decodes_only_the_new_tokens(generator) -> None:
     # Prefill: the previous reply's last token and the new text but its last token; then one step
     # decodes that last token and the drafts. Nothing from the first call is decoded again.
     assert done.stats.steps == 1
-    assert target.decoded_tokens - decoded_before == len(new_text) + 1 + done.stats.drafted
+    assert target.decoded_tokens - decoded_before == len(new_text) + 1 + done.stats.drafted_counted
 
 
 def test_reset_frees_the_rows_a_draft_model_drafted_into(models) -> None:
@@ -266,7 +266,7 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
     generator.reset()
     prompt = target.tokenizer.tokenize("a b c d a b c d a b c d a b")
     tokens, steps, done = run(generator, prompt, max_tokens=16)
-    assert done.stats.drafted == 0 and policy.judged  # nothing verified, yet the lookup's matches were judged
+    assert done.stats.drafted_counted == 0 and policy.judged  # nothing verified, yet the lookup's matches were judged
     # Every step was plain: each proposal was judged against the one token the target yielded after the
     # context it was proposed for (an end-of-generation token, never shown, included).
     assert len(policy.judged) == len(lookup.shadowed_at)
@@ -331,7 +331,7 @@ def test_a_prefill_stops_between_batches_when_asked_and_the_next_call_goes_on_fr
         tokens, _, done = run(generator, prompt, max_tokens=8)
         assert done.stats.prompt_tokens == len(prompt)
         prefilled = len(prompt) - 1 - 2 * target.n_batch
-        assert target.decoded_tokens - decoded_before == prefilled + done.stats.steps + done.stats.drafted
+        assert target.decoded_tokens - decoded_before == prefilled + done.stats.steps + done.stats.drafted_counted
         generator.reset()
         again, _, _ = run(generator, prompt, max_tokens=8)
     assert [t.token for t in tokens] == [t.token for t in again]

@@ -24,7 +24,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import GGML_BLOCK_SIZES, needed_size, read_gguf_metadata, require_whole_gguf
+from speccli.gguf_meta import GGML_BLOCK_SIZES, needed_size, read_gguf_metadata, require_loadable_gguf, require_whole_gguf
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
 LLAMA_CPP_PYTHON = version("llama_cpp_python")
@@ -231,8 +231,9 @@ def test_arrays_nested_deeper_than_any_real_file_are_refused_not_a_recursion_err
 
 def test_token_texts_are_compared_as_llama_cpp_reads_them(tmp_path):
     """A C string (up to a NUL byte); an empty text renamed "[EMPTY_<id>]", so never a repeat."""
-    from speccli.gguf_meta import require_distinct_tokens
+    def loadable(tokens: list[bytes]) -> None:  # the header as `read_vocab` passes it on, read already
+        require_loadable_gguf(tmp_path, weights=False, header=({"tokenizer.ggml.tokens": tokens}, None))
 
-    require_distinct_tokens(tmp_path, [b"a", b"", b"", b"b"])
+    loadable([b"a", b"", b"", b"b"])
     with pytest.raises(UnreadableFileError, match=r"holds the token 'a' twice \(ids 0 and 2\)"):
-        require_distinct_tokens(tmp_path, [b"a", b"b", b"a\0tail"])
+        loadable([b"a", b"b", b"a\0tail"])

@@ -22,7 +22,7 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 from speccli.vocab.check import check_pair
-from speccli.vocab.report import Verdict
+from speccli.vocab.report import VocabVerdict
 from tests.test_engine_greedy import check_greedy_equality
 
 pytestmark = pytest.mark.qwen
@@ -60,7 +60,7 @@ def qwen_pair(qwen_files):
 def test_pair_is_the_pinned_files_and_check_vocab_calls_them_identical(qwen_files):
     assert qwen_files.target_path.stat().st_size == 1_117_320_768
     assert qwen_files.draft_path.stat().st_size == 491_400_064
-    assert check_pair(qwen_files.draft_path, qwen_files.target_path).verdict is Verdict.IDENTICAL
+    assert check_pair(qwen_files.draft_path, qwen_files.target_path).verdict is VocabVerdict.IDENTICAL
 
 
 def test_greedy_speculative_equals_target_alone(qwen_pair):

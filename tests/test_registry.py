@@ -117,7 +117,7 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
-    assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == (None, "ngram+model", -1, -1)
+    assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == ("auto", "ngram+model", -1, -1)
     assert registry.models[gemma.draft].source == PackageSource(GEMMA_PACKAGE)
     assert registry.models[gemma.target].source == DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
@@ -153,7 +153,7 @@ def test_user_file_then_config_override_per_entry(tmp_path):
     assert registry.models["extra"].source == LocalSource(Path("/models/cli.gguf"))
     assert registry.models["extra"].defined_in == config
     # A later entry replaces the earlier one whole: k falls back to its default.
-    assert registry.pairs["mine"] == PairEntry("mine", "extra", "extra", None, "ngram+model", -1, 0, config)
+    assert registry.pairs["mine"] == PairEntry("mine", "extra", "extra", "auto", "ngram+model", -1, 0, config)
     assert registry.default_pair == "mine"
     assert registry.models["gemma3-270m-f32"].source == DerivedSource("gemma3-270m-q4km", "F32")
 
@@ -330,7 +330,7 @@ def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models
     assert (overridden.name, overridden.draft_path, overridden.k) == ("local", weights / "big.gguf", 7)
 
     ad_hoc = resolve_pair(None, "small", "big", local_models)
-    assert ad_hoc == ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", None, "ngram+model", -1, -1)
+    assert ad_hoc == ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", "auto", "ngram+model", -1, -1)
 
     # A draft source without a model: no draft is resolved, and one given is refused.
     lookup = resolve_pair(None, "small", None, local_models, spec="ngram")

@@ -303,7 +303,7 @@ def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() ->
     stats = RunStats()
     stats.add(StepEvent(5, 4, 0.5, 1.0, 0.1, "model", catch_up_seconds=0.2, continuation=("ngram", 3)))
     stats.add(StepEvent(0, 0, 0.0, 0.25, 0.05))
-    summary = speculative_summary(stats, Speculation("ngram+model", None))
+    summary = speculative_summary(stats, Speculation("ngram+model", "auto"))
     assert {key: summary[key] for key in ("take_overs", "draft_seconds", "catch_up_seconds", "target_seconds")} == {
         "take_overs": {"ngram": 1}, "draft_seconds": 0.5, "catch_up_seconds": 0.2, "target_seconds": 1.25,
     }

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from speccli.core.verify import (
-    Verdict,
+    DraftVerdict,
     acceptance_probabilities,
     residual_distribution,
     verify_sampled,
@@ -51,7 +51,7 @@ def test_the_check_detects_a_residual_that_keeps_the_rejected_token() -> None:
 def test_a_certain_proposal_with_p_one_is_always_kept() -> None:
     p = np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
     verdict = verify_sampled(np.array([1]), None, p, ScriptedUniforms(np.array([0.999999]), 0.1))
-    assert verdict == Verdict(1, 0)  # kept; the bonus drawn from row 1 at uniform 0.1
+    assert verdict == DraftVerdict(1, 0)  # kept; the bonus drawn from row 1 at uniform 0.1
 
 
 def test_rounding_that_leaves_no_mass_falls_back_to_p() -> None:
@@ -87,7 +87,7 @@ def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: 
             middle = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
             script = ScriptedUniforms(uniforms, middle)
             verdict = verify_sampled(chosen, q_rows, p_rows, script)
-            assert verdict == Verdict(n_accepted, int(token))
+            assert verdict == DraftVerdict(n_accepted, int(token))
             yield drafted[:n_accepted] + (int(token),), outcome * emit_from[token]
 
 

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 import pytest
 
-from speccli.core.verify import Verdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
+from speccli.core.verify import DraftVerdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
 
 
 def output_distribution(p: np.ndarray, q: np.ndarray, residual=residual_distribution) -> np.ndarray:
@@ -156,7 +156,7 @@ def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel,
             for token in np.flatnonzero(emit_from > 0):
                 middle_of_token = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
                 verdict = verify(np.array(drafted), q_rows, p_rows, ScriptedUniforms(uniforms, middle_of_token))
-                assert verdict == Verdict(n_accepted, int(token))
+                assert verdict == DraftVerdict(n_accepted, int(token))
                 emitted = tuple(drafted[:n_accepted]) + (int(token),)
                 weight = drafted_probability * outcome_probability * emit_from[token]
                 for completion, completion_probability in target_sequences(target, emitted, k + 1):
@@ -219,6 +219,6 @@ def test_the_enumeration_detects_a_rule_that_accepts_with_another_probability(mi
 
 def test_greedy_keeps_matching_drafts_then_takes_the_targets_argmax() -> None:
     logits = np.array([[0, 5, 1], [3, 0, 1], [0, 1, 9], [2, 1, 0]], dtype=np.float32)
-    assert verify_greedy(np.array([1, 0, 2]), logits) == Verdict(3, 0)  # all match: bonus is argmax of row 3
-    assert verify_greedy(np.array([1, 2, 2]), logits) == Verdict(1, 0)  # second differs: replaced by 0
-    assert verify_greedy(np.array([0, 0, 2]), logits) == Verdict(0, 1)
+    assert verify_greedy(np.array([1, 0, 2]), logits) == DraftVerdict(3, 0)  # all match: bonus is argmax of row 3
+    assert verify_greedy(np.array([1, 2, 2]), logits) == DraftVerdict(1, 0)  # second differs: replaced by 0
+    assert verify_greedy(np.array([0, 0, 2]), logits) == DraftVerdict(0, 1)

@@ -16,7 +16,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.vocab.check import check_pair, ensure_compatible
 from speccli.vocab.compare import SAMPLE_TEXTS
 from speccli.vocab.info import read_vocab
-from speccli.vocab.report import Verdict
+from speccli.vocab.report import VocabVerdict
 from tests.tiny_gguf import TinyConfig, Vocabulary, gpt2_vocabulary, spm_vocabulary, write_tiny_gguf
 
 BASE = spm_vocabulary(512)
@@ -27,7 +27,7 @@ BASE_4096 = spm_vocabulary(4096)
 class Case:
     draft: TinyConfig
     target: TinyConfig
-    verdict: Verdict
+    verdict: VocabVerdict
     blocking: frozenset[str] = frozenset()  # kinds of the reasons, exactly
     also: frozenset[str] = frozenset()  # tolerated or warning kinds that must be present
     llama_cpp_accepts: bool = True
@@ -39,75 +39,75 @@ def vocab(vocabulary: Vocabulary) -> TinyConfig:
 
 CASES = {
     # Different weights and depth, same tokenizer: the usual family pair.
-    "identical": Case(TinyConfig(seed=1, n_layer=1), TinyConfig(), Verdict.IDENTICAL),
+    "identical": Case(TinyConfig(seed=1, n_layer=1), TinyConfig(), VocabVerdict.IDENTICAL),
     "chat template differs": Case(
         vocab(replace(BASE, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")),
-        TinyConfig(), Verdict.IDENTICAL, also=frozenset({"chat-template"}),
+        TinyConfig(), VocabVerdict.IDENTICAL, also=frozenset({"chat-template"}),
     ),
-    "vocabulary-only draft": Case(TinyConfig(vocab_only=True), TinyConfig(), Verdict.IDENTICAL),
+    "vocabulary-only draft": Case(TinyConfig(vocab_only=True), TinyConfig(), VocabVerdict.IDENTICAL),
     "target padded with extra tokens": Case(
-        TinyConfig(), vocab(BASE.padded(64)), Verdict.COMPATIBLE, also=frozenset({"target-extra-tokens"}),
+        TinyConfig(), vocab(BASE.padded(64)), VocabVerdict.COMPATIBLE, also=frozenset({"target-extra-tokens"}),
     ),
     "draft padded with extra tokens": Case(
-        vocab(BASE.padded(64)), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"draft-extra-tokens"}),
+        vocab(BASE.padded(64)), TinyConfig(), VocabVerdict.INCOMPATIBLE, frozenset({"draft-extra-tokens"}),
     ),
     "one token's text changed": Case(
-        vocab(BASE.with_token(400, "zzz")), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"token-text"}),
+        vocab(BASE.with_token(400, "zzz")), TinyConfig(), VocabVerdict.INCOMPATIBLE, frozenset({"token-text"}),
         llama_cpp_accepts=False,
     ),
     "ids shifted by one": Case(
-        vocab(BASE.shifted()), TinyConfig(), Verdict.INCOMPATIBLE,
+        vocab(BASE.shifted()), TinyConfig(), VocabVerdict.INCOMPATIBLE,
         frozenset({"token-text", "special-bos", "sample-tokenization"}), llama_cpp_accepts=False,
     ),
     "different BOS id": Case(
-        vocab(replace(BASE, bos_id=2)), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"special-bos"}),
+        vocab(replace(BASE, bos_id=2)), TinyConfig(), VocabVerdict.INCOMPATIBLE, frozenset({"special-bos"}),
         llama_cpp_accepts=False,
     ),
     "EOS id differs but is never added": Case(
-        vocab(replace(BASE, eos_id=0)), TinyConfig(), Verdict.COMPATIBLE, also=frozenset({"special-eos"}),
+        vocab(replace(BASE, eos_id=0)), TinyConfig(), VocabVerdict.COMPATIBLE, also=frozenset({"special-eos"}),
     ),
     # A file that leaves add_bos_token out gets llama.cpp's default (true for "llama"): the sample
     # test, which tokenizes with llama.cpp's own rules, decides.
     "add-BOS left to a default that agrees": Case(
-        vocab(replace(BASE, add_bos=None)), TinyConfig(), Verdict.COMPATIBLE,
+        vocab(replace(BASE, add_bos=None)), TinyConfig(), VocabVerdict.COMPATIBLE,
         also=frozenset({"setting-add_bos_token-unstated"}),
     ),
     "pre-tokenizer left out": Case(
-        vocab(replace(BASE, pre=None)), TinyConfig(), Verdict.COMPATIBLE, also=frozenset({"pre-tokenizer-unstated"}),
+        vocab(replace(BASE, pre=None)), TinyConfig(), VocabVerdict.COMPATIBLE, also=frozenset({"pre-tokenizer-unstated"}),
     ),
     "scores left out": Case(
-        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.scores": None}), Verdict.COMPATIBLE,
+        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.scores": None}), VocabVerdict.COMPATIBLE,
         also=frozenset({"scores-unstated"}),
     ),
     "token types left out": Case(
-        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.token_type": None}), Verdict.COMPATIBLE,
+        TinyConfig(), TinyConfig(metadata={"tokenizer.ggml.token_type": None}), VocabVerdict.COMPATIBLE,
         also=frozenset({"token-types-unstated"}),
     ),
     "add-BOS left to a default that disagrees": Case(
-        vocab(replace(BASE, add_bos=None)), vocab(replace(BASE, add_bos=False)), Verdict.INCOMPATIBLE,
+        vocab(replace(BASE, add_bos=None)), vocab(replace(BASE, add_bos=False)), VocabVerdict.INCOMPATIBLE,
         frozenset({"sample-framing"}), also=frozenset({"add-bos-token"}), llama_cpp_accepts=False,
     ),
     "add-BOS flag differs": Case(
-        vocab(replace(BASE, add_bos=False)), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"add-bos-token"}),
+        vocab(replace(BASE, add_bos=False)), TinyConfig(), VocabVerdict.INCOMPATIBLE, frozenset({"add-bos-token"}),
         llama_cpp_accepts=False,
     ),
     "different tokenizer model": Case(
-        vocab(gpt2_vocabulary(512)), TinyConfig(), Verdict.INCOMPATIBLE,
+        vocab(gpt2_vocabulary(512)), TinyConfig(), VocabVerdict.INCOMPATIBLE,
         frozenset({"tokenizer-model", "pre-tokenizer", "merges", "token-text", "special-bos",
                    "add-bos-token", "sample-tokenization"}),
         llama_cpp_accepts=False,
     ),
     "different pre-tokenizer": Case(
-        vocab(replace(BASE, pre="qwen2")), TinyConfig(), Verdict.INCOMPATIBLE, frozenset({"pre-tokenizer"}),
+        vocab(replace(BASE, pre="qwen2")), TinyConfig(), VocabVerdict.INCOMPATIBLE, frozenset({"pre-tokenizer"}),
     ),
     "add-space-prefix differs": Case(
-        vocab(replace(BASE, add_space_prefix=True)), TinyConfig(), Verdict.INCOMPATIBLE,
+        vocab(replace(BASE, add_space_prefix=True)), TinyConfig(), VocabVerdict.INCOMPATIBLE,
         frozenset({"setting-add_space_prefix", "sample-tokenization"}),
     ),
     # Only the practical test can tell: same tokens, but SPM merge priorities reversed.
     "same tokens, reversed scores": Case(
         vocab(replace(BASE_4096, scores=tuple(-score for score in BASE_4096.scores))), vocab(BASE_4096),
-        Verdict.INCOMPATIBLE, frozenset({"sample-tokenization"}), also=frozenset({"token-score"}),
+        VocabVerdict.INCOMPATIBLE, frozenset({"sample-tokenization"}), also=frozenset({"token-score"}),
     ),
 }
 
@@ -140,17 +140,17 @@ def test_verdict_reasons_and_exit_code(pair_files, name: str) -> None:
     kinds = {d.kind for d in report.differences}
     blocking = {d.kind for d in report.differences if d.severity.value == "blocking"}
     assert report.verdict is case.verdict
-    assert report.differences or case.verdict is Verdict.IDENTICAL  # a COMPATIBLE verdict names what differs
+    assert report.differences or case.verdict is VocabVerdict.IDENTICAL  # a COMPATIBLE verdict names what differs
     assert blocking == case.blocking
     assert case.also <= kinds
     assert len(report.reasons) == len(case.blocking)
     assert report.llama_cpp.accepts is case.llama_cpp_accepts
     # The report mentions llama.cpp exactly when its rule disagrees with speccli's verdict.
-    disagrees = case.llama_cpp_accepts == (case.verdict is Verdict.INCOMPATIBLE)
+    disagrees = case.llama_cpp_accepts == (case.verdict is VocabVerdict.INCOMPATIBLE)
     assert ("llama.cpp's own check would" in report.explain()) is disagrees
 
     result = run_cli(str(draft), str(target))
-    assert result.exit_code == (1 if case.verdict is Verdict.INCOMPATIBLE else 0), result.output
+    assert result.exit_code == (1 if case.verdict is VocabVerdict.INCOMPATIBLE else 0), result.output
     assert f"verdict: {case.verdict.value.upper()}" in result.stdout
     for reason in report.reasons:
         assert reason in result.stdout
@@ -215,7 +215,7 @@ def test_json_output(pair_files) -> None:
 
 def test_ensure_compatible_raises_pointing_to_check_vocab(pair_files) -> None:
     report = ensure_compatible(*pair_files("target padded with extra tokens"))
-    assert report.verdict is Verdict.COMPATIBLE and report.reasons == [] and report.warnings == []
+    assert report.verdict is VocabVerdict.COMPATIBLE and report.reasons == [] and report.warnings == []
     assert report.tolerated == [
         "the target has 64 ids the draft lacks (512..575): the draft never proposes them; "
         "speccli gives them draft probability 0, and where the target emits one, the draft is shown "
@@ -338,7 +338,7 @@ def test_gemma_vocabulary_is_read_from_metadata() -> None:
 
     path = resolve_model("gemma3-270m-q4km", load_registry(), quiet=True)
     report = check_pair(path, path)
-    assert report.verdict is Verdict.IDENTICAL and report.draft.size == 262_144
+    assert report.verdict is VocabVerdict.IDENTICAL and report.draft.size == 262_144
     assert report.draft.special_ids["bos"] == 2
 
 

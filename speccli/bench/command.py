@@ -27,7 +27,6 @@ Figures and formulas
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime, timezone
 
 from rich.console import Console
@@ -88,7 +87,6 @@ def build_report(
 
 def run_command(request: BenchRequest) -> None:
     """Validate everything cheap first (nothing is loaded or written on bad input), then measure."""
-    specs, ks = request.resolve_specs(), request.resolve_ks()
     request.settings.validate()
     pair_request = request.loading_request()
     pair_request.validate()
@@ -103,7 +101,7 @@ def run_command(request: BenchRequest) -> None:
         resolved = loaded.resolved
         refuse_overwriting(destination, [("target model", resolved.target_path), ("draft model", resolved.draft_path)])
         n_ctx = loaded.target.n_ctx  # what llama.cpp holds: it rounds a --ctx up (100 to 256)
-        settings = replace(request.settings, specs=tuple(specs or [resolved.spec]), ks=tuple(ks or [resolved.k]))
+        settings = request.resolved(resolved.spec, resolved.k)
         with naming_non_finite_logits(loaded.target, loaded.draft):
             measured = _measure_with_progress(loaded.target, loaded.draft, prompt_set, settings)
         report = build_report(

@@ -13,7 +13,6 @@ from rich.table import Table
 from speccli.bench.files import load_report
 from speccli.bench.render import number
 from speccli.bench.report import BenchReport, Summary
-from speccli.settings import format_k
 
 _IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
     ("target sha256", lambda r: r.models.target.sha256[:12]),
@@ -23,7 +22,7 @@ _IDENTITY: tuple[tuple[str, Callable[[BenchReport], object]], ...] = (
     ("top-k/top-p/min-p", lambda r: (r.settings.top_k, r.settings.top_p, r.settings.min_p)),
     ("n_predict", lambda r: r.settings.n_predict),
     ("--spec", lambda r: ",".join(r.settings.spec)),
-    ("--k", lambda r: ",".join(map(format_k, r.settings.k))),
+    ("--k", lambda r: ",".join(map(str, r.settings.k))),
     ("runs/warm-up", lambda r: (r.settings.runs, r.settings.warmup)),
     ("stopped", lambda r: r.stopped or "ran to its end"),  # a stopped run's figures cover fewer tasks
     ("seed", lambda r: r.settings.seed),

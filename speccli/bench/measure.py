@@ -31,8 +31,8 @@ from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, shared_context
-from speccli.settings import require_draft_model
 from speccli.util.interrupts import terminated
+from speccli.validation import AUTO_K, require_draft_model
 
 
 @dataclass
@@ -137,8 +137,8 @@ Progress = Callable[[str], None]  # advance by one generation, describing the ne
 
 def profiled_ks(settings: BenchSettings) -> list[int]:
     """The verify widths to profile: every fixed K asked for, and v(n)'s usual points if auto is."""
-    fixed = {k for k in settings.ks if k is not None}
-    return sorted(fixed | (set(AUTO_PROFILED_KS) if None in settings.ks else set()))
+    fixed = {k for k in settings.ks if k != AUTO_K}
+    return sorted(fixed | (set(AUTO_PROFILED_KS) if AUTO_K in settings.ks else set()))
 
 
 def run_bench(
@@ -153,7 +153,7 @@ def run_bench(
     limit = shared_context(target, draft)
     longest = max(len(t) for t in tokenized)
     # A fixed K needs room for K drafts; auto drafts only into the room there is.
-    widest = max([k for k in settings.ks if k is not None], default=0)
+    widest = max([k for k in settings.ks if k != AUTO_K], default=0)
     if longest + settings.n_predict + widest + 1 > limit:
         drafts = f" + K {widest}" if widest else ""
         raise SpeccliError(

@@ -20,7 +20,6 @@ from speccli.bench.report import (
     Summary,
     TimeSplit,
 )
-from speccli.settings import format_k
 from speccli.util.format import format_size
 
 _COLUMNS = (
@@ -61,7 +60,7 @@ def render_report(report: BenchReport, console: Console) -> None:
     settings, env, models, costs = report.settings, report.environment, report.models, report.costs
     pair = f"pair {escape(models.pair)}" if models.pair else "ad-hoc pair"
     console.print(
-        f"[bold]speccli bench[/bold] · {pair} · spec {','.join(settings.spec)} · K={','.join(map(format_k, settings.k))} · "
+        f"[bold]speccli bench[/bold] · {pair} · spec {','.join(settings.spec)} · K={','.join(map(str, settings.k))} · "
         f"{_mode(settings)} · {settings.n_predict} new tokens max · {settings.runs} run(s) + {settings.warmup} warm-up · "
         f"{report.prompts.count} prompt(s) ({escape(report.prompts.source)})"
     )
@@ -143,7 +142,7 @@ def _figures_table(title: str, first: str, rows: Sequence[list[str]], section_be
 
 
 def _title(result: ConfigResult) -> str:
-    return f"{result.spec}, K = {format_k(result.k)}"
+    return f"{result.spec}, K = {result.k}"
 
 
 def render_single(result: ConfigResult, console: Console) -> None:
@@ -294,7 +293,7 @@ def render_check(check: GreedyCheck, console: Console) -> None:
         return
     for parting in check.partings:
         where = (
-            f"{parting.task} (prompt {parting.prompt_index}, run {parting.run}, {parting.spec} K={format_k(parting.k)}, "
+            f"{parting.task} (prompt {parting.prompt_index}, run {parting.run}, {parting.spec} K={parting.k}, "
             f"tolerance at {parting.verify_rows}-token verify)"
         )
         label, style = ("near-tie parting", "yellow") if parting.near_tie else ("PARTING (not a near-tie)", "bold red")

@@ -10,11 +10,13 @@ Times have two meanings here, and their names say which:
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict, GetPydanticSchema, computed_field
+from pydantic_core import core_schema
 
 from speccli.core.stats import RunStats
+from speccli.validation import AUTO_K, K
 
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
@@ -29,6 +31,28 @@ class Part(BaseModel):
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)
 
 
+def _k_from_json(value: int | None) -> K:
+    return AUTO_K if value is None else value
+
+
+def _k_to_json(k: K) -> int | None:
+    return None if k == AUTO_K else k
+
+
+def _k_schema(_source: Any, _handler: Any) -> core_schema.CoreSchema:
+    json_k = core_schema.nullable_schema(core_schema.int_schema())
+    return core_schema.json_or_python_schema(
+        json_schema=core_schema.no_info_after_validator_function(_k_from_json, json_k),
+        python_schema=core_schema.union_schema([core_schema.literal_schema([AUTO_K]), core_schema.int_schema(strict=True)]),
+        serialization=core_schema.plain_serializer_function_ser_schema(_k_to_json, return_schema=json_k, when_used="json"),
+    )
+
+
+# K in the report: a `speccli.validation.K` in Python; in the JSON an integer, or null for auto (as every
+# report since schema version 3 writes it).
+ReportK = Annotated[K, GetPydanticSchema(_k_schema)]
+
+
 # --- one generation ----------------------------------------------------------------------------------
 
 
@@ -41,7 +65,7 @@ class Measurement(Part):
     run: int  # negative for warm-up runs (never reported)
     mode: Literal["target", "speculative"]
     spec: str | None
-    k: int | None
+    k: ReportK
     seed: int
     reason: str  # why generation ended: "eog", "max_tokens", ...
     decode_wall_seconds: float  # wall-clock time of the decode phase (everything after prefill)
@@ -154,7 +178,7 @@ class ConfigResult(Part):
     """The figures of one speculative configuration (a draft source and K), overall and by task."""
 
     spec: str  # the draft source: "model", "ngram" or "ngram+model"
-    k: int | None  # None: auto (K chosen per step)
+    k: ReportK
     label: str  # how the report names it: "model K=4", "ngram auto"
     overall: Summary
     tasks: list[TaskSummary]
@@ -186,7 +210,7 @@ class Best(Part):
 
     label: str
     spec: str
-    k: int | None
+    k: ReportK
     speedup: float
     reason: str
 
@@ -198,7 +222,7 @@ class Parting(Part):
     prompt_index: int
     run: int
     spec: str
-    k: int | None  # None: auto
+    k: ReportK
     verify_rows: int  # the batch width the tolerance was measured at: the widest verify the run used
     index: int
     target_token: int | None  # None where one side stopped and the other went on
@@ -226,7 +250,7 @@ class GreedyCheck(Part):
 
 class Settings(Part):
     spec: list[str]
-    k: list[int | None]  # None: auto
+    k: list[ReportK]
     n_predict: int
     temperature: float
     top_k: int

@@ -1,5 +1,5 @@
 """What one `speccli bench` run is asked to do: the configurations (draft sources x K values, parsed by
-`speccli.settings`, the same rules as chat and models.toml), the measuring settings, and the command
+`speccli.validation`, the same rules as chat and models.toml), the measuring settings, and the command
 line that repeats them."""
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from pathlib import Path
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
-from speccli.settings import format_k, needs_draft_model, parse_k_sweep, parse_spec_list
+from speccli.validation import AUTO_K, K, needs_draft_model
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """One speculative side of a round: a draft source and K (None: auto, chosen per step)."""
+    """One speculative side of a round: a draft source and K."""
 
     spec: str
-    k: int | None
+    k: K
 
     @property
     def label(self) -> str:
-        return f"{self.spec} {'auto' if self.k is None else f'K={self.k}'}"
+        return f"{self.spec} {AUTO_K if self.k == AUTO_K else f'K={self.k}'}"
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class BenchSettings:
     """How to measure. `specs` and `ks` are empty until known (from --spec/--k, or the pair's)."""
 
     specs: tuple[str, ...] = ()
-    ks: tuple[int | None, ...] = ()
+    ks: tuple[K, ...] = ()
     n_predict: int = 64
     sampling: SamplingParams = SamplingParams(temperature=0.0)
     seed: int = 42
@@ -65,28 +65,23 @@ class BenchRequest:
     """Everything `speccli bench` was given: the pair to load, the spec and K lists, the settings, the files."""
 
     pair: PairRequest
-    spec_list: str | None  # None: the pair's spec
-    k_spec: str | None  # None: the pair's k
+    specs: list[str] | None  # --spec, parsed; None: not given (the pair's spec)
+    ks: list[K] | None  # --k, parsed; None: not given (the pair's k)
     settings: BenchSettings
     prompts_file: Path | None
     json_path: Path | None
 
-    def resolve_specs(self) -> list[str] | None:
-        """The draft sources asked for, or None to use the pair's (known once the pair is resolved)."""
-        return parse_spec_list(self.spec_list) if self.spec_list is not None else None
-
-    def resolve_ks(self) -> list[int | None] | None:
-        """The K values asked for (None in the list: auto), or None to use the pair's k."""
-        return parse_k_sweep(self.k_spec) if self.k_spec is not None else None
+    def resolved(self, spec: str, k: K) -> BenchSettings:
+        """The settings with every spec and K known: those asked for, else the pair's (`spec`, `k`)."""
+        return replace(self.settings, specs=tuple(self.specs or [spec]), ks=tuple(self.ks or [k]))
 
     def loading_request(self) -> PairRequest:
         """The pair request whose spec loads what every asked-for source needs: a draft model if any
         of them drafts with one; none (and a given --draft refused) if all are n-gram lookup."""
-        specs = self.resolve_specs()
-        if specs is None:
+        if self.specs is None:
             return self.pair
-        with_model = [spec for spec in specs if needs_draft_model(spec)]
-        return replace(self.pair, spec=with_model[0] if with_model else specs[0])
+        with_model = [spec for spec in self.specs if needs_draft_model(spec)]
+        return replace(self.pair, spec=with_model[0] if with_model else self.specs[0])
 
     def reproducing_command(self, settings: BenchSettings, n_ctx: int) -> str:
         """The command line that repeats this measurement, every default spelled out (`n_ctx`: the
@@ -98,7 +93,7 @@ class BenchRequest:
             ("--target", pair.target),
             ("--draft", pair.draft),
             ("--spec", ",".join(settings.specs)),
-            ("--k", ",".join(map(format_k, settings.ks))),
+            ("--k", ",".join(map(str, settings.ks))),
             ("--n-predict", settings.n_predict),
             ("--temp", f"{sampling.temperature:g}"),
             ("--top-k", sampling.top_k),

@@ -23,6 +23,7 @@ from speccli.bench.report import (
 from speccli.bench.settings import Configuration
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup, prediction_not_applicable
 from speccli.core.stats import RunStats
+from speccli.validation import AUTO_K
 
 
 @dataclass
@@ -55,7 +56,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     speedups = [
         s.wall_tokens_per_second / b.wall_tokens_per_second for b, s in zip(base, spec) if b.wall_tokens_per_second > 0
     ]
-    steps, drafted, accepted = spec_stats.steps, spec_stats.drafted, spec_stats.accepted
+    steps, drafted, accepted = spec_stats.steps, spec_stats.drafted_counted, spec_stats.accepted
     judged = spec_stats.positions.judged
     alpha = estimate_alpha(accepted, judged)
     measured = statistics.median(speedups) if speedups else None
@@ -68,7 +69,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     observed = None
     if base_stats.steps and base_stats.target_seconds and drafted and steps:
         target_per_step = base_stats.target_seconds / base_stats.steps
-        c = (spec_stats.draft_seconds / spec_stats.drafted_tokens) / target_per_step
+        c = (spec_stats.draft_seconds / spec_stats.drafted_whole) / target_per_step
         verify = (spec_stats.target_seconds / steps) / target_per_step
         observed = ObservedCosts(
             c=c,
@@ -77,7 +78,7 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
         )
     positions = spec_stats.positions
     by_position = [a / d if d else None for a, d in zip(positions.accepted_at, positions.drafted_at)]
-    by_position += [None] * ((k or 0) - len(by_position))  # positions no step drafted
+    by_position += [None] * ((0 if k == AUTO_K else k) - len(by_position))  # positions no step drafted
     return Summary(
         runs=len(rounds),
         baseline=_side(base, base_stats),

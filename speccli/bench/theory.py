@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from speccli.bench.report import Best, ConfigResult
+from speccli.validation import AUTO_K, K
 
 
 def expected_tokens_per_verify(alpha: float, k: int) -> float:
@@ -26,10 +27,10 @@ def estimate_alpha(accepted: int, judged: int) -> float | None:
     return accepted / judged if judged else None
 
 
-def prediction_not_applicable(spec: str, k: int | None) -> str | None:
+def prediction_not_applicable(spec: str, k: K) -> str | None:
     """Why the formula does not describe a configuration (None where it does: a fixed K, model drafts).
     It assumes K drafted tokens every step at cost c each, accepted independently with one alpha."""
-    if k is None:
+    if k == AUTO_K:
         return "auto: K varies per step, the formula assumes one fixed K"
     if spec != "model":
         return f"{spec}: n-gram drafts cost no model step and their acceptance is not one alpha"

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from speccli.bench.report import ConfigResult, Costs
 from speccli.bench.theory import predicted_speedup
+from speccli.validation import AUTO_K
 
 
 def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
@@ -15,7 +16,7 @@ def cannot_pay(results: Sequence[ConfigResult], costs: Costs) -> str | None:
     gains and auto (if asked for) drafted."""
     measured = [r for r in results if r.overall.speedup]
     all_slower = bool(measured) and len(measured) == len(results) and all(r.overall.speedup.median < 1 for r in measured)
-    idle_auto = [r for r in results if r.k is None and r.overall.drafted == 0]
+    idle_auto = [r for r in results if r.k == AUTO_K and r.overall.drafted == 0]
     if not all_slower and not idle_auto:
         return None
     costs_phrase = f"on this machine {_costs_phrase(costs)}"

@@ -38,9 +38,9 @@ from speccli.core.sampling import SamplingParams, probabilities, sample
 from speccli.models.pair import PairRequest, open_pair
 from speccli.core.seam import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
-from speccli.settings import MAX_K, check_max_tokens, check_temperature, parse_k
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import K, MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -170,7 +170,7 @@ class ChatSession:
         *,
         sampling: SamplingParams,
         spec: str,
-        k: int | None,
+        k: K,
         seed: int | None = None,
         max_tokens: int = 512,
         system: str | None = None,
@@ -454,7 +454,7 @@ def run_chat(
     request: PairRequest,
     *,
     sampling: SamplingParams,
-    k: str | None,
+    k: K | None,  # --k, parsed; None: not given (the pair's k)
     seed: int | None,
     max_tokens: int,
     system: str | None,
@@ -476,7 +476,7 @@ def run_chat(
     with open_pair(request) as pair:
         session = ChatSession(
             pair.target, pair.draft, display,
-            sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else parse_k(k),
+            sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else k,
             seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None,
         )
         resolved = pair.resolved

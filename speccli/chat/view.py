@@ -105,7 +105,7 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
     ]
     if stats.speculative:
         rows += [
-            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted} drafted"),
+            ("acceptance", f"{stats.acceptance_rate:.0%} of {stats.drafted_counted} drafted"),
             ("by source", by_source_text(stats)),
             ("k chosen", draft_lengths_text(stats)),
             ("per decode", f"{stats.tokens_per_target_decode:.2f} tokens per target decode"),

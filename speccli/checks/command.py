@@ -16,10 +16,10 @@ from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry
 from speccli.models.pair import fitted_context
 from speccli.models.resolve import resolve_models
-from speccli.settings import BENCH_CTX
 from speccli.util.progress import progress_bar
+from speccli.validation import BENCH_CTX
 from speccli.vocab.check import check_pair
-from speccli.vocab.report import Verdict
+from speccli.vocab.report import VocabVerdict
 
 
 def run_quant_check(
@@ -51,7 +51,7 @@ def _require_same_vocabulary(candidate: tuple[str, Path], reference: tuple[str, 
     position, so even a draft-compatible vocabulary of another size is refused. Each is (name as given,
     file); check-vocab's reasons call the candidate the draft and the reference the target."""
     vocab = check_pair(candidate[1], reference[1])
-    if vocab.verdict is Verdict.INCOMPATIBLE or vocab.draft.size != vocab.target.size:
+    if vocab.verdict is VocabVerdict.INCOMPATIBLE or vocab.draft.size != vocab.target.size:
         why = vocab.reasons[0] if vocab.reasons else f"{vocab.draft.size} tokens against {vocab.target.size}"
         raise SpeccliError(f"candidate {candidate[0]} does not share the vocabulary of reference {reference[0]} "
                            f"(check-vocab, the candidate as draft: {why})")

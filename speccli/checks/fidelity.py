@@ -83,7 +83,10 @@ class CandidateMeasurement:
 
 
 @dataclass
-class Measurement:
+class FidelityMeasurement:
+    """All that quant-check measured: the positions compared, the reference's decode times, and each
+    candidate's figures against the reference."""
+
     reference: Path
     sequences: list[TokenSequence]
     sequence_index: np.ndarray  # per position: which sequence
@@ -275,7 +278,7 @@ def measure(
     *,
     sequential: bool,
     progress: Progress | None = None,
-) -> Measurement:
+) -> FidelityMeasurement:
     """Teacher-force every sequence through the reference and each candidate; see the module docstring."""
     started = time.perf_counter()
     advance = progress or (lambda _what, _done: None)
@@ -336,7 +339,7 @@ def measure(
 
             for path in candidate_paths:
                 run_candidate(path, decoded_reference)
-    return Measurement(
+    return FidelityMeasurement(
         reference_path, list(sequences), sequence_index, offsets, reference_seconds, candidates, sequential,
         seconds=time.perf_counter() - started,
     )

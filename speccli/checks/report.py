@@ -1,4 +1,4 @@
-"""The typed quant-check report: figures per candidate derived from a `Measurement`, ranked, and its JSON.
+"""The typed quant-check report: figures per candidate derived from a `FidelityMeasurement`, ranked, and its JSON.
 
 Derived figures:
 * tokens per verify at K drafts: 1 + α + … + α^K, with α the mean expected acceptance (as if each
@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from speccli.bench.theory import expected_tokens_per_verify, predicted_speedup
-from speccli.checks.fidelity import MAX_VERIFY, STORED_RANGE, CandidateMeasurement, Measurement, TopTokens
+from speccli.checks.fidelity import MAX_VERIFY, STORED_RANGE, CandidateMeasurement, FidelityMeasurement, TopTokens
 from speccli.checks.verdict import RULE, Fidelity, judge
 from speccli.core.sampling import SamplingParams
 from speccli.util.format import json_safe
@@ -106,7 +106,7 @@ class QuantCheckReport:
 
 
 def build_report(
-    measurement: Measurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str, context: int
+    measurement: FidelityMeasurement, names: list[str], tokenizer: _Tokenizer, params: SamplingParams, text: str, context: int
 ) -> QuantCheckReport:
     """`names`: each candidate as the command line gave it, in the measurement's order."""
     candidates = [_candidate(measurement, c, name, tokenizer) for c, name in zip(measurement.candidates, names, strict=True)]
@@ -132,7 +132,9 @@ def build_report(
     )
 
 
-def _candidate(measurement: Measurement, candidate: CandidateMeasurement, name: str, tokenizer: _Tokenizer) -> CandidateReport:
+def _candidate(
+    measurement: FidelityMeasurement, candidate: CandidateMeasurement, name: str, tokenizer: _Tokenizer
+) -> CandidateReport:
     acceptance = float(candidate.acceptance.mean())
     stretches = _stretches(measurement.offsets, candidate.acceptance)
     n = len(candidate.acceptance)
@@ -202,7 +204,7 @@ def _top(tokenizer: _Tokenizer, top: TopTokens) -> list[TokenProbability]:
     return [TokenProbability(t, _text(tokenizer, [t]), p) for t, p in zip(top.tokens, top.probabilities)]
 
 
-def _evidence(measurement: Measurement, worst, tokenizer: _Tokenizer) -> Evidence:
+def _evidence(measurement: FidelityMeasurement, worst, tokenizer: _Tokenizer) -> Evidence:
     sequence = measurement.sequences[worst.sequence]
     tokens = sequence.tokens
     start = max(0, worst.offset + 1 - CONTEXT_TOKENS)

@@ -9,31 +9,31 @@ import typer
 
 from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
-    TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked, kept_as_typed,
+    TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
 from speccli.errors import UsageError
-from speccli.settings import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
+from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
 
 def bench(
     context: typer.Context,
     pair: PairArgument = None,
     k: Annotated[
-        Optional[str],
+        Optional[str],  # text to Click; the callback hands on the parsed list of K, or None (not given)
         typer.Option(
             "--k",
             help="Draft tokens per step: auto (chosen per step), 4, or a sweep: a list auto,1,2,4 or a range 1-8 "
             "(default: the pair's k, else auto).",
-            callback=checked(kept_as_typed(parse_k_sweep)),
+            callback=checked(parse_k_sweep),
         ),
     ] = None,
     spec: Annotated[
-        Optional[str],
+        Optional[str],  # text to Click; the callback hands on the parsed list, or None (not given)
         typer.Option(
             "--spec", metavar="SOURCES",
             help="Draft source(s): model, ngram (no draft model loaded), ngram+model, or a list compared side "
             "by side: model,ngram,ngram+model (default: the pair's, else ngram+model).",
-            callback=checked(kept_as_typed(parse_spec_list)),
+            callback=checked(parse_spec_list),
         ),
     ] = None,
     target: TargetOption = None,
@@ -96,7 +96,7 @@ def bench(
         n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup
     )
     run_command(BenchRequest(
-        pair=pair_request, spec_list=spec, k_spec=k, settings=settings, prompts_file=prompts, json_path=json_path
+        pair=pair_request, specs=spec, ks=k, settings=settings, prompts_file=prompts, json_path=json_path
     ))
 
 

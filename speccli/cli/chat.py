@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
     SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
-from speccli.settings import CHAT_CTX, check_seed
+from speccli.validation import CHAT_CTX, check_seed
 
 
 def chat(

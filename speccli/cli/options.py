@@ -1,6 +1,6 @@
 """Options shared by several commands, each defined once and checked as it is parsed.
 
-A checked option runs its `speccli.settings` check while the command line is read, so a bad value
+A checked option runs its `speccli.validation` check while the command line is read, so a bad value
 is one line before anything is resolved, downloaded or loaded; chat's slash commands and
 models.toml use the same checks. llama.cpp's short names are accepted as aliases.
 """
@@ -11,11 +11,13 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from speccli import settings
+from speccli import validation
 
 
 def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.CallbackParam, Any], Any]:
-    """A Click callback running `check` on the value under the option's own name (`--temp`)."""
+    """A Click callback running `check` on the value under the option's own name (`--temp`). The
+    command gets what `check` returns: a parser's value (`parse_k`: a K), never the text again. An
+    option not given stays None, which means "not given" and nothing else."""
 
     def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
         if value is None or ctx.resilient_parsing:
@@ -42,69 +44,60 @@ SpecOption = Annotated[
     typer.Option(
         "--spec", metavar="SOURCE",
         help="Draft source: model, ngram (no draft model loaded) or ngram+model (default: the pair's, else ngram+model).",
-        callback=checked(settings.check_spec),
+        callback=checked(validation.check_spec),
     ),
 ]
 
 
-def kept_as_typed(check: Callable[[str, str], Any]) -> Callable[[str, str], str]:
-    """For options whose absence means "the pair's setting": checked while the line is parsed, but
-    passed on as typed, so that 'not given' stays apart from any value (K's None means auto)."""
-
-    def check_and_keep(text: str, name: str) -> str:
-        check(text, name)
-        return text
-
-    return check_and_keep
-
-
+# Click reads --k as text (Typer takes no union type); the callback hands the command a `validation.K`,
+# or None where --k was not given (the pair's k then).
 KOption = Annotated[
     Optional[str],
     typer.Option(
         "--k", metavar="K",
         help="Draft tokens per step: auto (chosen per step from measured costs) or 1 to 64 (default: the pair's, else auto).",
-        callback=checked(kept_as_typed(settings.parse_k)),
+        callback=checked(validation.parse_k),
     ),
 ]
 TemperatureOption = Annotated[
-    float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.", callback=checked(settings.check_temperature))
+    float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.", callback=checked(validation.check_temperature))
 ]
 TopKOption = Annotated[
-    int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 keeps all.", callback=checked(settings.check_top_k))
+    int, typer.Option("--top-k", help="Keep the k most likely tokens; 0 keeps all.", callback=checked(validation.check_top_k))
 ]
 TopPOption = Annotated[
-    float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].", callback=checked(settings.check_top_p))
+    float, typer.Option("--top-p", help="Nucleus sampling mass, in (0, 1].", callback=checked(validation.check_top_p))
 ]
 MinPOption = Annotated[
     float,
     typer.Option(
-        "--min-p", help="Drop tokens below min-p times the top probability.", callback=checked(settings.check_min_p)
+        "--min-p", help="Drop tokens below min-p times the top probability.", callback=checked(validation.check_min_p)
     ),
 ]
 MaxTokensOption = Annotated[
     int,
-    typer.Option("--max-tokens", "-n", help="Most tokens to generate per reply.", callback=checked(settings.check_max_tokens)),
+    typer.Option("--max-tokens", "-n", help="Most tokens to generate per reply.", callback=checked(validation.check_max_tokens)),
 ]
 ContextOption = Annotated[
     Optional[int],
     typer.Option(
         "--ctx", "-c",
         help=f"Context window, in tokens, for both models, at most what they were trained with (default: "
-        f"{settings.CHAT_CTX} for chat and serve, {settings.BENCH_CTX} for bench and quant-check, or less where a "
+        f"{validation.CHAT_CTX} for chat and serve, {validation.BENCH_CTX} for bench and quant-check, or less where a "
         "model was trained with less).",
-        callback=checked(settings.check_ctx),
+        callback=checked(validation.check_ctx),
     ),
 ]
 ThreadsOption = Annotated[
     Optional[int],
-    typer.Option("--threads", "-t", help="CPU threads (default: all cores).", callback=checked(settings.check_threads)),
+    typer.Option("--threads", "-t", help="CPU threads (default: all cores).", callback=checked(validation.check_threads)),
 ]
 TargetGpuLayersOption = Annotated[
     Optional[int],
     typer.Option(
         "--ngl", "-ngl",
         help="Target layers on the GPU, -1 for all (default: the pair's, else all).",
-        callback=checked(settings.check_gpu_layers),
+        callback=checked(validation.check_gpu_layers),
     ),
 ]
 DraftGpuLayersOption = Annotated[
@@ -112,6 +105,6 @@ DraftGpuLayersOption = Annotated[
     typer.Option(
         "--ngl-draft", "-ngld",
         help="Draft layers on the GPU, -1 for all (default: the pair's, else all).",
-        callback=checked(settings.check_gpu_layers),
+        callback=checked(validation.check_gpu_layers),
     ),
 ]

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked
-from speccli.settings import check_temperature
+from speccli.validation import check_temperature
 
 
 def quant_check(

@@ -9,7 +9,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption, checked,
 )
-from speccli.settings import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key, format_k, parse_k
+from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
 
 
 def serve(
@@ -52,11 +52,11 @@ def serve(
     with open_models(request) as (model_id, loaded):
         resolved = loaded.resolved
         settings = ServeSettings(
-            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else parse_k(k), max_waiting=queue,
+            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue,
             api_key=api_key,
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
         context = f"{loaded.target.n_ctx}-token context{', API key required' if api_key else ''}"
         run_server(service, sock, lambda url: typer.echo(
-            f"serving {model_id} (--spec {settings.spec}, --k {format_k(settings.k)}, {context}) at {url}/v1 · Ctrl-C stops", err=True))
+            f"serving {model_id} (--spec {settings.spec}, --k {settings.k}, {context}) at {url}/v1 · Ctrl-C stops", err=True))

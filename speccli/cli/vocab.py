@@ -24,7 +24,7 @@ def check_vocab(
     from speccli.models.config import load_registry
     from speccli.models.resolve import resolve_model
     from speccli.vocab.check import check_pair
-    from speccli.vocab.report import Verdict
+    from speccli.vocab.report import VocabVerdict
 
     registry = load_registry(*config or ())
     # Never downloads: a registry model must be on disk already (`speccli pull` fetches it).
@@ -34,7 +34,7 @@ def check_vocab(
         typer.echo(report.to_json())
     else:
         text = Text(report.explain())
-        style = {Verdict.IDENTICAL: "bold green", Verdict.COMPATIBLE: "green", Verdict.INCOMPATIBLE: "bold red"}
+        style = {VocabVerdict.IDENTICAL: "bold green", VocabVerdict.COMPATIBLE: "green", VocabVerdict.INCOMPATIBLE: "bold red"}
         text.highlight_regex(r"(?m)^verdict: .*$", style[report.verdict])
         Console(highlight=False, soft_wrap=True).print(text)
     raise typer.Exit(report.exit_code)

@@ -20,10 +20,10 @@ from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, s
 from speccli.core.seam import Draft, DraftRequest, Drafter, KPolicy
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
-from speccli.core.verify import Verdict, verify_greedy, verify_sampled
+from speccli.core.verify import DraftVerdict, verify_greedy, verify_sampled
 from speccli.errors import SpeccliError
-from speccli.settings import check_max_tokens
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import check_max_tokens
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -217,14 +217,14 @@ class Generator:
             self.drafter.observe(step)
         return new_tokens, sources, step
 
-    def _verify(self, proposed: list[int], q: np.ndarray | None, target_logits: np.ndarray) -> Verdict:
+    def _verify(self, proposed: list[int], q: np.ndarray | None, target_logits: np.ndarray) -> DraftVerdict:
         """q: the rows the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
         drafted = np.array(proposed, dtype=np.int64)
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
         p = RowProbabilities(target_logits, self.sampling, self._target_row)
         if not len(drafted):
-            return Verdict(0, sample(p[0], self.rng))
+            return DraftVerdict(0, sample(p[0], self.rng))
         if q is not None and q.shape[1] != target_logits.shape[1]:
             # Vocabularies of different sizes (a padded one): compare on the union.
             width = max(q.shape[1], target_logits.shape[1])
@@ -233,7 +233,7 @@ class Generator:
         return verify_sampled(drafted, q, p, self.rng)
 
 
-def _source_of_next(verdict: Verdict, k: int) -> Source:
+def _source_of_next(verdict: DraftVerdict, k: int) -> Source:
     if k == 0:  # no drafts this step (target alone, or drafting did not pay, or no room)
         return Source.TARGET
     return Source.BONUS if verdict.is_bonus(k) else Source.CORRECTION

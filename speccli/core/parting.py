@@ -24,7 +24,10 @@ TOP_COMPARED = 10  # logits compared between batched and single decodes: the one
 
 
 @dataclass(frozen=True)
-class Parting:
+class PartingPoint:
+    """Where two greedy outputs first part, and whether a near-tie explains it (bench's report
+    records one as a `speccli.bench.report.Parting`)."""
+
     index: int  # first generated position where the two outputs differ
     reference_token: int  # the target-only choice there
     candidate_token: int  # the speculative choice there
@@ -47,7 +50,7 @@ class Parting:
 
 def find_parting(
     target: Model, prompt: Sequence[int], reference: Sequence[int], candidate: Sequence[int], k: int
-) -> Parting | None:
+) -> PartingPoint | None:
     """None if `candidate` agrees with `reference` wherever both have tokens.
 
     Decodes the reference continuation twice, token by token and in batches of k+1 rows as
@@ -62,7 +65,7 @@ def find_parting(
     top = np.argsort(-single, axis=1)[:, :TOP_COMPARED]
     difference = np.abs(np.take_along_axis(single, top, axis=1) - np.take_along_axis(batched, top, axis=1))
     best, second = np.take_along_axis(single[index], top[index, :2], axis=0)
-    return Parting(index, reference[index], candidate[index], float(best - second), float(difference.max()))
+    return PartingPoint(index, reference[index], candidate[index], float(best - second), float(difference.max()))
 
 
 def _logit_rows(target: Model, prompt: Sequence[int], positions: Sequence[int], rows_per_decode: int) -> np.ndarray:

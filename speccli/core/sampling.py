@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speccli.errors import NonFiniteLogitsError
-from speccli.settings import check_min_p, check_temperature, check_top_k, check_top_p
+from speccli.validation import check_min_p, check_temperature, check_top_k, check_top_p
 
 
 @dataclass(frozen=True)

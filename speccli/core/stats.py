@@ -184,7 +184,9 @@ class RunStats:
         )
 
     @property
-    def drafted(self) -> int:
+    def drafted_counted(self) -> int:
+        """Draft tokens as the acceptance figures count them: up to where the reply ended (see
+        `StepEvent.cut_to`). `drafted_whole` counts every one."""
         return self.positions.drafted
 
     @property
@@ -220,12 +222,12 @@ class RunStats:
     @property
     def mean_draft_length(self) -> float:
         """Mean tokens drafted per step (the K chosen), steps that drafted nothing included."""
-        return self.drafted_tokens / self.steps if self.steps else 0.0
+        return self.drafted_whole / self.steps if self.steps else 0.0
 
     @property
-    def drafted_tokens(self) -> int:
-        """Every token drafted, those past where a reply ended included: what drafting cost. (`drafted`
-        counts what the acceptance figures count.)"""
+    def drafted_whole(self) -> int:
+        """Every token drafted, those past where a reply ended included: the K chosen, what drafting
+        cost. (`drafted_counted` counts what the acceptance figures count.)"""
         return sum(length * steps for length, steps in self.draft_lengths.items())
 
 
@@ -233,7 +235,7 @@ def drafting_record(stats: RunStats) -> dict:
     """The figures of drafting and verifying in `stats`, rounded for JSON: what chat's `--json` records and
     the server's `speculative` object both hold, defined once."""
     return {
-        "drafted": stats.drafted,
+        "drafted": stats.drafted_counted,
         "accepted": stats.accepted,
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "acceptance_by_position": [round(rate, 4) for rate in stats.acceptance_by_position()],

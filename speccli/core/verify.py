@@ -36,7 +36,9 @@ from speccli.core.sampling import greedy_choice, sample
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DraftVerdict:
+    """What verifying one draft decided: how many drafted tokens the target kept, and its token after them."""
+
     n_accepted: int  # how many of the K drafted tokens were kept
     next_token: int  # the target's own token after them: a correction, or the bonus if all K passed
 
@@ -60,7 +62,7 @@ def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def verify_sampled(
     drafted: np.ndarray, q: np.ndarray | None, p: Sequence[np.ndarray], rng: np.random.Generator
-) -> Verdict:
+) -> DraftVerdict:
     """drafted (K,) ids; q: the draft probability rows the first len(q) of them were drawn from (K rows
     for a draft model's draft; None for a lookup's), the rest proposed with certainty; p: K+1 target
     probability rows (p[i] is row i; rows after the first rejection are never read, so they need not
@@ -70,10 +72,10 @@ def verify_sampled(
     for i, token in enumerate(drafted):
         if i < drawn:
             if not uniforms[i] < acceptance_probabilities(p[i][token], q[i][token]):
-                return Verdict(i, sample(residual_distribution(p[i], q[i]), rng))
+                return DraftVerdict(i, sample(residual_distribution(p[i], q[i]), rng))
         elif not uniforms[i] < p[i][token]:
-            return Verdict(i, sample(without_token(p[i], token), rng))
-    return Verdict(k, sample(p[k], rng))
+            return DraftVerdict(i, sample(without_token(p[i], token), rng))
+    return DraftVerdict(k, sample(p[k], rng))
 
 
 def without_token(p: np.ndarray, token: int) -> np.ndarray:
@@ -85,9 +87,9 @@ def without_token(p: np.ndarray, token: int) -> np.ndarray:
     return residual / mass if mass > 0 else p / p.sum()
 
 
-def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> Verdict:
+def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> DraftVerdict:
     """Keep drafts while they equal the target's argmax; then emit the target's argmax."""
     target_choice = greedy_choice(target_logits)
     matches = drafted == target_choice[: len(drafted)]
     n_accepted = len(drafted) if matches.all() else int(np.argmin(matches))
-    return Verdict(n_accepted, int(target_choice[n_accepted]))
+    return DraftVerdict(n_accepted, int(target_choice[n_accepted]))

@@ -8,15 +8,15 @@ from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
-from speccli.settings import check_spec, require_draft_model
+from speccli.validation import AUTO_K, K, check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
 
 
-def make_policy(k: int | None) -> KPolicy:
-    """None ('auto'): K chosen per step; an integer: that K every step."""
-    return AutoK() if k is None else FixedK(k)
+def make_policy(k: K) -> KPolicy:
+    """'auto': K chosen per step; a number: that K every step."""
+    return AutoK() if k == AUTO_K else FixedK(k)
 
 
 def make_drafter(spec: str, draft_model: Model | None) -> Drafter:

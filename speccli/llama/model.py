@@ -27,7 +27,7 @@ from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
-from speccli.settings import CHAT_CTX, MIN_CTX
+from speccli.validation import CHAT_CTX, MIN_CTX
 
 
 # How llama.cpp reports a failed allocation when it creates a context: ggml's own malloc failing, or a

@@ -21,11 +21,11 @@ from speccli.models.chunked import ChunkedPackagesSource
 from speccli.models.hub import HubSource
 from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
-from speccli.settings import needs_draft_model
 from speccli.util.cache import user_config_path
 from speccli.util.files import read_text_input
+from speccli.validation import AUTO_K, K, needs_draft_model
 
-DEFAULT_K = None  # auto: K chosen per step from measured costs
+DEFAULT_K: K = AUTO_K  # K chosen per step from measured costs
 DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere
 # llama.cpp's n_gpu_layers: -1 offloads every layer where the backend can; CPU-only builds ignore it.
 DEFAULT_N_GPU_LAYERS = -1
@@ -53,7 +53,7 @@ class PairEntry:
     name: str
     target: str
     draft: str | None  # None: the pair drafts by lookup only (spec = "ngram"), with no draft model
-    k: int | None  # None: auto
+    k: K
     spec: str
     target_n_gpu_layers: int
     draft_n_gpu_layers: int

@@ -14,7 +14,7 @@ from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
-from speccli.settings import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
+from speccli.validation import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
 from speccli.vocab.check import ensure_compatible
 
 

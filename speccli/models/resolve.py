@@ -11,7 +11,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.gguf_meta import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
-from speccli.settings import needs_draft_model
+from speccli.validation import K, needs_draft_model
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ResolvedPair:
     draft_name: str | None
     target_path: Path
     draft_path: Path | None  # None when the draft source needs no model (--spec ngram)
-    k: int | None  # None: auto
+    k: K
     spec: str
     target_n_gpu_layers: int
     draft_n_gpu_layers: int

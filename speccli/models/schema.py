@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.settings import AUTO_K, check_gpu_layers, check_k, check_spec
+from speccli.validation import AUTO_K, K, check_gpu_layers, check_k, check_spec
 
 _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -74,11 +74,11 @@ class TomlTable:
             raise self.error(f"must be at least {minimum}, got {value}", key)
         return value
 
-    def k(self, key: str) -> int | None:
-        """Draft tokens per step: 'auto' (the default; None) or a whole number, by the one rule in settings."""
+    def k(self, key: str) -> K:
+        """Draft tokens per step: 'auto' (the default) or a whole number, by the one rule in speccli.validation."""
         value = self.values.get(key, AUTO_K)
         if value == AUTO_K:
-            return None
+            return AUTO_K
         if isinstance(value, str):  # a K quoted, or 'auto' misspelt: say which was written
             hint = f"; write k = {value.strip()} without quotes" if value.strip().isdigit() else ""
             raise self.error(f"expected 'auto' or an integer, got the string {value!r}{hint}", key)
@@ -87,7 +87,7 @@ class TomlTable:
         return check_k(value, f"{self.file}: {key_path(*self.key_path, key)}")
 
     def gpu_layers(self, key: str, *, default: int) -> int:
-        """Layers to offload: a count or -1 for all, by the one rule in settings (as --ngl)."""
+        """Layers to offload: a count or -1 for all, by the one rule in speccli.validation (as --ngl)."""
         value = self.values.get(key, default)
         if type(value) is not int:  # bool is an int subclass: reject it too
             raise self.error(f"expected an integer, got {type_name(value)}", key)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from rich.console import Console
 
 from speccli.errors import SpeccliError, UnreadableFileError, unreadable_reason
-from speccli.gguf_meta import is_whole_gguf, require_gguf, require_whole_gguf, starts_as_gguf
+from speccli.gguf_meta import require_gguf, require_whole_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
 from speccli.util.cache import model_cache_dir
@@ -266,9 +266,14 @@ def is_built(path: Path, size: int | None = None) -> bool:
     `size` bytes where that is known (and begins as a GGUF file does), else its header is whole and its
     size holds every tensor the header lists. Builds are atomic, so one that fails this was damaged
     since (emptied, overwritten, cut short) and is built again, not reported as pulled."""
-    if size is None:
-        return is_whole_gguf(path)
-    return starts_as_gguf(path) and path.stat().st_size == size
+    try:
+        if size is None:
+            require_whole_gguf(path)
+        else:
+            require_gguf(path)
+    except UnreadableFileError:
+        return False
+    return size is None or path.stat().st_size == size
 
 
 def remove_superseded_builds(built: Path) -> None:

@@ -11,7 +11,6 @@ from speccli.errors import UnreadableFileError
 from speccli.gguf_meta import model_files, require_loadable_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
-from speccli.settings import format_k
 from speccli.util.format import format_size
 
 
@@ -88,7 +87,7 @@ def registry_tables(registry: Registry) -> Group:
             pair.name + default,
             pair.target,
             pair.draft or "none (lookup)",
-            format_k(pair.k),
+            str(pair.k),
             pair.spec,
             f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
         )

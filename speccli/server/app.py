@@ -38,10 +38,10 @@ from speccli.server.metrics import Metrics
 from speccli.server.schemas import (
     ChatCompletionRequest, CompletionRequest, GenerationRequest, SpeculationControl, unsupported_parameter,
 )
-from speccli.settings import needs_draft_model
 from speccli.server.worker import (
     SHUTTING_DOWN, GenerationError, Job, QueueFullError, ShuttingDownError, Speculation, Started, Worker,
 )
+from speccli.validation import needs_draft_model
 
 # OpenAI's finish reasons for the Generator's.
 FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
@@ -94,7 +94,7 @@ class Service:
         if needs_draft_model(spec) and self.draft is None:
             raise APIError(400, f"speculative.spec {spec!r} needs a draft model, and this server has none "
                            "(start it with a draft, or use 'ngram')", param="speculative.spec")
-        k = self.default_speculation.k if control.k is None else (None if control.k == "auto" else control.k)
+        k = self.default_speculation.k if control.k is None else control.k
         return Speculation(spec, k)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
@@ -498,7 +498,7 @@ def speculative_summary(stats: RunStats, speculation: Speculation) -> dict:
     return {
         "enabled": speculation.spec is not None,
         "spec": speculation.spec,
-        "k": None if speculation.spec is None else ("auto" if speculation.k is None else speculation.k),
+        "k": speculation.k,
         **drafting_record(stats),
         "decode_tokens_per_second": round(stats.tokens_per_second, 2),
     }

@@ -20,10 +20,10 @@ import uvicorn
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
-from speccli.settings import API_KEY_VARIABLE, check_api_key, check_spec, require_draft_model
 from speccli.server.app import Service, create_app
 from speccli.server.metrics import Metrics
 from speccli.server.worker import Speculation, Worker
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     spec: str = "ngram+model"
-    k: int | None = None  # None: auto
+    k: K = AUTO_K
     max_waiting: int = 16  # requests that may wait while one runs; more get 503
     api_key: str | None = None  # clients must send `Authorization: Bearer KEY` (all but /health); None: open
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from speccli.settings import MAX_K, SPECS
+from speccli.validation import K, MAX_K, SPECS
 
 
 class Strict(BaseModel):
@@ -45,7 +45,7 @@ class SpeculationControl(Strict):
 
     enabled: bool = True
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
-    k: Optional[Union[int, Literal["auto"]]] = None  # default: the server's --k; range checked by `_k`
+    k: Optional[K] = None  # None: not given (the server's --k); range checked by `_k`
 
     # The messages say what is allowed, not pydantic's type names ("a valid dictionary or instance of
     # SpeculationControl", "a valid integer" for k: "AUTO").

@@ -28,6 +28,7 @@ from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
+from speccli.validation import K
 
 log = logging.getLogger("speccli.server")
 
@@ -43,7 +44,7 @@ class ShuttingDownError(Exception):
 @dataclass(frozen=True)
 class Speculation:
     spec: str | None  # None: the target alone
-    k: int | None  # None: auto
+    k: K | None  # None only for the target alone, which drafts nothing
 
 
 @dataclass
@@ -171,7 +172,8 @@ class Worker:
         generator = self._generators.get(speculation)
         if generator is None:
             drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft)
-            generator = Generator(self.target, drafter, SamplingParams(), make_policy(speculation.k))
+            policy = None if speculation.k is None else make_policy(speculation.k)
+            generator = Generator(self.target, drafter, SamplingParams(), policy)
             self._generators[speculation] = generator
         if self._active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.

@@ -43,7 +43,7 @@ from speccli.vocab.compare import (
     same_tokenizer_fields,
 )
 from speccli.vocab.info import read_vocab
-from speccli.vocab.report import Verdict, VocabReport
+from speccli.vocab.report import VocabVerdict, VocabReport
 
 
 def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: TokenizerLoader | None = None) -> VocabReport:
@@ -68,11 +68,11 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
         )
         differences += sample_differences
     if blocks(differences):
-        verdict = Verdict.INCOMPATIBLE
+        verdict = VocabVerdict.INCOMPATIBLE
     elif identical:
-        verdict = Verdict.IDENTICAL
+        verdict = VocabVerdict.IDENTICAL
     else:
-        verdict = Verdict.COMPATIBLE
+        verdict = VocabVerdict.COMPATIBLE
     return VocabReport(
         draft_info, target_info, verdict, differences, llama_cpp_rule(draft_info, target_info), samples_checked
     )
@@ -89,7 +89,7 @@ def ensure_compatible(
     draft and target as the user named them (registry names rather than cached files' names); `remedy`:
     what to do instead, said before the pointer to check-vocab."""
     report = check_pair(draft, target)
-    if report.verdict is Verdict.INCOMPATIBLE:
+    if report.verdict is VocabVerdict.INCOMPATIBLE:
         more = len(report.reasons) - 1
         also = f" (and {more} more)" if more else ""
         draft_name, target_name = names or (report.draft.path.name, report.target.path.name)

@@ -8,13 +8,7 @@ from typing import Any
 import numpy as np
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import (
-    SPLIT_COUNT,
-    read_gguf_header,
-    require_distinct_tokens,
-    require_later_parts_whole,
-    require_size,
-)
+from speccli.gguf_meta import SPLIT_COUNT, read_gguf_header, require_loadable_gguf
 
 
 @dataclass(frozen=True)
@@ -76,9 +70,8 @@ def read_vocab(path: str | Path) -> VocabInfo:
     tokens = metadata.get("tokenizer.ggml.tokens")
     if not isinstance(model, str) or not isinstance(tokens, list):
         raise UnreadableFileError(f"{path}: GGUF file without tokenizer metadata (no tokenizer.ggml.model/tokens)")
-    require_distinct_tokens(path, tokens)
-    require_size(path, needed)  # a file cut short holds its vocabulary, but no pair could load it
-    require_later_parts_whole(path, metadata.get(SPLIT_COUNT))
+    # With the weights: a file cut short holds its vocabulary, but no pair could load it.
+    require_loadable_gguf(path, weights=True, header=(metadata, needed))
     special_ids, settings = {}, {}
     for key, value in metadata.items():
         name = key.removeprefix("tokenizer.ggml.")

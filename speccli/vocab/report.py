@@ -10,20 +10,22 @@ from speccli.util.format import json_safe
 from speccli.vocab.info import VocabInfo
 
 
-class Verdict(str, Enum):
+class VocabVerdict(str, Enum):
+    """Whether a draft's vocabulary can draft for a target's (check-vocab's answer)."""
+
     IDENTICAL = "identical"
     COMPATIBLE = "compatible"
     INCOMPATIBLE = "incompatible"
 
     @property
     def exit_code(self) -> int:
-        return 1 if self is Verdict.INCOMPATIBLE else 0
+        return 1 if self is VocabVerdict.INCOMPATIBLE else 0
 
 
 VERDICT_MEANINGS = {
-    Verdict.IDENTICAL: "the same tokenizer",
-    Verdict.COMPATIBLE: "shared ids mean the same text; speculative decoding is exact",
-    Verdict.INCOMPATIBLE: "this draft cannot draft for this target",
+    VocabVerdict.IDENTICAL: "the same tokenizer",
+    VocabVerdict.COMPATIBLE: "shared ids mean the same text; speculative decoding is exact",
+    VocabVerdict.INCOMPATIBLE: "this draft cannot draft for this target",
 }
 
 
@@ -51,7 +53,7 @@ class LlamaCppRule:
 class VocabReport:
     draft: VocabInfo
     target: VocabInfo
-    verdict: Verdict
+    verdict: VocabVerdict
     differences: list[Difference]
     llama_cpp: LlamaCppRule
     samples_checked: int  # 0 when the sample tokenization was not needed or not possible
@@ -75,7 +77,7 @@ class VocabReport:
 
     @property
     def llama_cpp_disagrees(self) -> bool:
-        return self.llama_cpp.accepts == (self.verdict is Verdict.INCOMPATIBLE)
+        return self.llama_cpp.accepts == (self.verdict is VocabVerdict.INCOMPATIBLE)
 
     def explain(self) -> str:
         """The full human-readable report, plain text."""

@@ -51,6 +51,7 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 from speccli.util.sequences import common_prefix_length
+from speccli.validation import AUTO_K, K, parse_k
 
 GREEDY = SamplingParams(temperature=0.0)
 PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply
@@ -187,7 +188,7 @@ def compact(replies: list[Reply]) -> tuple[list[Reply], int]:
 def replay(
     replies: list[Reply],
     spec: str,
-    k: int | None,
+    k: K,
     rounds: int,
     c: float,
     verify: VerifyCosts | MeasuredCurve,
@@ -196,7 +197,7 @@ def replay(
     warmup: int = 0,
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
-    after `warmup` unmeasured replays of the first reply; K chosen by `auto` where `k` is None. A draft
+    after `warmup` unmeasured replays of the first reply; K chosen per step where `k` is 'auto'. A draft
     model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B)."""
     replies, n_vocab = compact(replies)
     model = RecordedDraftModel(n_vocab)
@@ -247,7 +248,7 @@ def replay(
         if measured:
             speedups.setdefault(reply.task, []).append(len(reply.tokens) / cost)
             if reply.task in trace:
-                print(f"{spec} {k or 'auto'} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
+                print(f"{spec} {k} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
     return speedups
 
 
@@ -321,13 +322,13 @@ def main() -> None:
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     catch_up = tuple(map(float, args.catch_up.split(",")))
-    ks = [None if k == "auto" else int(k) for k in args.k.split(",")]
-    if isinstance(verify, MeasuredCurve) and max((k for k in ks if k is not None), default=0) > AUTO_MAX_K:
+    ks = [parse_k(k) for k in args.k.split(",")]
+    if isinstance(verify, MeasuredCurve) and max((k for k in ks if k != AUTO_K), default=0) > AUTO_MAX_K:
         parser.error(f"--k: a curve timed at V1..V{AUTO_MAX_K + 1} prices drafts of at most {AUTO_MAX_K} tokens")
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
     results = {}
     for spec, k in configurations:
-        results[f"{spec} {k or 'auto'}"] = replay(
+        results[f"{spec} {k}"] = replay(
             replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup
         )
     labels = list(results)

@@ -1,4 +1,6 @@
-"""The one check of each user setting, shared by the command line, chat's slash commands and models.toml.
+"""The one check of each user setting, shared by the command line, chat's slash commands and models.toml:
+the parsers (`parse_k`), the checks (`check_*`), their bounds and the commands' defaults. (The settings
+themselves live with what they set: `BenchSettings`, `ServeSettings`, `SamplingParams`, ...)
 
 Every check takes the value and the name the user knows it by (`--temp`, `/temp`, `pairs.x.k`),
 raises `SpeccliError` with one line naming it and saying what is wrong, and returns the value it
@@ -12,11 +14,16 @@ import math
 import os
 import re
 import secrets
+from typing import Final, Literal, TypeAlias
 
 from speccli.errors import SpeccliError, UsageError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
-AUTO_K = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
+AUTO_K: Final = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
+# Draft tokens per step, as every layer holds it once parsed (`parse_k`): a whole number from 1 to MAX_K,
+# or AUTO_K. `K | None` is a K that may not have been given (None: "not given", never auto), resolved to
+# the pair's or the command's default where it was read.
+K: TypeAlias = int | Literal["auto"]
 SPECS = ("model", "ngram", "ngram+model")  # draft sources: a draft model, n-gram lookup, lookup then model
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
 # --ctx when not given, each lowered to the models' training context where that is less: a chat keeps
@@ -29,17 +36,17 @@ API_KEY_VARIABLE = "SPECCLI_API_KEY"  # serve's key where `ps` does not show it
 
 
 def check_k(k: int, name: str = "--k") -> int:
-    """Draft tokens per step, a whole number from 1 to MAX_K. (`parse_k` turns text into one.)"""
+    """A fixed K, a whole number from 1 to MAX_K. (`parse_k` turns text into a K.)"""
     if not 1 <= k <= MAX_K:
         raise SpeccliError(f"{name} (draft tokens per step) must be between 1 and {MAX_K}, got {k}")
     return k
 
 
-def parse_k(text: str | int, name: str = "--k") -> int | None:
-    """K as typed (`--k 4`, `/k auto`, `k = 4` in models.toml): a whole number from 1 to MAX_K, or
-    'auto' (None: chosen per step)."""
+def parse_k(text: str | int, name: str = "--k") -> K:
+    """K as typed (`--k 4`, `/k auto`): a whole number from 1 to MAX_K, or AUTO_K (chosen per step).
+    `str(k)` writes it back as typed."""
     if isinstance(text, str) and text.strip() == AUTO_K:
-        return None
+        return AUTO_K
     try:
         k = int(text)
     except ValueError:
@@ -48,13 +55,8 @@ def parse_k(text: str | int, name: str = "--k") -> int | None:
     return check_k(k, name)
 
 
-def format_k(k: int | None) -> str:
-    """K as it is typed: 'auto' (None) or the number; `parse_k` reads it back."""
-    return AUTO_K if k is None else str(k)
-
-
-def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
-    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; 'auto,1,4' -> [None, 1, 4] (None: auto,
+def parse_k_sweep(text: str, name: str = "--k") -> list[K]:
+    """'4' -> [4]; '1,2,4,8' -> [1, 2, 4, 8]; '1-8' -> [1..8]; 'auto,1,4' -> ['auto', 1, 4] (auto
     first); items may mix: '1-3,8'. Sorted, unique."""
     usage = "give auto, a number (4), a list (auto,1,2,4) or a range (1-8)"
     if not text.strip():  # malformed, as ',2' is: a usage error, not a value out of range
@@ -77,7 +79,7 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[int | None]:
         if low > high:
             raise SpeccliError(f"{name} {text!r}: the range {item} runs backwards; write {high}-{low}")
         values.update(range(low, high + 1))
-    return [None] * auto + sorted(values)
+    return [AUTO_K] * auto + sorted(values)
 
 
 def check_spec(text: str, name: str = "--spec") -> str:
