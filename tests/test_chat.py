@@ -25,7 +25,8 @@ from gguf import TokenType
 from typer.testing import CliRunner
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.chat.session import ChatSession, Conversation, measure_target_token_seconds, no_pay_notice
+from speccli.chat.conversation import Conversation
+from speccli.chat.session import ChatSession, measure_target_token_seconds, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
 from speccli.chat.view import (

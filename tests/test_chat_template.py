@@ -10,7 +10,7 @@ import llama_cpp
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from speccli.chat.session import Conversation
+from speccli.chat.conversation import Conversation
 from speccli.chat.template import PlainTranscript, TemplateFormat, chat_format_for
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry

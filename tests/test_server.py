@@ -30,7 +30,8 @@ from gguf import TokenType
 from typer.testing import CliRunner
 
 from speccli.bench.prompts import load_prompt_set
-from speccli.chat.session import Conversation, chat_format_for
+from speccli.chat.conversation import Conversation
+from speccli.chat.template import chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.core.stats import RunStats, StepEvent
 from speccli.llama.model import LoadOptions, Model

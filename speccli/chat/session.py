@@ -1,13 +1,5 @@
-"""Chat: turns formatted with the target's own chat template, one Generator kept across turns.
-
-KV reuse. The Generator keeps both models' KV caches and re-decodes only past the longest common
-token prefix of its last sequence and the new prompt. So each turn's prompt must *start with the
-exact tokens* the models already saw: the previous prompt and the reply tokens as generated.
-Re-tokenizing the whole transcript would not guarantee that (a reply's tokens need not be how the
-tokenizer would split its text), so the conversation keeps its token list and the text it stands
-for, renders the whole transcript, and tokenizes only the text past what was already fed. When the
-rendering does not extend that text (a template that trims replies, a stop string cut mid-token),
-the transcript is tokenized whole and the Generator still reuses whatever prefix matches.
+"""A chat session: turns formatted with the target's own chat template, one Generator kept across
+turns (which reuses the KV caches: see `speccli.chat.conversation`), and the slash commands between.
 
 Context policy. Before a turn, the prompt must leave room for a reply of min(max_tokens, ctx/4)
 tokens. If it does not, the oldest turns (a user message and its reply) are dropped, oldest first,
@@ -18,26 +10,24 @@ turn then drops old turns as above.
 """
 from __future__ import annotations
 
-import sys
 import time
 from contextlib import closing
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
 
-from speccli.llama.model import Model, naming_non_finite_logits, shared_context
-from speccli.llama.tokenizer import Tokenizer
-from speccli.chat.template import ChatFormat, Message, chat_format_for, tokenize_rendered
-from speccli.chat.view import Display, Mode
+from speccli.chat.conversation import Conversation, Prompt
+from speccli.chat.template import chat_format_for
+from speccli.chat.view import Display
 from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
-from speccli.errors import SpeccliError, UsageError
-from speccli.core.sampling import SamplingParams, probabilities, sample
-from speccli.models.pair import PairRequest, open_pair
-from speccli.core.seam import ReplyDrafting
 from speccli.drafting.specs import make_drafter, make_policy
+from speccli.errors import SpeccliError
+from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
 from speccli.util.sequences import common_prefix_length
 from speccli.validation import K, MAX_K, check_max_tokens, check_temperature, parse_k
@@ -52,77 +42,6 @@ COMMANDS = {
     "/help": "this list",
     "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
 }
-
-
-# --- the conversation and its tokens --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Prompt:
-    tokens: list[int]
-    text: str  # what the tokens stand for: the whole rendered transcript
-
-
-class Conversation:
-    """The messages, plus the exact tokens the models have been shown for them (see module docstring)."""
-
-    def __init__(self, tokenizer: Tokenizer, chat_format: ChatFormat, system: str | None) -> None:
-        self.tokenizer = tokenizer
-        self.format = chat_format
-        self.system = system
-        self.turns: list[tuple[Message, Message]] = []  # (user, assistant)
-        self._fed_tokens: list[int] = []
-        self._fed_text = ""
-
-    def messages(self) -> list[Message]:
-        messages = self._system_messages()
-        for user, assistant in self.turns:
-            messages += [user, assistant]
-        return messages
-
-    def prompt_for(self, user_text: str) -> Prompt:
-        text = self.format.render(self.messages() + [{"role": "user", "content": user_text}])
-        if self._fed_tokens and text.startswith(self._fed_text):
-            new_text = text[len(self._fed_text) :]
-            tokens = self._fed_tokens + self.tokenizer.tokenize(new_text, False, self.format.parse_special)
-        else:
-            tokens = tokenize_rendered(self.tokenizer, self.format, text)
-        return Prompt(tokens, text)
-
-    def prompt_alone(self, user_text: str) -> Prompt:
-        """The prompt for `user_text` with every earlier turn left out (the system prompt kept)."""
-        messages = self._system_messages() + [{"role": "user", "content": user_text}]
-        text = self.format.render(messages)
-        return Prompt(tokenize_rendered(self.tokenizer, self.format, text), text)
-
-    def _system_messages(self) -> list[Message]:
-        return [{"role": "system", "content": self.system}] if self.system else []
-
-    def add_turn(self, user_text: str, prompt: Prompt, reply_tokens: list[int], reply_text: str) -> None:
-        """Record a finished (or interrupted) reply. The end-of-turn token, if any, is not kept: the
-        template writes it again next turn, and the Generator finds the same token already cached."""
-        self.turns.append(({"role": "user", "content": user_text}, {"role": "assistant", "content": reply_text}))
-        self._fed_tokens = prompt.tokens + reply_tokens
-        self._fed_text = prompt.text + self.tokenizer.detokenize(reply_tokens).decode("utf-8", "replace")
-
-    def drop_oldest_turn(self) -> None:
-        del self.turns[0]
-        self._forget_tokens()
-
-    def set_system(self, system: str | None) -> None:
-        self.system = system
-        self._forget_tokens()
-
-    def clear(self) -> None:
-        self.turns.clear()
-        self._forget_tokens()
-
-    def _forget_tokens(self) -> None:
-        """The transcript's beginning changed: the next prompt is tokenized whole."""
-        self._fed_tokens, self._fed_text = [], ""
-
-
-# --- a chat session ---------------------------------------------------------------------------
 
 
 def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 5) -> float:
@@ -383,134 +302,3 @@ def _parse_float(command: str, argument: str) -> float:
         got = f"got {argument!r}" if argument else "and none was given"
         raise SpeccliError(f"{command} needs a number, {got}") from None
 
-
-# --- the command --------------------------------------------------------------------------------
-
-
-def as_text(data: str | bytes) -> tuple[str, bool]:
-    """A message as the models will see it, and whether it had to be repaired.
-
-    Bytes that are not UTF-8 (in piped input, or in an argument, which Python hands over as
-    surrogate escapes) each become U+FFFD, the replacement character, rather than ending the
-    session; the caller says so.
-    """
-    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogateescape")
-    try:
-        return raw.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "replace"), True
-
-
-def typed_lines(display: Display) -> Iterator[str]:
-    """Messages typed at a terminal, until Ctrl-D or Ctrl-C. A paste of several lines is one message,
-    sent with Enter, where the terminal marks pastes (bracketed paste; most do)."""
-    import readline  # input() then gets line editing and history
-
-    # Python turns readline's bracketed paste off (it printed escapes where stdout is no terminal);
-    # input() uses readline only where both ends are one. Without it, each pasted line was a turn.
-    readline.parse_and_bind("set enable-bracketed-paste on")
-
-    while True:
-        try:
-            line, repaired = as_text(input("> "))
-        except (EOFError, KeyboardInterrupt):
-            print()
-            if terminated():
-                raise KeyboardInterrupt from None  # SIGTERM: not a chat's usual end, so exit 143
-            return
-        if repaired:
-            display.notice(_REPAIRED)
-        yield line
-
-
-def piped_lines(display: Display) -> Iterator[str]:
-    """Piped stdin, one message per line, read as bytes so that one bad line costs nothing else."""
-    for raw in sys.stdin.buffer:
-        line, repaired = as_text(raw)
-        if line.strip():
-            display.echo_user(line.strip())
-            if repaired:
-                display.notice(_REPAIRED)
-            yield line
-
-
-_REPAIRED = "(the message had bytes that are not UTF-8; each became U+FFFD)"
-
-
-def one_message(prompt: str, display: Display) -> str:
-    """The message `--prompt` names ('-': all of stdin but the newline ending its last line, as `echo`
-    writes it), refused when empty, like an empty line."""
-    text, repaired = as_text(sys.stdin.buffer.read() if prompt == "-" else prompt)
-    if prompt == "-":
-        text = text.removesuffix("\n").removesuffix("\r")
-    if not text.strip():
-        raise SpeccliError("the prompt read from stdin (--prompt -) is empty" if prompt == "-" else "the prompt (--prompt) is empty")
-    if repaired:
-        display.notice(_REPAIRED)
-    return text
-
-
-def run_chat(
-    request: PairRequest,
-    *,
-    sampling: SamplingParams,
-    k: K | None,  # --k, parsed; None: not given (the pair's k)
-    seed: int | None,
-    max_tokens: int,
-    system: str | None,
-    prompt: str | None,
-    json_output: bool,
-    provenance: bool,
-) -> None:
-    """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each.
-
-    The settings were checked as the command line was read; the message is read (and checked) before
-    seconds of model loading.
-    """
-    request.validate()
-    _require_stdin(prompt)
-    display = Display(_output_mode(json_output), provenance=provenance)
-    message = one_message(prompt, display) if prompt is not None else None
-    if system is not None:
-        system, _ = as_text(system)
-    with open_pair(request) as pair:
-        session = ChatSession(
-            pair.target, pair.draft, display,
-            sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else k,
-            seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None,
-        )
-        resolved = pair.resolved
-        drafting = f"draft {resolved.draft_name}" if resolved.draft_name else "no draft model"
-        session.announce(
-            f"target {resolved.target_name} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
-        )
-        if message is not None:
-            session.send(message)
-            if session.finish_reason == "interrupted":  # printed, but a script must not take it for a whole reply
-                raise KeyboardInterrupt
-        elif sys.stdin.isatty():
-            session.run(typed_lines(display))
-        else:
-            failed = session.run(piped_lines(display), stopping_ends=True)
-            if session.finish_reason == "interrupted":  # a script must not take the replies for all it sent
-                raise KeyboardInterrupt
-            if failed:  # a script feeding chat must see that lines failed
-                raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
-
-
-def _require_stdin(prompt: str | None) -> None:
-    """Python's stdin where the shell closed it (`<&-`) is None: refused before any model loads, where
-    the messages were to come from it."""
-    if sys.stdin is not None or (prompt is not None and prompt != "-"):
-        return
-    if prompt == "-":
-        raise UsageError("stdin is closed, so there is no message to read (--prompt -); give it with --prompt TEXT")
-    raise UsageError("stdin is closed, so there are no messages to read; give one with --prompt, or pipe them in")
-
-
-def _output_mode(json_output: bool) -> Mode:
-    from rich.console import Console
-
-    if json_output:
-        return "json"
-    return "terminal" if Console().is_terminal else "plain"

@@ -1,4 +1,4 @@
-"""`speccli chat`: options -> a pair request and sampling settings -> `speccli.chat.session.run_chat`."""
+"""`speccli chat`: options -> a pair request and sampling settings -> `speccli.chat.command.run_chat`."""
 from __future__ import annotations
 
 from typing import Annotated, Optional
@@ -53,7 +53,7 @@ def chat(
     config: ConfigOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
-    from speccli.chat.session import run_chat
+    from speccli.chat.command import run_chat
     from speccli.core.sampling import SamplingParams
     from speccli.models.pair import PairRequest
 
