@@ -35,7 +35,8 @@ from speccli.chat.template import chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.core.stats import RunStats, StepEvent
 from speccli.llama.model import LoadOptions, Model
-from speccli.server.app import APIError, speculative_summary
+from speccli.server.api_errors import APIError
+from speccli.server.reply import speculative_summary
 from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, serving_in_thread
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import SpeculationControl

@@ -20,8 +20,9 @@ import uvicorn
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
-from speccli.server.app import Service, create_app
+from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
+from speccli.server.service import Service
 from speccli.server.worker import Speculation, Worker
 from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
 

@@ -1,0 +1,150 @@
+"""One generation's events -> an OpenAI chat or text completion, whole or as server-sent events, with
+a `speculative` object beside `usage` (README: "Server")."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
+from speccli.core.text import begins_a_stop
+from speccli.server.api_errors import ClientGone, api_error_for
+from speccli.server.schemas import GenerationRequest
+from speccli.server.service import Service
+from speccli.server.worker import GenerationError, Job, Speculation, Started
+
+# OpenAI's finish reasons for the Generator's.
+FINISH_REASONS = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context": "length"}
+
+
+async def next_items(job: Job, gone: asyncio.Future | None) -> list[object]:
+    """The job's next events: at least one, and every other one already there (one write for all).
+
+    With `gone` (the app's watch for a disconnect), a client that disconnects first raises ClientGone at once.
+    (A streaming response is not watched here: Starlette cancels it on disconnect, and only one may read.)"""
+    items = _drain(job)
+    if items:
+        return items
+    if gone is None:
+        return [await job.events.get(), *_drain(job)]
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return [getter.result(), *_drain(job)]
+        job.cancelled.set()
+        raise ClientGone
+    finally:
+        getter.cancel()
+
+
+def _drain(job: Job) -> list[object]:
+    items = []
+    while not job.events.empty():
+        items.append(job.events.get_nowait())
+    return items
+
+
+class Reply:
+    """One generation's events -> an OpenAI chat or text completion, whole or as SSE chunks."""
+
+    def __init__(self, service: Service, job: Job, body: GenerationRequest, speculation: Speculation, chat: bool) -> None:
+        self.service, self.job, self.body, self.speculation, self.chat = service, job, body, speculation, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.cached_tokens = 0
+
+    def _trailing_text(self, done: DoneEvent) -> str:
+        """The text held back at the end, less any part of the chat format's end-of-turn marker that a
+        reply cut by max_tokens had begun ("Hi\\nUser" at the plain transcript's "\\nUser:"), as chat does."""
+        marker = self.chat and begins_a_stop(done.trailing_text, self.service.chat_format.stop)
+        return "" if marker else done.trailing_text
+
+    async def collect(self, gone: asyncio.Future, items: list[object]) -> dict:
+        pieces: list[str] = []
+        while True:
+            for item in items:
+                if isinstance(item, Started):
+                    self.cached_tokens = item.cached_tokens
+                elif isinstance(item, TokenEvent):
+                    pieces.append(item.text)
+                elif isinstance(item, DoneEvent):
+                    pieces.append(self._trailing_text(item))
+                    choice = {"index": 0, "finish_reason": FINISH_REASONS[item.reason], "logprobs": None}
+                    text = "".join(pieces)
+                    choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+                    return {**self._envelope("chat.completion" if self.chat else "text_completion"),
+                            "choices": [choice], **self._figures(item.stats)}
+                elif isinstance(item, GenerationError):
+                    raise api_error_for(item)
+            items = await next_items(self.job, gone)
+
+    async def stream(self, items: list[object]) -> AsyncIterator[str]:
+        try:
+            if self.chat:
+                yield self._chunk({"role": "assistant", "content": ""}, None)
+            while True:
+                out: list[str] = []
+                for item in items:
+                    if isinstance(item, Started):
+                        self.cached_tokens = item.cached_tokens
+                    elif isinstance(item, TokenEvent) and item.text:
+                        out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
+                    elif isinstance(item, DoneEvent):
+                        if trailing := self._trailing_text(item):
+                            out.append(self._chunk({"content": trailing} if self.chat else trailing, None))
+                        out.append(self._chunk({} if self.chat else "", FINISH_REASONS[item.reason], item.stats))
+                        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                            out.append(self._usage_chunk(item.stats))
+                        out.append("data: [DONE]\n\n")
+                        yield "".join(out)
+                        return
+                    elif isinstance(item, GenerationError):
+                        error = api_error_for(item).response().body.decode()
+                        yield "".join(out) + f"data: {error}\n\ndata: [DONE]\n\n"
+                        return
+                if out:
+                    yield "".join(out)
+                items = await next_items(self.job, None)
+        finally:
+            self.service.worker.cancel(self.job)  # the client left (or the reply is done, when it changes nothing)
+
+    def _envelope(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.service.model_id}
+
+    def _chunk(self, delta: dict | str, finish_reason: str | None, stats: RunStats | None = None) -> str:
+        choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        choice.update({"delta": delta} if self.chat else {"text": delta})
+        return self._event([choice], stats)
+
+    def _usage_chunk(self, stats: RunStats) -> str:
+        """OpenAI's last chunk with `stream_options.include_usage`: no choices, the usage (here with
+        the statistics, as on the chunk before, which also carries them so that any client finds them)."""
+        return self._event([], stats)
+
+    def _event(self, choices: list[dict], stats: RunStats | None) -> str:
+        chunk = {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"), "choices": choices}
+        if stats is not None:
+            chunk.update(self._figures(stats))
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    def _figures(self, stats: RunStats) -> dict:
+        usage = {
+            "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated,
+            "total_tokens": stats.prompt_tokens + stats.generated,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+        return {"usage": usage, "speculative": speculative_summary(stats, self.speculation)}
+
+
+def speculative_summary(stats: RunStats, speculation: Speculation) -> dict:
+    """The per-response `speculative` object (README: "Server")."""
+    return {
+        "enabled": speculation.spec is not None,
+        "spec": speculation.spec,
+        "k": speculation.k,
+        **drafting_record(stats),
+        "decode_tokens_per_second": round(stats.tokens_per_second, 2),
+    }

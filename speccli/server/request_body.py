@@ -1,0 +1,91 @@
+"""A request's body: read, refused past MAX_BODY_BYTES, and parsed into its schema, each fault an
+OpenAI-shaped error naming the field (`speccli.server.api_errors`)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect, Request
+
+from speccli.server.api_errors import APIError, ClientGone
+from speccli.server.schemas import unsupported_parameter
+
+MAX_BODY_BYTES = 16 * 2**20
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
+
+
+async def parse_body(request: Request, schema: type[RequestModel]) -> RequestModel:
+    """The body as `schema`, refused (400) where it is no JSON object, holds a lone surrogate, sets a
+    parameter this server cannot honour, or fails the schema; the message names the field."""
+    body = await read_body(request)
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}") from None
+    except RecursionError:
+        raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    if (where := _lone_surrogate_at(payload)) is not None:
+        where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold one too
+        raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
+                            "character; send text as UTF-8 or as paired escapes", param=where)
+    if unsupported := unsupported_parameter(payload):
+        raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
+                       param=unsupported, code="unsupported_parameter")
+    try:
+        return schema.model_validate(payload)
+    except ValidationError as error:
+        # Of a union's alternatives, the one the body got furthest into says what is wrong
+        # (content given as parts: the part's field, not "should be a valid string").
+        first = max(error.errors(), key=lambda detail: len(detail["loc"]))
+        where = _field_path(first["loc"])
+        message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
+        raise APIError(400, f"{where}: {message}" if where else message, param=where or None) from None
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused (413) past MAX_BODY_BYTES before it is all read: that much text is
+    millions of tokens, past any context here, and reading and tokenizing it costs seconds (20 MB: 8 s)."""
+    too_large = APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # closed before the whole body came: nobody to answer
+        raise ClientGone from None
+    return b"".join(chunks)
+
+
+def _lone_surrogate_at(value: object, path: str = "") -> str | None:
+    """The field path of the first string in a parsed body that holds a lone surrogate (JSON's "\\ud800"
+    parses to one; it cannot be encoded as UTF-8 for the tokenizer), None if there is none."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
+            return found
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """A validation error's location as the request's own field path: "messages.0.content", without
+    pydantic's names for union alternatives and constrained types ("str", "list[TextPart]",
+    "constrained-int")."""
+    return ".".join(str(part) for part in loc if isinstance(part, int) or not _TYPE_TAG.fullmatch(part))
+
+
+_TYPE_TAG = re.compile(r"str|int|float|bool|.*[\[\]-].*")

@@ -1,0 +1,77 @@
+"""What the routes serve (`Service`): the loaded models, the default drafting configuration, the
+worker, and a request's prompt, generation limits and drafting as these models take them."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
+from speccli.core.generator import GenerationLimits
+from speccli.llama.model import Model, shared_context
+from speccli.server.api_errors import APIError
+from speccli.server.metrics import Metrics
+from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
+from speccli.server.worker import Speculation, Worker
+from speccli.validation import needs_draft_model
+
+
+@dataclass
+class Service:
+    """What the routes serve: the loaded models, the default drafting configuration, the worker."""
+
+    model_id: str
+    target: Model
+    draft: Model | None
+    default_speculation: Speculation
+    worker: Worker
+    metrics: Metrics
+    api_key: str | None = None  # what `Authorization: Bearer` must carry on every path but /health; None: open
+
+    def __post_init__(self) -> None:
+        self.chat_format: ChatFormat = chat_format_for(self.target.tokenizer)[0]
+        self.created = int(time.time())
+
+    @property
+    def n_ctx(self) -> int:
+        return shared_context(self.target, self.draft)
+
+    def speculation_for(self, control: SpeculationControl | None) -> Speculation:
+        if control is None:
+            return self.default_speculation
+        if not control.enabled:
+            return Speculation(None, None)
+        spec = control.spec or self.default_speculation.spec or ("model" if self.draft is not None else "ngram")
+        if needs_draft_model(spec) and self.draft is None:
+            raise APIError(400, f"speculative.spec {spec!r} needs a draft model, and this server has none "
+                           "(start it with a draft, or use 'ngram')", param="speculative.spec")
+        k = self.default_speculation.k if control.k is None else control.k
+        return Speculation(spec, k)
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        """Tokens for the messages as the target's template renders them, as `speccli chat` tokenizes
+        a conversation's first turn (so the same message gives the same reply)."""
+        return tokenize_rendered(self.target.tokenizer, self.chat_format, self.chat_format.render(messages))
+
+    def text_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Text as the tokenizer reads it (BOS first where the model wants one); token ids as given."""
+        if isinstance(prompt, str):
+            return self.target.tokenizer.tokenize(prompt, True, True)
+        n_vocab = self.target.n_vocab
+        if max(prompt) >= n_vocab:
+            raise APIError(400, f"prompt: token id {max(prompt)} is past this model's vocabulary of {n_vocab}",
+                           param="prompt")
+        return prompt
+
+    def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...]) -> GenerationLimits:
+        """Refuses a prompt, or prompt plus max_tokens, that the context cannot hold (as OpenAI does);
+        without max_tokens a reply may fill the context."""
+        room = self.n_ctx - len(prompt)
+        requested = body.token_limit()
+        if room < 1 or (requested is not None and requested > room):
+            asked = f" plus {requested} max_tokens" if requested is not None else ""
+            raise APIError(
+                400, f"this model's context holds {self.n_ctx} tokens; the prompt has {len(prompt)}{asked}",
+                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
+            )
+        return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings())
