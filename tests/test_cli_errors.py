@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import read_gguf_metadata, require_gguf
+from speccli.gguf_files import require_gguf
+from speccli.gguf_meta import read_gguf_metadata
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
 from speccli.validation import check_seed

@@ -24,7 +24,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import GGML_BLOCK_SIZES, needed_size, read_gguf_metadata, require_loadable_gguf, require_whole_gguf
+from speccli.gguf_files import require_loadable_gguf, require_whole_gguf
+from speccli.gguf_meta import GGML_BLOCK_SIZES, needed_size, read_gguf_metadata
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf
 
 LLAMA_CPP_PYTHON = version("llama_cpp_python")

@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Sequence
 import llama_cpp
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import require_loadable_gguf
+from speccli.gguf_files import require_loadable_gguf
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
 from speccli.util.interrupts import ctrl_c_as_flag
 

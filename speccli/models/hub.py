@@ -25,7 +25,7 @@ from huggingface_hub.utils import logging as hub_logging
 from huggingface_hub.utils import validate_repo_id
 
 from speccli.errors import SpeccliError
-from speccli.gguf_meta import SPLIT_PART, split_part_names
+from speccli.gguf_files import SPLIT_PART, split_part_names
 from speccli.models.schema import TomlTable
 from speccli.models.sources import ModelFiles
 from speccli.util.cache import refuse_empty_home

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UnreadableFileError
-from speccli.gguf_meta import require_gguf, require_loadable_gguf
+from speccli.gguf_files import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
 from speccli.validation import K, needs_draft_model

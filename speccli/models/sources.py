@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from rich.console import Console
 
 from speccli.errors import SpeccliError, UnreadableFileError, unreadable_reason
-from speccli.gguf_meta import require_gguf, require_whole_gguf
+from speccli.gguf_files import require_gguf, require_whole_gguf
 from speccli.llama.quantize import FILE_TYPES, quantize_model
 from speccli.models.schema import TomlTable, one_of
 from speccli.util.cache import model_cache_dir

@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import model_files, require_loadable_gguf
+from speccli.gguf_files import model_files, require_loadable_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
 from speccli.util.format import format_size

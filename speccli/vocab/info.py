@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from speccli.errors import UnreadableFileError
-from speccli.gguf_meta import SPLIT_COUNT, read_gguf_header, require_loadable_gguf
+from speccli.gguf_files import SPLIT_COUNT, require_loadable_gguf
+from speccli.gguf_meta import read_gguf_header
 
 
 @dataclass(frozen=True)
