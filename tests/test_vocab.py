@@ -14,7 +14,7 @@ from speccli.llama.tokenizer import load_vocab_only
 from speccli.cli.app import app
 from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.vocab.check import check_pair, ensure_compatible
-from speccli.vocab.compare import SAMPLE_TEXTS
+from speccli.vocab.sample_tokenization import SAMPLE_TEXTS
 from speccli.vocab.info import read_vocab
 from speccli.vocab.report import VocabVerdict
 from tests.tiny_gguf import TinyConfig, Vocabulary, gpt2_vocabulary, spm_vocabulary, write_tiny_gguf

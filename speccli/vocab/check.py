@@ -38,12 +38,10 @@ from pathlib import Path
 
 from speccli.errors import SpeccliError
 from speccli.llama.tokenizer import load_vocab_only
-from speccli.vocab.compare import (
-    TokenizerLoader, blocks, compare_metadata, compare_sample_tokenization, llama_cpp_rule,
-    same_tokenizer_fields,
-)
+from speccli.vocab.compare import blocks, compare_metadata, llama_cpp_rule, same_tokenizer_fields
 from speccli.vocab.info import read_vocab
 from speccli.vocab.report import VocabVerdict, VocabReport
+from speccli.vocab.sample_tokenization import TokenizerLoader, compare_sample_tokenization
 
 
 def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: TokenizerLoader | None = None) -> VocabReport:

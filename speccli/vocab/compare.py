@@ -1,43 +1,20 @@
-"""The comparisons behind a check-vocab verdict: metadata, a sample tokenized by both, and llama.cpp's own rule."""
+"""The two files' tokenizer metadata compared for a check-vocab verdict: each difference with its
+severity, and llama.cpp's own compatibility rule. The practical test, a sample tokenized by both, is
+`speccli.vocab.sample_tokenization`."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Iterable
 
 import numpy as np
 
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.util.format import counted
+from speccli.util.sequences import common_prefix_length
 from speccli.vocab.info import VocabInfo
 from speccli.vocab.report import Difference, LlamaCppRule, Severity
-from speccli.util.format import counted
 
 LLAMA_CPP_MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE in llama.cpp common/speculative.cpp
 LLAMA_CPP_CHECK_START_ID = 5  # SPEC_VOCAB_CHECK_START_TOKEN_ID: llama.cpp ignores text of ids below this
 SHOWN_MISMATCHES = 5
-
-# Varied text for the practical test: each kind exercises a different part of a tokenizer
-# (pre-tokenizer regexes, byte fallback, digit splitting, whitespace handling).
-SAMPLE_TEXTS: dict[str, str] = {
-    "prose": "The quick brown fox jumps over the lazy dog. It wasn't me, she said; \"really?\"",
-    "code": "def main(argv):\n    for i in range(10):\n        print(f\"{i:>4}\", argv[i % 2])\n    return 0\n",
-    "json": '{"name": "speccli", "version": [0, 1, 0], "ok": true, "nested": {"a": null}}',
-    "numbers": "3.14159 2,718 1e-9 0x1F 1234567890 -42 +7 50% 12:30 2024-05-01",
-    "whitespace": "  leading\ttab\n\n\nthree newlines    four spaces\r\nwindows line\u00a0nbsp  ",
-    "non-latin": "Привет, мир. 你好，世界。こんにちは。안녕하세요. مرحبا بالعالم. नमस्ते दुनिया. Γειά σου.",
-    "emoji": "Ship it 🚀🔥 — thumbs 👍🏽, family 👨‍👩‍👧, flags 🇩🇪🇯🇵, ©®™ €£¥",
-    "markup": "<div class=\"x\">Hello &amp; <b>bye</b></div> **bold** `code` # Heading",
-}
-
-
-class SampleTokenizer(Protocol):
-    """What the practical test needs from a vocabulary-only model (speccli.llama.tokenizer.Tokenizer fits)."""
-
-    def tokenize(self, text: bytes, add_special: bool = False, parse_special: bool = False) -> list[int]: ...
-
-    def close(self) -> None: ...
-
-
-TokenizerLoader = Callable[[Path], SampleTokenizer]
 
 
 def compare_metadata(draft: VocabInfo, target: VocabInfo) -> list[Difference]:
@@ -101,71 +78,6 @@ def _unstated_differences(draft: VocabInfo, target: VocabInfo) -> list[Differenc
     return differences
 
 
-def compare_sample_tokenization(
-    draft: VocabInfo,
-    target: VocabInfo,
-    load_tokenizer: TokenizerLoader,
-    *,
-    metadata_already_blocks: bool,
-    framing_already_blocks: bool = False,
-    samples: dict[str, str] = SAMPLE_TEXTS,
-) -> tuple[list[Difference], int]:
-    """Tokenize the sample texts with both real tokenizers; returns (differences, samples checked).
-
-    Each text is tokenized as content (no special tokens) and as a prompt (with the BOS/EOS that
-    llama.cpp adds by its own rules, defaults included). The second catches a framing difference
-    that the metadata alone cannot settle; it is not reported again when the metadata already did.
-
-    A tokenizer llama.cpp cannot load is a file problem (UnreadableFileError) unless the metadata has
-    already shown the pair to be incompatible, in which case it is only noted.
-    """
-    tokenizers: list[SampleTokenizer] = []
-    try:
-        for info in (draft, target):
-            try:
-                tokenizers.append(load_tokenizer(info.path))
-            except SpeccliError as error:
-                if not metadata_already_blocks:
-                    raise UnreadableFileError(f"{info.path}: llama.cpp cannot load its tokenizer ({error})") from None
-                return [Difference(
-                    "sample-not-run", Severity.WARNING, f"sample text not tokenized: {error}",
-                )], 0
-        draft_tokenizer, target_tokenizer = tokenizers
-        differing = []
-        framed_differently = []
-        for name, text in samples.items():
-            data = text.encode("utf-8")
-            draft_ids = draft_tokenizer.tokenize(data, add_special=False, parse_special=False)
-            target_ids = target_tokenizer.tokenize(data, add_special=False, parse_special=False)
-            if draft_ids != target_ids:
-                differing.append((name, draft_ids, target_ids))
-            elif draft_tokenizer.tokenize(data, add_special=True) != target_tokenizer.tokenize(data, add_special=True):
-                framed_differently.append(name)
-    finally:
-        for tokenizer in tokenizers:
-            tokenizer.close()
-    if not differing:
-        if framed_differently and not framing_already_blocks:
-            return [Difference(
-                "sample-framing", Severity.BLOCKING,
-                "llama.cpp adds different special tokens (BOS/EOS) to the same prompt for the two models",
-                (f"{len(framed_differently)} of {len(samples)} samples: {', '.join(framed_differently)}",),
-            )], len(samples)
-        return [], len(samples)
-    evidence = [f"{len(differing)} of {len(samples)} samples differ: {', '.join(name for name, _, _ in differing)}"]
-    for name, draft_ids, target_ids in differing[:3]:
-        first = _first_mismatch(draft_ids, target_ids)
-        if first is None:  # one is a prefix of the other
-            first = min(len(draft_ids), len(target_ids))
-        evidence.append(f"{name}: {samples[name][:60]!r}")
-        evidence.append(f"  draft  ({len(draft_ids)} ids) from position {first}: {draft_ids[first:first + 8]}")
-        evidence.append(f"  target ({len(target_ids)} ids) from position {first}: {target_ids[first:first + 8]}")
-    return [Difference(
-        "sample-tokenization", Severity.BLOCKING,
-        "the two tokenizers turn the same text into different ids", tuple(evidence),
-    )], len(samples)
-
-
 def llama_cpp_rule(draft: VocabInfo, target: VocabInfo) -> LlamaCppRule:
     """What llama.cpp's common_speculative_are_compatible would decide for these two vocabularies."""
     if draft.model != target.model:
@@ -178,8 +90,9 @@ def llama_cpp_rule(draft: VocabInfo, target: VocabInfo) -> LlamaCppRule:
         return LlamaCppRule(False, f"vocab sizes differ by more than {LLAMA_CPP_MAX_SIZE_DIFFERENCE}")
     shared = min(draft.size, target.size)
     checked = slice(LLAMA_CPP_CHECK_START_ID, shared)
-    mismatch = _first_mismatch(draft.tokens[checked], target.tokens[checked])
-    if mismatch is not None:
+    draft_checked, target_checked = draft.tokens[checked], target.tokens[checked]
+    if draft_checked != target_checked:
+        mismatch = common_prefix_length(draft_checked, target_checked)
         return LlamaCppRule(False, f"token {mismatch + LLAMA_CPP_CHECK_START_ID} differs")
     return LlamaCppRule(
         True,
@@ -294,9 +207,7 @@ def _setting_differences(draft: VocabInfo, target: VocabInfo) -> list[Difference
 
 
 def _merges_difference(draft_merges: list[bytes], target_merges: list[bytes]) -> Difference:
-    first = _first_mismatch(draft_merges, target_merges)
-    if first is None:  # one list is a prefix of the other
-        first = min(len(draft_merges), len(target_merges))
+    first = common_prefix_length(draft_merges, target_merges)  # where they part, or where the shorter ends
     def rule(merges: list[bytes]) -> str:
         return _show(merges[first]) if first < len(merges) else "(none)"
 
@@ -337,15 +248,6 @@ def _detect_shift(draft_text: np.ndarray, target_text: np.ndarray, mismatched: n
         if inside.sum() >= 3 and np.mean(draft_text[index[inside]] == target_text[probe[inside]]) > 0.9:
             return shift
     return 0
-
-
-def _first_mismatch(a: list, b: list) -> int | None:
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None
 
 
 def _show(token: bytes) -> str:
