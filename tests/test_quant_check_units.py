@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from speccli.checks.fidelity import STORED_RANGE, _Comparator, _log_softmax, _ReferenceStore
+from speccli.checks.distributions import RowComparator, log_softmax
+from speccli.checks.reference_store import STORED_RANGE, ReferenceStore
 from speccli.checks.verdict import Fidelity, judge
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
@@ -16,8 +17,8 @@ from speccli.errors import SpeccliError
 def test_reference_store_keeps_log_probabilities_to_a_fraction_of_a_millinat(tmp_path) -> None:
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((5, 4096)) * 6).astype(np.float32)
-    log_p = _log_softmax(logits)
-    store = _ReferenceStore(tmp_path, 5, 4096)
+    log_p = log_softmax(logits)
+    store = ReferenceStore(tmp_path, 5, 4096)
     store.write(0, log_p)
     back = store.read(0, 5)
     kept = log_p >= log_p.max(axis=1, keepdims=True) - STORED_RANGE
@@ -29,10 +30,10 @@ def test_stored_reference_gives_the_same_figures_as_exact_rows(tmp_path) -> None
     rng = np.random.default_rng(1)
     p_logits = (rng.standard_normal((4, 2048)) * 3).astype(np.float32)
     q_logits = p_logits + rng.standard_normal((4, 2048)).astype(np.float32) * 0.3
-    comparator = _Comparator(SamplingParams(temperature=1.0))
+    comparator = RowComparator(SamplingParams(temperature=1.0))
     exact = comparator.compare(comparator.reference(p_logits), q_logits)
-    store = _ReferenceStore(tmp_path, 4, 2048)
-    store.write(0, _log_softmax(p_logits))
+    store = ReferenceStore(tmp_path, 4, 2048)
+    store.write(0, log_softmax(p_logits))
     stored = comparator.compare(comparator.reference_from_log_p(store.read(0, 4)), q_logits)
     np.testing.assert_allclose(stored[0], exact[0], atol=1e-3)  # acceptance
     np.testing.assert_allclose(stored[1], exact[1], atol=1e-3)  # KL
@@ -41,7 +42,7 @@ def test_stored_reference_gives_the_same_figures_as_exact_rows(tmp_path) -> None
 
 def test_identical_rows_score_acceptance_one_and_kl_zero() -> None:
     logits = np.random.default_rng(2).standard_normal((3, 1000)).astype(np.float32)
-    comparator = _Comparator(SamplingParams(temperature=1.0))
+    comparator = RowComparator(SamplingParams(temperature=1.0))
     acceptance, kl, same_top, _, broken = comparator.compare(comparator.reference(logits), logits.copy())
     np.testing.assert_allclose(acceptance, 1.0, atol=1e-5)
     np.testing.assert_allclose(kl, 0.0, atol=1e-6)
@@ -54,7 +55,7 @@ def test_a_row_with_a_nan_or_infinite_logit_or_every_token_masked_accepts_nothin
     logits = np.random.default_rng(4).standard_normal((5, 1000)).astype(np.float32)
     candidate = logits.copy()
     candidate[1, 7], candidate[2, :], candidate[3, 0], candidate[4, :] = np.nan, np.nan, np.inf, -np.inf
-    comparator = _Comparator(SamplingParams(temperature=0.7, top_k=40))
+    comparator = RowComparator(SamplingParams(temperature=0.7, top_k=40))
     acceptance, kl, same_top, _, broken = comparator.compare(comparator.reference(logits), candidate)
     assert broken.tolist() == [False, True, True, True, True]
     assert acceptance[0] == pytest.approx(1.0, abs=1e-5) and (acceptance[1:] == 0).all()
@@ -68,9 +69,9 @@ def test_a_row_with_a_nan_or_infinite_logit_or_every_token_masked_accepts_nothin
 def test_a_stored_reference_against_itself_never_gives_a_negative_kl(tmp_path) -> None:
     # The store's rounding (0.00037-nat steps, the tail dropped) made these -1e-6 before KL was clamped.
     logits = (np.random.default_rng(3).standard_normal((6, 4096)) * 4).astype(np.float32)
-    comparator = _Comparator(SamplingParams(temperature=1.0))
-    store = _ReferenceStore(tmp_path, 6, 4096)
-    store.write(0, _log_softmax(logits))
+    comparator = RowComparator(SamplingParams(temperature=1.0))
+    store = ReferenceStore(tmp_path, 6, 4096)
+    store.write(0, log_softmax(logits))
     _, kl, _, _, _ = comparator.compare(comparator.reference_from_log_p(store.read(0, 6)), logits.copy())
     assert (kl >= 0).all() and kl.max() < 1e-4
 
@@ -79,7 +80,7 @@ def test_acceptance_against_itself_is_a_probability() -> None:
     """Σ min(p, q) of a row with itself is Σ p, which float32 rounding can put above 1 (a model checked
     against its own file reported 1.0000000004): it is held at 1."""
     rows = (np.random.default_rng(5).standard_normal((64, 4096)) * 3).astype(np.float32)
-    comparator = _Comparator(SamplingParams(temperature=1.0))
+    comparator = RowComparator(SamplingParams(temperature=1.0))
     acceptance, _, _, _, _ = comparator.compare(comparator.reference(rows), rows.copy())
     assert acceptance.max() == 1.0 and acceptance.min() > 0.999
 
@@ -119,7 +120,7 @@ def test_a_full_temporary_folder_is_one_line_before_any_row_is_written(tmp_path,
     folder = tmp_path / "speccli-quant-check-x"
     folder.mkdir()
     with pytest.raises(SpeccliError) as refused:
-        _ReferenceStore(folder, 1000, 262_144)
+        ReferenceStore(folder, 1000, 262_144)
     assert str(refused.value) == (f"{tmp_path}: no room for the 524.3 MB of reference rows quant-check's sequential mode "
                                   "keeps there (No space left on device); point TMPDIR at a folder with more space")
 
@@ -129,12 +130,12 @@ def test_a_file_system_that_cannot_reserve_blocks_gets_a_sparse_file_as_before(t
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(os, "posix_fallocate", unsupported, raising=False)
-    store = _ReferenceStore(tmp_path, 10, 4096)
+    store = ReferenceStore(tmp_path, 10, 4096)
     assert os.stat(tmp_path / "reference-log-p.u16").st_size == 10 * 4096 * 2 and store.codes.shape == (10, 4096)
 
 
 def test_the_reference_rows_file_is_allocated_whole(tmp_path) -> None:
-    store = _ReferenceStore(tmp_path, 10, 4096)
+    store = ReferenceStore(tmp_path, 10, 4096)
     stat = os.stat(tmp_path / "reference-log-p.u16")
     assert stat.st_size == 10 * 4096 * 2 and store.codes.shape == (10, 4096)
     if hasattr(os, "posix_fallocate"):

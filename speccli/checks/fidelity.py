@@ -1,28 +1,16 @@
 """The measurement behind `quant-check`: teacher-force a reference and candidates over the same tokens
-and compare their next-token distributions position by position.
-
-Per position (one row of logits each), with p from the reference and q from a candidate:
-
-* acceptance  Σ_i min(p_i, q_i): the probability that speculative sampling accepts the candidate's
-              draft token there. p and q come from `speccli.core.sampling.probabilities` with the
-              sampling settings asked for, the very function the engine verifies with.
-* KL, top-1   llama.cpp's `llama-perplexity --kl-divergence` figures: KL(p‖q) = Σ p (log p − log q) in
-              nats on the raw distributions (softmax of the logits, temperature 1, no filters), and
-              whether both raw argmaxes agree. They do not depend on the sampling settings.
+and compare their next-token distributions position by position (the figures, acceptance, KL and
+top-1: `speccli.checks.distributions`).
 
 Memory stays bounded: logits are decoded and compared CHUNK rows at a time, and only scalars per
 position are kept (plus the top tokens of the few worst positions). By default the reference and one
 candidate are loaded together and the reference is decoded again for each candidate (exact float32
-rows). In sequential mode only one model is loaded at a time: the reference runs first and its
-log-probabilities are stored on disk, memory-mapped, as llama.cpp stores its `--kl-divergence-base`
-file: uint16 codes over the top STORED_RANGE nats of each row (step 0.00037 nats), tokens below that
-range dropped (probability < e^-24 of the top one). That is the only approximation, and it is small.
+rows). In sequential mode only one model is loaded at a time, the reference first, its rows stored on
+disk (`speccli.checks.reference_store`: the only approximation, and a small one).
 """
 from __future__ import annotations
 
-import errno
 import heapq
-import os
 import statistics
 import tempfile
 import time
@@ -32,10 +20,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import SamplingParams, probabilities
+from speccli.checks.distributions import ReferenceRows, RowComparator, finite_rows, log_softmax
+from speccli.checks.reference_store import ReferenceStore
+from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model
-from speccli.util.format import format_size
 
 CHUNK = 32  # rows decoded and compared at once: 32 MB per float32 array for a 262k vocabulary
 TOP_SHOWN = 3  # top tokens shown for a worst position
@@ -43,8 +32,6 @@ WORST_KEPT = 5  # worst positions kept as evidence, per candidate
 MAX_VERIFY = 9  # the reference's decode cost is measured for 1..MAX_VERIFY tokens (K = 1..8 drafts)
 TIMING_REPEATS = 5
 WARM_UP_SECONDS = 0.2  # of untimed 1-token decodes before a model's timings
-STORED_RANGE = 24.0  # nats below each row's top kept in sequential mode's reference store
-_CODE_STEPS = 65534  # uint16 codes 1..65535 span the stored range; 0 means below it
 
 Progress = Callable[[str, int], None]  # (what is running, positions just done)
 
@@ -97,73 +84,13 @@ class FidelityMeasurement:
     seconds: float = 0.0
 
 
-@dataclass
-class _ReferenceRows:
-    log_p: np.ndarray  # raw log-softmax (may hold -inf in sequential mode: dropped tail)
-    p: np.ndarray  # after the sampling settings
-    top: np.ndarray  # raw argmax per row
-
-
-class _Comparator:
-    """Rows of logits -> the per-position figures, reusing its buffers chunk after chunk."""
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        # At temperature 1 without filters the sampled distribution is the raw one: compute it once.
-        self.raw_is_sampled = params == SamplingParams(temperature=1.0)
-
-    def reference(self, logits: np.ndarray) -> _ReferenceRows:
-        return self.reference_from_log_p(_log_softmax(logits))
-
-    def reference_from_log_p(self, log_p: np.ndarray) -> _ReferenceRows:
-        # Log-probabilities are logits too (softmax is shift-invariant), so the settings apply alike.
-        p = np.exp(log_p) if self.raw_is_sampled else probabilities(log_p, self.params)
-        return _ReferenceRows(log_p, p, log_p.argmax(axis=1))
-
-    def compare(self, reference: _ReferenceRows, logits: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(acceptance, kl, same_top, q, broken) for each row. A row with a NaN or +inf logit (`broken`:
-        a file whose weights or backend went wrong) has no distribution: nothing drafted from it could
-        be accepted, so its acceptance is 0 and its KL infinite."""
-        broken = ~_finite_rows(logits)
-        if broken.any():  # computed on a stand-in (uniform) row, then overwritten
-            logits = np.where(broken[:, None], np.float32(0), logits)
-        log_q = _log_softmax(logits)
-        q = np.exp(log_q) if self.raw_is_sampled else probabilities(logits, self.params)
-        # A probability: p and q each sum to 1 only to float32 rounding (the same file twice made 1.0000000004).
-        acceptance = np.minimum(reference.p, q).sum(axis=1, dtype=np.float64).clip(max=1.0)
-        raw_p = reference.p if self.raw_is_sampled else np.exp(reference.log_p)
-        terms = log_q
-        np.subtract(reference.log_p, log_q, out=terms)
-        with np.errstate(invalid="ignore"):
-            terms *= raw_p
-        # A dropped tail (sequential mode) has p = 0 and log p = -inf: its terms are 0·(-inf), not counted.
-        # The stored rows' rounding leaves an identical row at about -1e-6, where KL is 0: never below.
-        kl = np.maximum(np.nansum(terms, axis=1, dtype=np.float64), 0.0)
-        same_top = reference.top == logits.argmax(axis=1)
-        acceptance[broken], kl[broken], same_top[broken] = 0.0, np.inf, False
-        return acceptance, kl, same_top, q, broken
-
-
-def _finite_rows(logits: np.ndarray) -> np.ndarray:
-    """Rows that are a distribution: no NaN or +inf, and a finite logit somewhere (-inf is a token
-    masked out, which a model may do, but not every token)."""
-    return ~(np.isnan(logits) | np.isposinf(logits)).any(axis=1) & np.isfinite(logits).any(axis=1)
-
-
 def _refuse_broken_reference(path: Path, logits: np.ndarray, sequence: int, start: int) -> None:
-    broken = np.flatnonzero(~_finite_rows(logits))
+    broken = np.flatnonzero(~finite_rows(logits))
     if len(broken):
         raise SpeccliError(
             f"{path}: its logits are not finite (NaN or infinity) at position {start + int(broken[0])} of "
             f"sequence {sequence + 1}, so it cannot serve as the reference: check the file against its source"
         )
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    out = logits - logits.max(axis=1, keepdims=True)
-    scratch = np.exp(out)
-    out -= np.log(scratch.sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
-    return out
 
 
 def _top(row: np.ndarray, count: int = TOP_SHOWN) -> TopTokens:
@@ -183,7 +110,7 @@ class _Accumulator:
         self.filled = 0
         self._worst: list[tuple[float, int, WorstPosition]] = []  # max-heap on acceptance via negation
 
-    def add(self, sequence: int, first_offset: int, reference: _ReferenceRows, figures) -> None:
+    def add(self, sequence: int, first_offset: int, reference: ReferenceRows, figures) -> None:
         acceptance, kl, same_top, q, broken = figures
         n = len(acceptance)
         span = slice(self.filled, self.filled + n)
@@ -205,47 +132,6 @@ class _Accumulator:
 
     def worst(self) -> list[WorstPosition]:
         return [entry for _, _, entry in sorted(self._worst, key=lambda item: (-item[0], item[1]))]  # worst first
-
-
-class _ReferenceStore:
-    """The reference's log-probabilities for every position, uint16-coded in a memory-mapped temp file."""
-
-    def __init__(self, directory: Path, n_positions: int, n_vocab: int) -> None:
-        path = directory / "reference-log-p.u16"
-        _reserve(path, n_positions * n_vocab * np.dtype(np.uint16).itemsize)
-        self.codes = np.memmap(path, dtype=np.uint16, mode="r+", shape=(n_positions, n_vocab))
-        self.floor = np.empty(n_positions, dtype=np.float32)  # each row's top minus STORED_RANGE
-
-    def write(self, start: int, log_p: np.ndarray) -> None:
-        floor = log_p.max(axis=1) - np.float32(STORED_RANGE)
-        scaled = (log_p - floor[:, None]) * np.float32(_CODE_STEPS / STORED_RANGE)
-        codes = np.where(scaled >= 0, np.rint(np.maximum(scaled, 0)) + 1, 0)
-        self.codes[start : start + len(log_p)] = codes.astype(np.uint16)
-        self.floor[start : start + len(log_p)] = floor
-
-    def read(self, start: int, count: int) -> np.ndarray:
-        codes = np.asarray(self.codes[start : start + count], dtype=np.float32)
-        log_p = (codes - 1) * np.float32(STORED_RANGE / _CODE_STEPS) + self.floor[start : start + count, None]
-        log_p[codes == 0] = -np.inf
-        return log_p
-
-
-def _reserve(path: Path, size: int) -> None:
-    """Create `path` with `size` bytes of disk allocated now. Writes to a memory-mapped file that find
-    no free block end the process with SIGBUS, which Python cannot catch (a full temporary folder:
-    "Bus error", the folder left behind); allocated up front, a full disk is one line here instead."""
-    with path.open("wb") as file:
-        try:
-            if not hasattr(os, "posix_fallocate"):  # macOS
-                raise OSError(errno.EOPNOTSUPP, "no fallocate")
-            os.posix_fallocate(file.fileno(), 0, size)
-        except OSError as error:
-            if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-                raise SpeccliError(
-                    f"{path.parent.parent}: no room for the {format_size(size)} of reference rows quant-check's "
-                    f"sequential mode keeps there ({error.strerror}); point TMPDIR at a folder with more space"
-                ) from None
-            file.truncate(size)  # a file system that cannot reserve blocks: a sparse file, as before
 
 
 def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -> dict[int, float]:
@@ -282,7 +168,7 @@ def measure(
     """Teacher-force every sequence through the reference and each candidate; see the module docstring."""
     started = time.perf_counter()
     advance = progress or (lambda _what, _done: None)
-    comparator = _Comparator(params)
+    comparator = RowComparator(params)
     sequence_index = np.concatenate([np.full(len(s.tokens), i) for i, s in enumerate(sequences)])
     offsets = np.concatenate([np.arange(len(s.tokens)) for s in sequences])
     n_positions = len(offsets)
@@ -316,13 +202,13 @@ def measure(
         with tempfile.TemporaryDirectory(prefix="speccli-quant-check-") as directory:
             with Model(reference_path, options) as reference:
                 reference_seconds = decode_seconds(reference, timing_context, range(1, MAX_VERIFY + 1))
-                store = _ReferenceStore(Path(directory), n_positions, reference.n_vocab)
+                store = ReferenceStore(Path(directory), n_positions, reference.n_vocab)
                 for index, start, position, chunk in chunks():
                     if start == 0:
                         reference.reset()
                     logits = reference.decode(chunk, n_logit_rows=len(chunk))
                     _refuse_broken_reference(reference_path, logits, index, start)
-                    store.write(position, _log_softmax(logits))
+                    store.write(position, log_softmax(logits))
                     advance(reference_path.name, len(chunk))
             for path in candidate_paths:
                 run_candidate(path, lambda _i, _s, position, chunk: comparator.reference_from_log_p(store.read(position, len(chunk))))

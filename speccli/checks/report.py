@@ -18,7 +18,8 @@ from typing import Protocol
 import numpy as np
 
 from speccli.bench.theory import expected_tokens_per_verify, predicted_speedup
-from speccli.checks.fidelity import MAX_VERIFY, STORED_RANGE, CandidateMeasurement, FidelityMeasurement, TopTokens
+from speccli.checks.fidelity import MAX_VERIFY, CandidateMeasurement, FidelityMeasurement, TopTokens
+from speccli.checks.reference_store import STORED_RANGE
 from speccli.checks.verdict import RULE, Fidelity, judge
 from speccli.core.sampling import SamplingParams
 from speccli.util.format import json_safe
