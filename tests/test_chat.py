@@ -29,9 +29,8 @@ from speccli.chat.conversation import Conversation
 from speccli.chat.session import ChatSession, measure_target_token_seconds, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
-from speccli.chat.view import (
-    Display, LiveReply, acceptance_bar, estimated_speedup, stats_panel, stats_record, summary_line,
-)
+from speccli.chat.stats_view import acceptance_bar, estimated_speedup, stats_panel, stats_record, summary_line
+from speccli.chat.view import Display, LiveReply
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import DraftCosts, ReplyDrafting

@@ -48,9 +48,10 @@ def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeat
     """What one token costs the target alone: a 1-token decode (`Model.time_decode`, the cost probe) and
     one sample from its logits.
 
-    Speculation's benefit is measured against this (see display.estimated_speedup). Each part is the
-    least of `repeats` timings after a warm-up: what else the machine does only ever lengthens a
-    timing, and on a loaded machine slow ones had made a session's estimate 49x at an acceptance of 0%.
+    Speculation's benefit is measured against this (see `speccli.chat.stats_view.estimated_speedup`).
+    Each part is the least of `repeats` timings after a warm-up: what else the machine does only ever
+    lengthens a timing, and on a loaded machine slow ones had made a session's estimate 49x at an
+    acceptance of 0%.
     The cache is left as it was. At position 0 it slightly underestimates the cost deep in a long
     context, where attention costs more.
     """
