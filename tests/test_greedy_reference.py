@@ -53,8 +53,8 @@ QWEN_PROMPTS = [
 
 
 class LlamaGreedy:
-    """The target alone, through llama-cpp-python's high-level API; each prompt's output is kept, for the
-    tests that compare it with several drafting setups."""
+    """The target alone, through llama-cpp-python's high-level API; each prompt's output is kept for the
+    next test that asks (a negative control reuses it)."""
 
     def __init__(self, path, n_ctx: int) -> None:
         self.llama = llama_cpp.Llama(
@@ -76,7 +76,7 @@ class LlamaGreedy:
         tokens, rows, token = [], [], prompt[-1]
         for _ in range(max_tokens):
             llama.eval([token])
-            row = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(llama.n_vocab(),)).copy()
+            row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llama.ctx, -1), shape=(llama.n_vocab(),)).copy()
             token = int(row.argmax())
             tokens.append(token)
             rows.append(row)
