@@ -2,25 +2,22 @@
 
 A deterministic draft proposes x with certainty; `verify_sampled` (without q rows for it) accepts it
 with probability p(x) and, at a rejection, draws from p with x removed. Here the output distribution
-is computed by enumeration through the real functions, with scripted uniforms, and must equal the
-target's to 1e-12: for one position, for a whole step, and for several steps whose draft source and
-length are chosen from the tokens so far (as `--k auto` and the n-gram + model chain do), including
-steps where a lookup takes a draft model's draft over after tokens the model sampled.
+is read off the real functions' verdicts over the whole partition of their uniforms (each cell probed
+just inside its edges: see tests/test_verify_exact.py), and must equal the target's to 1e-12: for one
+position, for a whole step, and for several steps whose draft source and length are chosen from the
+tokens so far (as `--k auto` and the n-gram + model chain do), including steps where a lookup takes a
+draft model's draft over after tokens the model sampled. Residuals of other widths, at a lookup's
+rejection or a model's, are its negative controls.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from speccli.core.verify import (
-    DraftVerdict,
-    acceptance_probabilities,
-    residual_distribution,
-    verify_sampled,
-    without_token,
-)
+from speccli.core import verify as verify_module
+from speccli.core.verify import DraftVerdict, verify_sampled, without_token
 from tests.test_verify_exact import (
-    ScriptedUniforms, TinyLanguageModel, random_distribution, target_sequences, uniforms_at_the_thresholds,
+    ScriptedUniforms, TinyLanguageModel, random_distribution, residual_with_a_floor, step_distribution, target_sequences,
 )
 
 
@@ -60,35 +57,13 @@ def test_rounding_that_leaves_no_mass_falls_back_to_p() -> None:
 
 
 def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: tuple[int, ...], q_rows):
-    """Every outcome of one verify step through the real rule: yields (emitted tokens, probability).
+    """Every outcome of one verify step, read off the real rule's verdicts over the whole partition of its
+    uniforms (tests/test_verify_exact.py's `step_distribution`): yields (emitted tokens, probability).
 
     q_rows: the rows the first len(q_rows) drafted tokens were drawn from (the caller weights by the
     probability of drawing them); the rest, or all where q_rows is None, were proposed with certainty."""
-    k, drawn = len(drafted), 0 if q_rows is None else len(q_rows)
-    p_rows = np.array([target(prefix + drafted[:i]) for i in range(k + 1)])
-    chosen = np.array(drafted, dtype=np.int64)
-    accept = np.array([
-        acceptance_probabilities(p_rows[i, token], q_rows[i, token]) if i < drawn else p_rows[i, token]
-        for i, token in enumerate(chosen)
-    ])
-    for n_accepted in range(k + 1):
-        outcome = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
-        if outcome == 0:
-            continue
-        if n_accepted == k:
-            emit_from = p_rows[k]
-        elif n_accepted < drawn:
-            emit_from = residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
-        else:
-            emit_from = without_token(p_rows[n_accepted], drafted[n_accepted])
-        uniforms = uniforms_at_the_thresholds(accept, n_accepted)
-        cumulative = np.cumsum(emit_from)
-        for token in np.flatnonzero(emit_from > 0):
-            middle = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
-            script = ScriptedUniforms(uniforms, middle)
-            verdict = verify_sampled(chosen, q_rows, p_rows, script)
-            assert verdict == DraftVerdict(n_accepted, int(token))
-            yield drafted[:n_accepted] + (int(token),), outcome * emit_from[token]
+    p_rows = np.array([target(prefix + drafted[:i]) for i in range(len(drafted) + 1)])
+    yield from step_distribution(drafted, q_rows, p_rows).items()
 
 
 class LookupDrafter:
@@ -143,9 +118,10 @@ def speculative_joint(target, draft_model, prefix: tuple[int, ...], length: int)
     return joint
 
 
-@pytest.mark.parametrize("vocab, length, seed", [(3, 4, 0), (3, 5, 1), (4, 4, 2)])
-@pytest.mark.parametrize("sparsity", [0.0, 0.5])
-def test_steps_with_source_and_length_chosen_from_the_past_are_exact(vocab, length, seed, sparsity) -> None:
+CHOSEN_STEP_CASES = [(3, 4, 0), (3, 5, 1), (4, 4, 2)]  # (vocab, length, seed)
+
+
+def assert_chosen_steps_are_exact(vocab: int, length: int, seed: int, sparsity: float) -> None:
     target = TinyLanguageModel(seed, vocab, sparsity)
     draft_model = TinyLanguageModel(seed + 100, vocab, sparsity)
     speculative = speculative_joint(target, draft_model, (), length)
@@ -153,3 +129,51 @@ def test_steps_with_source_and_length_chosen_from_the_past_are_exact(vocab, leng
     assert set(speculative) <= set(exact)
     for sequence, probability in exact.items():
         assert abs(speculative.get(sequence, 0.0) - probability) < 1e-12, sequence
+
+
+@pytest.mark.parametrize("vocab, length, seed", CHOSEN_STEP_CASES)
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_steps_with_source_and_length_chosen_from_the_past_are_exact(vocab, length, seed, sparsity) -> None:
+    assert_chosen_steps_are_exact(vocab, length, seed, sparsity)
+
+
+def without_token_floored(p: np.ndarray, token: int) -> np.ndarray:
+    """p with `token` removed, plus 1e-3 on every token p allows: the right tokens, intervals off by ~1e-3."""
+    residual = np.where(p > 0, p + 1e-3, 0.0)
+    residual[token] = 0
+    return residual / residual.sum()
+
+
+def without_a_tenth_of_token(p: np.ndarray, token: int) -> np.ndarray:
+    """p with `token` kept at a tenth of its mass: norm(max(0, p - 0.9 p(token) one-hot(token)))."""
+    residual = p.copy()
+    residual[token] *= 0.1
+    return residual / residual.sum()
+
+
+CONTROLS = {
+    "lookup residual floored by 1e-3": ("without_token", without_token_floored),
+    "lookup token kept at a tenth": ("without_token", without_a_tenth_of_token),
+    "model residual floored by 1e-3": ("residual_distribution", residual_with_a_floor),
+}
+# In two sparse cases every rejection of a model token that can happen has p > q on one token only: the
+# floored residual is the right one there.
+SAME_RESIDUAL = {("model residual floored by 1e-3", 3, 4, 0, 0.5), ("model residual floored by 1e-3", 3, 5, 1, 0.5)}
+
+
+@pytest.mark.parametrize(
+    "control, vocab, length, seed, sparsity",
+    [
+        (control, *case, sparsity)
+        for control in CONTROLS for case in CHOSEN_STEP_CASES for sparsity in (0.0, 0.5)
+        if (control, *case, sparsity) not in SAME_RESIDUAL
+    ],
+)
+def test_the_enumeration_of_chosen_steps_detects_residuals_of_other_widths(
+    control, vocab, length, seed, sparsity, monkeypatch
+) -> None:
+    """Negative controls: residuals of the right tokens (or nearly) with other widths, at a lookup's
+    rejection or a draft model's, fail the multi-step enumeration in every case where they differ."""
+    monkeypatch.setattr(verify_module, *CONTROLS[control])
+    with pytest.raises(AssertionError):
+        assert_chosen_steps_are_exact(vocab, length, seed, sparsity)

@@ -2,9 +2,16 @@
 
 No sampling here: the output distribution of one verification position is computed from the same
 functions `verify_sampled` uses, and must equal p to 1e-12. A second test enumerates whole K-token
-steps on a tiny vocabulary, so the chaining of positions (the bonus token included) is exact too: it
-drives the real `verify_sampled` with uniforms just either side of each acceptance probability, so
-the rule's own thresholds are what is checked (negative controls: a looser rule, one uniform shared).
+steps on a tiny vocabulary, so the chaining of positions (the bonus token included) is exact too. It
+reads the distribution off the real `verify_sampled`'s verdicts: the K acceptance uniforms and the
+one that draws the emitted token are partitioned into cells by the rule's definition (one cell per
+outcome: drafts kept, token emitted), every cell is probed just inside each of its edges and in its
+middle, all probes of a cell must give one verdict, and the cell's probability goes to that
+verdict's tokens. So both the acceptance thresholds and the widths of every token's interval in the
+residual and bonus draws are the rule's own, to 1e-12 (negative controls: a looser acceptance, one
+uniform shared by all positions, two residuals of the right tokens with other widths, a bonus row a
+little off; a probe in each interval's middle alone passed the residuals). The probes rely on the
+rule being a threshold on each acceptance uniform and an inverse-CDF draw (monotone in its uniform).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import itertools
 import numpy as np
 import pytest
 
+from speccli.core import verify as verify_module
 from speccli.core.verify import DraftVerdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
 
 
@@ -108,15 +116,89 @@ class ScriptedUniforms:
         return np.array(drawn)
 
 
-def uniforms_at_the_thresholds(accept: np.ndarray, n_accepted: int) -> np.ndarray:
-    """Uniforms that accept the first `n_accepted` drafts and reject the next, each a hair's breadth
-    from its acceptance probability (below it to accept, above it to reject): a rule that accepts with
-    any other probability, or judges two positions with one uniform, gives another verdict."""
-    uniforms = np.full(len(accept), 0.5)  # past the rejection: never read
-    uniforms[:n_accepted] = accept[:n_accepted] * (1 - 1e-9)
-    if n_accepted < len(accept):
-        uniforms[n_accepted] = accept[n_accepted] + (1 - accept[n_accepted]) * 1e-9
-    return uniforms
+# Probes sit this far inside a cell's edges, in the space of the uniforms: a rule whose own edges are
+# elsewhere by more gives two verdicts in one cell, and the distribution read off the verdicts holds to
+# about this much per cell.
+EDGE = 1e-12
+
+
+def probes(low: float, high: float) -> list[float]:
+    """Uniforms in the cell [low, high): just inside both edges, and the middle. Where the cell is under
+    4 EDGE wide (it holds under 4e-12 of probability) its middle alone, and none if no float lies in it."""
+    middle = (low + high) / 2
+    if high - low >= 4 * EDGE:
+        return [low + EDGE, middle, high - EDGE]
+    return [middle] if low <= middle < high else []
+
+
+def reference_acceptance(drafted, q_rows, p_rows) -> np.ndarray:
+    """The rule's acceptance probability at each drafted position, from its definition (not verify.py's
+    code): min(1, p(x)/q(x)) where x was drawn from q (the first len(q_rows)), p(x) where proposed with
+    certainty."""
+    drawn = 0 if q_rows is None else len(q_rows)
+    return np.array([
+        min(1.0, p_rows[i][x] / q_rows[i][x]) if i < drawn else p_rows[i][x] for i, x in enumerate(drafted)
+    ])
+
+
+def reference_emission(drafted, q_rows, p_rows, n_accepted: int) -> np.ndarray:
+    """What the token after `n_accepted` kept drafts is drawn from, by definition: the bonus row p_k, or at a
+    rejection norm(max(0, p - q)), with q = one-hot(x) where x was proposed with certainty."""
+    k, drawn = len(drafted), 0 if q_rows is None else len(q_rows)
+    if n_accepted == k:
+        return p_rows[k]
+    p = p_rows[n_accepted]
+    q = q_rows[n_accepted] if n_accepted < drawn else np.eye(len(p))[drafted[n_accepted]]
+    residual = np.maximum(p - q, 0)
+    return residual / residual.sum() if residual.sum() > 0 else p
+
+
+def step_cells(drafted, q_rows, p_rows):
+    """The partition of one step's uniforms (K acceptance uniforms, then the one that draws the emitted
+    token) into cells, one per outcome (n_accepted, token), by the rule's definition. Yields each cell's
+    probability with the uniforms that probe it: acceptance vectors at the cell's low corner, its high
+    corner, at the thresholds (kept drafts just below theirs, the rejected one just above), and in its
+    middle, each with the emitted token's uniform just inside both edges of its interval and in its middle."""
+    k = len(drafted)
+    accept = reference_acceptance(drafted, q_rows, p_rows)
+    for n_accepted in range(k + 1):
+        columns = [probes(0.0, a) for a in accept[:n_accepted]]
+        if n_accepted < k:
+            columns.append(probes(accept[n_accepted], 1.0))
+        if not all(columns):
+            continue  # the outcome is impossible (or narrower than a float)
+        unread = [0.5] * (k - len(columns))  # past the rejection
+        corners = {}
+        for kept, rejected in [(0, 0), (2, 2), (2, 0), (1, 1)]:
+            picks = [kept] * n_accepted + [rejected] * (n_accepted < k)
+            vector = tuple(column[min(pick, len(column) - 1)] for column, pick in zip(columns, picks))
+            corners[vector] = np.array([*vector, *unread])
+        outcome = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
+        emission = reference_emission(drafted, q_rows, p_rows, n_accepted)
+        edges = np.concatenate([[0.0], np.cumsum(emission)]) / emission.sum()
+        for token in np.flatnonzero(emission > 0):
+            sample_uniforms = probes(edges[token], edges[token + 1])
+            if sample_uniforms:
+                yield (n_accepted, int(token)), outcome * emission[token], list(corners.values()), sample_uniforms
+
+
+def step_distribution(drafted, q_rows, p_rows, verify=verify_sampled) -> dict[tuple[int, ...], float]:
+    """The distribution of what one step emits (kept drafts and the next token), read off `verify`'s own
+    verdicts: every cell of the partition above is probed, all its probes must give one verdict (else the
+    rule's edges are not where its definition puts them: a residual or acceptance of other widths), and the
+    cell's probability goes to what that verdict emits, whatever the cell was expected to give."""
+    chosen = np.array(drafted, dtype=np.int64)
+    emitted: dict[tuple[int, ...], float] = {}
+    for cell, probability, accept_vectors, sample_uniforms in step_cells(drafted, q_rows, p_rows):
+        verdicts = {
+            verify(chosen, q_rows, p_rows, ScriptedUniforms(uniforms, u))
+            for uniforms in accept_vectors for u in sample_uniforms
+        }
+        assert len(verdicts) == 1, f"the rule gives {sorted(verdicts, key=str)} within the cell of {cell}"
+        (verdict,) = verdicts
+        tokens = tuple(int(x) for x in drafted[: verdict.n_accepted]) + (verdict.next_token,)
+        emitted[tokens] = emitted.get(tokens, 0.0) + probability
+    return emitted
 
 
 class TinyLanguageModel:
@@ -131,10 +213,9 @@ class TinyLanguageModel:
 
 
 def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel, k: int, verify=verify_sampled) -> dict:
-    """Exact distribution of k+1 tokens made by one verify step (the real `verify_sampled`, driven
-    through every draft sequence and accept/reject outcome by uniforms at the acceptance thresholds),
-    topped up with target-only tokens to k+1. Speculative decoding is exact iff this equals the
-    target's joint."""
+    """Exact distribution of k+1 tokens made by one verify step (every draft sequence, and what the real
+    `verify_sampled` emits for it, read off its verdicts over the whole partition of its uniforms), topped
+    up with target-only tokens to k+1. Speculative decoding is exact iff this equals the target's joint."""
     joint: dict[tuple[int, ...], float] = {}
     for drafted in itertools.product(range(draft.vocab), repeat=k):
         q_rows = np.array([draft(drafted[:i]) for i in range(k)])
@@ -142,25 +223,10 @@ def speculative_then_target(target: TinyLanguageModel, draft: TinyLanguageModel,
         drafted_probability = np.prod(q_rows[np.arange(k), drafted])
         if drafted_probability == 0:
             continue
-        accept = acceptance_probabilities(p_rows[np.arange(k), drafted], q_rows[np.arange(k), drafted])
-        for n_accepted in range(k + 1):
-            # Accept the first n_accepted drafts, reject the next one (unless all were accepted).
-            outcome_probability = np.prod(accept[:n_accepted]) * (1 - accept[n_accepted] if n_accepted < k else 1)
-            if outcome_probability == 0:
-                continue
-            uniforms = uniforms_at_the_thresholds(accept, n_accepted)
-            emit_from = (
-                p_rows[k] if n_accepted == k else residual_distribution(p_rows[n_accepted], q_rows[n_accepted])
-            )
-            cumulative = np.cumsum(emit_from)
-            for token in np.flatnonzero(emit_from > 0):
-                middle_of_token = (cumulative[token] - emit_from[token] / 2) / cumulative[-1]
-                verdict = verify(np.array(drafted), q_rows, p_rows, ScriptedUniforms(uniforms, middle_of_token))
-                assert verdict == DraftVerdict(n_accepted, int(token))
-                emitted = tuple(drafted[:n_accepted]) + (int(token),)
-                weight = drafted_probability * outcome_probability * emit_from[token]
-                for completion, completion_probability in target_sequences(target, emitted, k + 1):
-                    joint[completion] = joint.get(completion, 0.0) + weight * completion_probability
+        for emitted, probability in step_distribution(drafted, q_rows, p_rows, verify).items():
+            weight = drafted_probability * probability
+            for completion, completion_probability in target_sequences(target, emitted, k + 1):
+                joint[completion] = joint.get(completion, 0.0) + weight * completion_probability
     return joint
 
 
@@ -175,16 +241,66 @@ def target_sequences(target: TinyLanguageModel, prefix: tuple[int, ...], length:
             yield sequence, row[token] * probability
 
 
-@pytest.mark.parametrize("k, vocab, seed", [(1, 4, 0), (2, 3, 1), (3, 3, 2), (2, 4, 3)])
-@pytest.mark.parametrize("sparsity", [0.0, 0.5])
-def test_a_whole_step_with_its_bonus_token_is_exact(k: int, vocab: int, seed: int, sparsity: float) -> None:
+STEP_CASES = [(1, 4, 0), (2, 3, 1), (3, 3, 2), (2, 4, 3)]  # (k, vocab, seed)
+
+
+def assert_step_is_exact(k: int, vocab: int, seed: int, sparsity: float, verify=verify_sampled) -> None:
     target = TinyLanguageModel(seed, vocab, sparsity)
     draft = TinyLanguageModel(seed + 100, vocab, sparsity)
-    speculative = speculative_then_target(target, draft, k)
+    speculative = speculative_then_target(target, draft, k, verify)
     exact = dict(target_sequences(target, (), k + 1))
     assert set(speculative) <= set(exact)
     for sequence, probability in exact.items():
         assert abs(speculative.get(sequence, 0.0) - probability) < 1e-12, sequence
+
+
+@pytest.mark.parametrize("k, vocab, seed", STEP_CASES)
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_a_whole_step_with_its_bonus_token_is_exact(k: int, vocab: int, seed: int, sparsity: float) -> None:
+    assert_step_is_exact(k, vocab, seed, sparsity)
+
+
+def residual_with_a_floor(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q) + 1e-3 [p > q]): the right tokens, each interval off by about 1e-3."""
+    residual = np.maximum(p - q, 0) + 1e-3 * (p > q)
+    return residual / residual.sum()
+
+
+def residual_of_nine_tenths_of_q(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - 0.9 q))."""
+    residual = np.maximum(p - 0.9 * q, 0)
+    return residual / residual.sum()
+
+
+# The step cases where both broken residuals below differ from the right one at some rejection that can
+# happen (by 7e-6 for p - 0.9 q in the first). In the others, wherever a rejection can happen p > q on
+# one token only, so the floored residual is the right one, and in two sparse ones p - 0.9 q is too.
+RESIDUAL_CASES = [(1, 4, 0, 0.5), (2, 3, 1, 0.0), (3, 3, 2, 0.0), (2, 4, 3, 0.0), (2, 4, 3, 0.5)]
+
+
+@pytest.mark.parametrize("k, vocab, seed, sparsity", RESIDUAL_CASES)
+@pytest.mark.parametrize(
+    "broken", [residual_with_a_floor, residual_of_nine_tenths_of_q], ids=["p>q floored by 1e-3", "p - 0.9 q"]
+)
+def test_the_enumeration_detects_a_residual_of_other_widths(broken, k, vocab, seed, sparsity, monkeypatch) -> None:
+    """Negative controls: residuals that draw the right tokens (a point in the middle of each token's
+    interval still gives it: the enumeration that probed only there passed both) with intervals of
+    other widths. Probed just inside both edges of every interval, they give two verdicts in a cell."""
+    monkeypatch.setattr(verify_module, "residual_distribution", broken)
+    with pytest.raises(AssertionError):
+        assert_step_is_exact(k, vocab, seed, sparsity)
+
+
+@pytest.mark.parametrize("k, vocab, seed", [case for case in STEP_CASES if case[0] > 1])
+def test_the_enumeration_detects_a_bonus_drawn_from_a_row_a_little_off(k, vocab, seed) -> None:
+    """Negative control for the bonus token at k > 1: drawn from p_k mixed with 1e-3 of the uniform row."""
+
+    def off_bonus(drafted, q, p, rng):
+        bonus = 0.999 * p[k] + 1e-3 / len(p[k])
+        return verify_sampled(drafted, q, [*p[:k], bonus], rng)
+
+    with pytest.raises(AssertionError):
+        assert_step_is_exact(k, vocab, seed, 0.0, verify=off_bonus)
 
 
 class DrawnThrough:
