@@ -84,6 +84,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name in names[round_ % 3:] + names[: round_ % 3]:
                 rate, steps = generate(configurations[name](), prompt, args.n_predict)
+                print(f"round {round_ + 1}: {name:<13} {rate:6.2f} tok/s, {len(steps)} steps", flush=True)
                 rates[name].append(rate)
                 plain = [step for step in steps if not step.drafted]
                 target_step[name] += [step.target_seconds for step in plain]
