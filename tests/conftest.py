@@ -1,5 +1,6 @@
 """Shared fixtures: tiny real GGUF models (tests/tiny_gguf.py), written once per test session; `auto`
-with pretended costs for the engine tests."""
+with pretended costs for the engine tests; and the lanes' markers, set by rule (see
+`pytest_collection_modifyitems`)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -15,6 +16,98 @@ from speccli.models.resolve import resolve_pair
 from speccli.core.seam import Draft, DraftCosts
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
+
+# --- lanes -----------------------------------------------------------------------------------------
+# `pytest -m fast` runs every test but those on the real Gemma or Qwen pair and the slow ones: it needs
+# no weights but the tiny models tests/tiny_gguf.py writes. Marked here by rule, so a new test joins the
+# fast lane unless it uses a real pair's fixture, is marked gemma, qwen or slow, or is listed below.
+
+# Fixtures that load a real pair's files, and the marker each gives the tests that use them (directly
+# or through another fixture).
+REAL_PAIR_FIXTURES = {
+    "gemma_pair": "gemma", "gemma_file": "gemma", "gemma": "gemma",  # `gemma`: test_quant_check.py's F32 files
+    "qwen_pair": "qwen", "qwen_files": "qwen", "qwen_file": "qwen",
+}
+# Tests that took over 3 s (setup, call and teardown together) in one run of the whole suite on the
+# shared 2-core machine (`pytest -p no:randomly --durations=0`, at a load of 7), by node id; an id
+# without its parameters ("[...]") covers all of them. Not listed: test_generator.py's chi-square tests,
+# 6.5 s there at 3000 samples, since cut to 2000 (1.1-1.3 s in a fast-lane run at a load of 3): the fast
+# lane's check of the whole loop's exactness.
+SLOW_TESTS = frozenset({
+    "tests/test_bench.py::test_greedy_check_catches_a_diverging_engine",  # 3.5 s
+    "tests/test_bench.py::test_spec_list_and_auto_in_one_run",  # 4.0 s
+    "tests/test_bench.py::test_sweep_reports_each_k_best_and_chart",  # 3.0 s
+    "tests/test_bench_output.py::test_a_closed_stdout_never_costs_the_json_file",  # 3.6 s
+    "tests/test_bench_output.py::test_json_to_stdout_moves_the_human_report_to_stderr",  # 4.3 s
+    "tests/test_bench_output.py::test_json_to_stdout_whose_reader_went_away_is_kept_and_named",  # 5.1 s
+    "tests/test_bench_output.py::test_k4_report_validates_against_the_schema_generated_from_the_types",  # 3.4 s
+    "tests/test_chat.py::test_a_one_shot_reply_interrupted_is_printed_and_exits_as_interrupted",  # 4.9 s
+    "tests/test_chat.py::test_ctrl_c_during_a_piped_reply_ends_the_session_as_interrupted",  # 5.0 s
+    "tests/test_chat.py::test_ctrl_c_while_a_piped_chat_waits_for_its_next_line_shows_the_session_first",  # 4.6 s
+    "tests/test_chat.py::test_live_display_and_ctrl_c_in_a_real_terminal",  # 3.1 s
+    "tests/test_cli_errors.py::test_a_full_stdout_is_named[command0]",  # 3.2 s
+    "tests/test_cli_errors.py::test_a_model_trained_with_less_than_the_least_context_is_refused_before_loading",  # 4.9 s
+    "tests/test_cli_errors.py::test_a_reader_that_went_away_is_exit_141_without_a_word",  # 6.1 s
+    "tests/test_cli_errors.py::test_debug_adds_the_traceback_and_changes_no_exit_code",  # 3.7 s
+    "tests/test_engine_distribution.py::test_a_taken_over_draft_verified_without_removing_a_rejected_lookup_token_is_detected",  # 15.5 s
+    "tests/test_engine_distribution.py::test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distribution",  # 18.0 s
+    "tests/test_engine_distribution.py::test_model_drafts_a_lookup_takes_over_match_the_target_distribution",  # 14.2 s
+    "tests/test_engine_distribution.py::test_ngram_and_model_under_auto_k_match_the_target_distribution",  # 14.7 s
+    "tests/test_engine_distribution.py::test_ngram_drafts_match_the_target_distribution",  # 15.7 s
+    "tests/test_engine_distribution.py::test_ngram_resampling_that_keeps_the_rejected_token_is_detected",  # 11.5 s
+    "tests/test_engine_distribution.py::test_raw_draft_logits_bug_is_detected",  # 17.8 s
+    "tests/test_engine_distribution.py::test_skipping_the_residual_is_detected",  # 16.3 s
+    "tests/test_engine_distribution.py::test_speculative_sampling_matches_the_target_distribution",  # 24.7 s
+    "tests/test_engine_distribution.py::test_target_only_sampling_matches_too",  # 7.4 s
+    "tests/test_gguf_meta.py::test_llama_cpp_vocab_file_reads_the_same_as_gguf_reader",  # 9.6 s
+    "tests/test_registry.py::test_a_built_file_cut_short_since_is_not_pulled_and_is_built_again",  # 4.1 s
+    "tests/test_registry.py::test_a_corrupt_part_is_named",  # 4.0 s
+    "tests/test_registry.py::test_a_pin_that_differs_only_in_its_last_digit_never_reuses_the_file_built_for_the_right_one",  # 4.0 s
+    "tests/test_registry.py::test_an_interrupted_chunked_pull_resumes_without_fetching_finished_parts",  # 3.2 s
+    "tests/test_registry.py::test_two_cold_runs_at_once_build_a_derived_model_once",  # 3.8 s
+    "tests/test_server.py::test_a_full_queue_answers_503_with_retry_after_rather_than_hanging",  # 13.7 s
+    "tests/test_server.py::test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest",  # 6.2 s
+    "tests/test_tiny_gguf.py::test_greedy_agreement_falls_as_eps_grows",  # 15.9 s
+})
+# A `-m fast` run fails a test that loads weights from a file larger than this (the tiny models are
+# under 2 MB; Gemma 3 270M Q4_K_M is 242 MB). Models loaded by a subprocess are not seen.
+REAL_WEIGHTS_BYTES = 32 << 20
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in REAL_PAIR_FIXTURES.keys() & set(item.fixturenames):
+            item.add_marker(REAL_PAIR_FIXTURES[fixture])
+        if item.nodeid in SLOW_TESTS or item.nodeid.split("[")[0] in SLOW_TESTS:
+            item.add_marker("slow")
+        if not any(item.get_closest_marker(name) for name in ("gemma", "qwen", "slow")):
+            item.add_marker("fast")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In a run that selects the fast lane by marker (`-m fast`), refuse to load real weights in-process:
+    a test that needs them belongs in another lane (mark it, or list it in SLOW_TESTS)."""
+    selected = session.items
+    if not session.config.option.markexpr or not selected or not all(item.get_closest_marker("fast") for item in selected):
+        return
+    import speccli.llama.model
+    import speccli.llama.tokenizer
+
+    load_model = speccli.llama.tokenizer.load_model
+
+    def tiny_weights_only(path, *, n_gpu_layers, vocab_only):
+        if not vocab_only and Path(path).stat().st_size > REAL_WEIGHTS_BYTES:
+            pytest.fail(f"a fast-lane test loaded the weights of {path}: mark it gemma, qwen or slow "
+                        "(tests/conftest.py)", pytrace=False)
+        return load_model(path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only)
+
+    patch = pytest.MonkeyPatch()
+    for module in (speccli.llama.model, speccli.llama.tokenizer):
+        patch.setattr(module, "load_model", tiny_weights_only)
+    session.config.add_cleanup(patch.undo)
+
+
+# --- engine tests' helpers ------------------------------------------------------------------------------
 
 PRETENDED_DECODE_SECONDS = 1e-3
 PRETENDED_DRAFT_TOKEN_SECONDS = 2e-4
