@@ -661,6 +661,20 @@ def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     assert policy.plan("model", 24).k == 2
 
 
+def test_a_draft_models_ramp_starts_and_stays_at_the_longest_draft_whose_failure_costs_a_plain_step() -> None:
+    """Where drafting and verifying are cheap (a GPU: a draft token 0.05 of a target step, 17 rows 1.16
+    steps), a failed 16-token draft costs under one plain step more than a plain step, so the reply's first
+    draft is 16 tokens, not RAMP_START, and a miss never cuts the ramp below 16. On a CPU's curve the bound
+    is a token or none: RAMP_START first, and after a miss twice what the draft kept."""
+    gpu_like = {1: 1.0, 2: 1.01, 4: 1.03, 8: 1.07, 16: 1.15, 32: 1.31}
+    for curve, token_cost, first, after_a_miss in ((gpu_like, 0.05, 16, 16), (GEMMA_PROFILED, 0.5, RAMP_START, 4)):
+        policy = calibrated(curve, {"model": token_cost})
+        learn(policy, "model", 8, 8, 30, token_cost=token_cost)
+        policy.begin_reply()
+        assert ask(policy, "model", 24, kept=lambda k: 2, token_cost=token_cost) == first
+        assert policy.plan("model", 24).k == after_a_miss
+
+
 def test_auto_cut_back_ramp_drafts_the_shortest_length_that_pays_and_never_ends_drafting() -> None:
     """After a draft that kept nothing the ramp allows one token. Where that pays, one is drafted; where
     it does not (a compute-bound target: a draft decode and a 2-row verify for under two tokens), the

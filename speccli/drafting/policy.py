@@ -32,12 +32,13 @@ from speccli.util.sequences import common_prefix_length
 AUTO_MAX_K = 24
 # Verify sizes timed once per pair; the largest is the widest verify `auto` makes.
 PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
-# A reply's first draft of a key is at most RAMP_START tokens, each next at most twice what the last
+# A reply's first draft of a key is at most its ramp's start, each next at most twice what the last
 # kept: a long draft on the last reply's acceptance cost Gemma a quarter of a summary (RESULTS.md).
 RAMP_START = 4
-# A lookup's ramp starts at the longest draft whose verify costs at most this many plain steps more
-# than a plain step (8 tokens on Gemma F32 here, RAMP_START on Qwen 1.5B).
-LOOKUP_RAMP_LOSS = 1.0
+# A ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs at most
+# RAMP_LOSS plain steps more than a plain step, and never falls below that length (a lookup's 8 tokens on
+# Gemma F32 here, a draft model's 16 at a GPU-like cost; RAMP_START for both on the CPUs' curves).
+RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
 MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
@@ -100,11 +101,16 @@ class Schedule:
 
 
 class ModelSchedule(Schedule):
-    """A draft model: ramped from RAMP_START in each reply; re-checked only where a reply first asks
-    it (it holds the prompt then; mid-reply it must first decode every token it skipped)."""
+    """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
+    the loss bound; re-checked only where a reply first asks it (it holds the prompt then; mid-reply it
+    must first decode every token it skipped)."""
+
+    loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
 
     def ramp(self, lookup_start: int) -> int:
-        return RAMP_START if self.last_kept is None else max(1, 2 * self.last_kept)
+        if self.last_kept is None:
+            return max(RAMP_START, self.loss_bound)
+        return max(self.loss_bound, 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
@@ -161,7 +167,7 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
-        self.lookup_start = RAMP_START  # priced once per reply, from the verify curve
+        self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
 
     @property
     def needs_costs(self) -> bool:
@@ -172,14 +178,14 @@ class AutoK:
         for key, costs in draft_costs.items():
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
             state.cost.calibrate(costs.token_seconds, costs.catch_up_seconds, self.verify.level)
-        self.lookup_start = self._lookup_ramp_start()
+        self._price_ramps()
 
     def begin_reply(self) -> None:
         self.reply = ReplyDrafting()
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:
-            self.lookup_start = self._lookup_ramp_start()
+            self._price_ramps()
 
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
@@ -259,11 +265,19 @@ class AutoK:
         """Whether drafting could pay at all, were every draft kept, at these costs."""
         return fastest(self._rates(state, [1.0] * limit)) > 0
 
-    def _lookup_ramp_start(self) -> int:
-        """RAMP_START, or the longest lookup draft whose verify costs at most LOOKUP_RAMP_LOSS plain steps
-        more than a plain step, where that is longer (V never falls as n grows)."""
-        bound = (1 + LOOKUP_RAMP_LOSS) * self.verify(1)
-        k = min(RAMP_START, self.max_k)
-        while k < self.max_k and self.verify(k + 2) <= bound:
+    def _price_ramps(self) -> None:
+        """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
+        self.lookup_start = max(min(RAMP_START, self.max_k), self._loss_bound(0.0))
+        for state in self.keys.values():
+            if isinstance(state.schedule, ModelSchedule):
+                token_seconds = (state.cost.token_seconds or 0.0) * self.verify.level
+                state.schedule.loss_bound = max(1, self._loss_bound(token_seconds))
+
+    def _loss_bound(self, token_seconds: float) -> int:
+        """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
+        one row more) costs at most RAMP_LOSS plain steps more than a plain step (V never falls as n grows)."""
+        bound = (1 + RAMP_LOSS) * self.verify(1)
+        k = 0
+        while k < self.max_k and (k + 1) * token_seconds + self.verify(k + 2) <= bound:
             k += 1
         return k
