@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import Draft, DraftCosts, NO_PLAN, Plan, ReplyDrafting
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import UNSURE_BELOW, Acceptance
+from speccli.drafting.acceptance import UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -198,8 +198,11 @@ class AutoK:
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         # A re-check is there to measure the key: it does not stop on the draft's own doubts.
-        sure = confidence() >= UNSURE_BELOW
-        return sure or plan.probe or key not in self.keys or self.keys[key].acceptance.unsure_tokens_pay()
+        if plan.probe or key not in self.keys or confidence() >= UNSURE_BELOW:
+            return True
+        state = self.keys[key]
+        unsure = state.acceptance.unsure_rate()
+        return unsure >= UNSURE_STOP_BELOW or self._could_pay(state, max(plan.k, 1), unsure)
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
@@ -261,9 +264,9 @@ class AutoK:
             rates.append(tokens / (state.cost.drafting(k, catch_up) * self.verify.level + self.verify(k + 1)))
         return rates
 
-    def _could_pay(self, state: KeyState, limit: int) -> bool:
-        """Whether drafting could pay at all, were every draft kept, at these costs."""
-        return fastest(self._rates(state, [1.0] * limit)) > 0
+    def _could_pay(self, state: KeyState, limit: int, acceptance: float = 1.0) -> bool:
+        """Whether drafting could pay at all at these costs, were each token kept at `acceptance`."""
+        return fastest(self._rates(state, [acceptance] * limit)) > 0
 
     def _price_ramps(self) -> None:
         """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
