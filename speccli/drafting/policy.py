@@ -12,7 +12,7 @@ refreshed from every step's timings. On top of the formula, per key and per repl
 (`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
 key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
 mostly fail and would not pay; a reply whose lookups fail scales their estimates down.
-docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures it.
+docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each ("The redesigned policy").
 
 `plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
 `plan` reads is known before the step's verification, so the output distribution stays the target's.
@@ -37,18 +37,18 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
 # kept: a long draft on the last reply's acceptance cost Gemma a quarter of a summary (RESULTS.md).
 RAMP_START = 4
 # A ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs at most
-# RAMP_LOSS plain steps more than a plain step, and never falls below that length (a lookup's 8 tokens on
-# Gemma F32 here, a draft model's 16 at a GPU-like cost; RAMP_START for both on the CPUs' curves).
+# RAMP_LOSS plain steps more than a plain step, and never falls below it (a lookup's 8 tokens on Gemma F32
+# here, a draft model's 16 at a GPU-like cost, up to 26% faster there: RESULTS.md).
 RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
-MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies
+MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
 RECHECK_CARRY = 0.25
 PROBE_LENGTH = 2
 # Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
 # their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
-# ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story).
+# ratio, kept over expected, counted from this many proposals kept as expected (Qwen's story: RESULTS.md).
 LOOKUP_REPLY_PRIOR = 0.5
 
 
@@ -117,7 +117,7 @@ class ModelSchedule(Schedule):
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
         A ramp cut below RAMP_START drafts the shortest length up to RAMP_START that pays, or RAMP_START's
-        where none does, so a failed draft never ends drafting for the reply."""
+        where none does, so a failed draft never ends drafting for the reply (RESULTS.md)."""
         best = fastest(rates)
         if best <= ramp:
             return best
@@ -130,7 +130,7 @@ class ModelSchedule(Schedule):
 
 class LookupSchedule(Schedule):
     """A lookup: ramped from the lookup start, unramped once a draft is kept whole (text being copied
-    goes on until it stops); re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
+    goes on until it stops: RESULTS.md); re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
 
     def ramp(self, lookup_start: int) -> int:
         if self.last_kept is None:
@@ -236,7 +236,7 @@ class AutoK:
             self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
         if draft.shadow is not None:
             # Proposed with certainty, a token is kept with the probability that the target yields it
-            # there (p(x)): comparing the proposal with what the step yielded judges it as verifying would.
+            # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
             shadow = draft.shadow
             compared = min(len(shadow.tokens), len(yielded))
             self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
