@@ -262,8 +262,8 @@ def keeps_unsure_tokens(policy: AutoK) -> bool:
     return policy.keep_drafting("model", policy.plan("model", 8), lambda: 0.4)
 
 
-def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rejected() -> None:
-    smaller_model = calibrated(MEMORY_BOUND, {"model": 0.3})
+def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rejected_and_would_not_pay() -> None:
+    smaller_model = calibrated(COMPUTE_BOUND, {"model": 0.3})
     unsure_draft_steps(smaller_model, kept=False, times=2)
     plan = smaller_model.plan("model", 8)
     assert smaller_model.keep_drafting("model", plan, lambda: 0.9) and not keeps_unsure_tokens(smaller_model)
@@ -276,6 +276,10 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
     quantized_copy = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(quantized_copy, kept=True, times=10)  # Gemma's Q4_K_M: kept though unsure
     assert keeps_unsure_tokens(quantized_copy)
+    # Where drafting is cheap (a GPU), tokens kept a third of the time still pay: no stop.
+    cheap = calibrated({1: 1.0, 2: 1.01, 4: 1.03, 8: 1.07, 16: 1.15, 32: 1.31}, {"model": 0.05})
+    unsure_draft_steps(cheap, kept=False, times=2)
+    assert cheap.keys["model"].acceptance.unsure_rate() < 0.5 and keeps_unsure_tokens(cheap)
 
 
 def test_a_re_check_does_not_stop_on_the_drafts_own_doubts() -> None:
@@ -661,6 +665,20 @@ def test_auto_earns_long_drafts_again_in_each_reply() -> None:
     assert policy.plan("model", 24).k == 2
 
 
+def test_a_draft_models_ramp_starts_and_stays_at_the_longest_draft_whose_failure_costs_a_plain_step() -> None:
+    """Where drafting and verifying are cheap (a GPU: a draft token 0.05 of a target step, 17 rows 1.16
+    steps), a failed 16-token draft costs under one plain step more than a plain step, so the reply's first
+    draft is 16 tokens, not RAMP_START, and a miss never cuts the ramp below 16. On a CPU's curve the bound
+    is a token or none: RAMP_START first, and after a miss twice what the draft kept."""
+    gpu_like = {1: 1.0, 2: 1.01, 4: 1.03, 8: 1.07, 16: 1.15, 32: 1.31}
+    for curve, token_cost, first, after_a_miss in ((gpu_like, 0.05, 16, 16), (GEMMA_PROFILED, 0.5, RAMP_START, 4)):
+        policy = calibrated(curve, {"model": token_cost})
+        learn(policy, "model", 8, 8, 30, token_cost=token_cost)
+        policy.begin_reply()
+        assert ask(policy, "model", 24, kept=lambda k: 2, token_cost=token_cost) == first
+        assert policy.plan("model", 24).k == after_a_miss
+
+
 def test_auto_cut_back_ramp_drafts_the_shortest_length_that_pays_and_never_ends_drafting() -> None:
     """After a draft that kept nothing the ramp allows one token. Where that pays, one is drafted; where
     it does not (a compute-bound target: a draft decode and a 2-row verify for under two tokens), the
@@ -719,6 +737,25 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
     for _ in range(15):  # plain steps whose token the lookup got wrong (ten kept drafts fade by then)
         fresh.observe(copying, step(0, 0), [7])
     assert fresh.plan("ngram:3-5", 8).k == 0
+
+
+def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_until_the_next_reply() -> None:
+    """Qwen's story: short matches of every kind, kept about half the time on the earlier replies, keep
+    nothing in this prose. Two proposals of other kinds that missed their first token (one drafted, one
+    judged undrafted) scale this kind's first-token estimate down before its own first draft in the
+    reply, so it is not drafted; a new reply starts from the estimates again."""
+    qwen = {1: 1.0, 2: 1.48, 4: 1.59, 8: 3.15, 16: 4.08}
+    policy = calibrated(qwen, {})
+    for key in ("ngram:1-2/once", "ngram:3-5/once", "ngram:1-2/varied"):
+        for accepted in (3, 0) * 5:
+            learn(policy, key, 3, accepted, 1)
+    policy.begin_reply()
+    assert policy.plan("ngram:1-2/once", 8).k > 0
+    learn(policy, "ngram:3-5/once", 3, 0, 1)
+    policy.observe(replace(Draft.nothing(), shadow=Draft("ngram", "ngram:1-2/varied", [1, 2], None)), step(0, 0), [7])
+    assert policy.plan("ngram:1-2/once", 8).k == 0
+    policy.begin_reply()
+    assert policy.plan("ngram:1-2/once", 8).k > 0
 
 
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:

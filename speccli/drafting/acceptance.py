@@ -18,7 +18,8 @@ RECENCY = 0.9
 # A draft model's top probability below UNSURE_BELOW marks its token unsure (llama.cpp's p_min). A
 # quantized copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often
 # does not: a key stops at unsure tokens only while their measured rate, from UNSURE_PRIOR, is below
-# UNSURE_STOP_BELOW.
+# UNSURE_STOP_BELOW and tokens kept at that rate would not pay at the measured costs (on a GPU they do;
+# RESULTS.md, "The redesigned policy").
 UNSURE_BELOW = 0.75
 UNSURE_STOP_BELOW = 0.5
 UNSURE_PRIOR = 0.6
@@ -62,8 +63,8 @@ class Acceptance:
         self.unsure_judged *= weight
         self.unsure_kept *= weight
 
-    def unsure_tokens_pay(self) -> bool:
-        return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR) >= UNSURE_STOP_BELOW
+    def unsure_rate(self) -> float:
+        return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR)
 
     def rates(self, positions: int) -> list[float]:
         """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first

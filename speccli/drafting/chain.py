@@ -36,7 +36,8 @@ model's tokens lead the lookup into the text being copied, instead of drafting i
 token (Gemma, the tasks in a row under one fixed cost model, three times each way: 1.74 -> 1.97 tokens
 per target step's cost, geometric mean; summarize 1.49 -> 1.94, qa 1.87 -> 2.28).
 
-Under a fixed K (no estimates) the first source that proposes wins, and drafts all K tokens.
+Under a fixed K (no estimates) the first source that proposes wins, and drafts all K tokens. Each rule
+replayed with it removed: tests/benchmarks/RESULTS.md, "The redesigned policy".
 """
 from __future__ import annotations
 

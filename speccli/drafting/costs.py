@@ -87,7 +87,7 @@ class DraftCost:
     def drafting(self, k: int, catch_up: int) -> float:
         """Seconds (at level 1) to draft k tokens after taking in `catch_up` skipped ones."""
         seconds = k * (self.token_seconds or 0.0)
-        if k and catch_up:  # a source that drafts must first take in what it skipped
+        if k and catch_up:  # a source that drafts must first take in what it skipped (RESULTS.md)
             seconds += self.catch_up_fixed + self.catch_up_per_token * catch_up
         return seconds
 

@@ -9,9 +9,10 @@ maximises expected tokens per second:
 
 a_j: acceptance.py, per proposal key. d, C(m) and V(n): costs.py, measured once per loaded pair and
 refreshed from every step's timings. On top of the formula, per key and per reply, a schedule
-(`ModelSchedule`, `LookupSchedule`) ramps long drafts in (they are earned again in each reply) and
-re-checks a key the estimates have ruled out; a draft model stops at a token it is unsure of while
-unsure tokens mostly fail. docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures it.
+(`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
+key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
+mostly fail and would not pay; a reply whose lookups fail scales their estimates down.
+docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each ("The redesigned policy").
 
 `plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
 `plan` reads is known before the step's verification, so the output distribution stays the target's.
@@ -23,7 +24,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import Draft, DraftCosts, NO_PLAN, Plan, ReplyDrafting
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import UNSURE_BELOW, Acceptance
+from speccli.drafting.acceptance import UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -32,18 +33,23 @@ from speccli.util.sequences import common_prefix_length
 AUTO_MAX_K = 24
 # Verify sizes timed once per pair; the largest is the widest verify `auto` makes.
 PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
-# A reply's first draft of a key is at most RAMP_START tokens, each next at most twice what the last
+# A reply's first draft of a key is at most its ramp's start, each next at most twice what the last
 # kept: a long draft on the last reply's acceptance cost Gemma a quarter of a summary (RESULTS.md).
 RAMP_START = 4
-# A lookup's ramp starts at the longest draft whose verify costs at most this many plain steps more
-# than a plain step (8 tokens on Gemma F32 here, RAMP_START on Qwen 1.5B).
-LOOKUP_RAMP_LOSS = 1.0
+# A ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs at most
+# RAMP_LOSS plain steps more than a plain step, and never falls below it (a lookup's 8 tokens on Gemma F32
+# here, a draft model's 16 at a GPU-like cost, up to 26% faster there: RESULTS.md).
+RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
-MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies
+MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
 RECHECK_CARRY = 0.25
 PROBE_LENGTH = 2
+# Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
+# their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
+# ratio, kept over expected, counted from this many proposals kept as expected (Qwen's story: RESULTS.md).
+LOOKUP_REPLY_PRIOR = 0.5
 
 
 class FixedK:
@@ -100,16 +106,18 @@ class Schedule:
 
 
 class ModelSchedule(Schedule):
-    """A draft model: ramped from RAMP_START in each reply; re-checked only where a reply first asks
-    it (it holds the prompt then; mid-reply it must first decode every token it skipped)."""
+    """A draft model: ramped from RAMP_START or its loss bound in each reply, never below the bound; re-checked
+    only where a reply first asks it (it holds the prompt then; mid-reply it must catch up first)."""
+
+    loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
 
     def ramp(self, lookup_start: int) -> int:
-        return RAMP_START if self.last_kept is None else max(1, 2 * self.last_kept)
+        return max(RAMP_START, self.loss_bound) if self.last_kept is None else max(self.loss_bound, 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
         A ramp cut below RAMP_START drafts the shortest length up to RAMP_START that pays, or RAMP_START's
-        where none does, so a failed draft never ends drafting for the reply."""
+        where none does, so a failed draft never ends drafting for the reply (RESULTS.md)."""
         best = fastest(rates)
         if best <= ramp:
             return best
@@ -122,7 +130,7 @@ class ModelSchedule(Schedule):
 
 class LookupSchedule(Schedule):
     """A lookup: ramped from the lookup start, unramped once a draft is kept whole (text being copied
-    goes on until it stops); re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
+    goes on until it stops: RESULTS.md); re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
 
     def ramp(self, lookup_start: int) -> int:
         if self.last_kept is None:
@@ -161,7 +169,9 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
-        self.lookup_start = RAMP_START  # priced once per reply, from the verify curve
+        # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
+        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
+        self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
 
     @property
     def needs_costs(self) -> bool:
@@ -172,19 +182,23 @@ class AutoK:
         for key, costs in draft_costs.items():
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
             state.cost.calibrate(costs.token_seconds, costs.catch_up_seconds, self.verify.level)
-        self.lookup_start = self._lookup_ramp_start()
+        self._price_ramps()
 
     def begin_reply(self) -> None:
         self.reply = ReplyDrafting()
+        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:
-            self.lookup_start = self._lookup_ramp_start()
+            self._price_ramps()
 
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
-        rates = self._rates(state, state.acceptance.rates(max(limit, 0)), catch_up)
+        acceptance = state.acceptance.rates(max(limit, 0))
+        if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
+            acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
+        rates = self._rates(state, acceptance, catch_up)
         k = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start))
         if limit > 0 and not k and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
@@ -192,8 +206,11 @@ class AutoK:
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         # A re-check is there to measure the key: it does not stop on the draft's own doubts.
-        sure = confidence() >= UNSURE_BELOW
-        return sure or plan.probe or key not in self.keys or self.keys[key].acceptance.unsure_tokens_pay()
+        if plan.probe or key not in self.keys or confidence() >= UNSURE_BELOW:
+            return True
+        state = self.keys[key]
+        unsure = state.acceptance.unsure_rate()
+        return unsure >= UNSURE_STOP_BELOW or self._could_pay(state, max(plan.k, 1), unsure)
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
@@ -219,10 +236,10 @@ class AutoK:
             self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
         if draft.shadow is not None:
             # Proposed with certainty, a token is kept with the probability that the target yields it
-            # there (p(x)): comparing the proposal with what the step yielded judges it as verifying would.
+            # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
             shadow = draft.shadow
             compared = min(len(shadow.tokens), len(yielded))
-            self._state(shadow.key).acceptance.add(compared, common_prefix_length(shadow.tokens, yielded))
+            self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
 
     def _learn(self, draft: Draft, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
@@ -234,13 +251,19 @@ class AutoK:
         if not drafted:
             return
         state = self._state(draft.key)
-        state.acceptance.add(drafted, accepted, draft.confidences)
+        self._judge(state, drafted, accepted, draft.confidences)
         state.schedule.last_kept, state.schedule.last_kept_whole = kept_run, kept_run >= drafted
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if draft.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
+
+    def _judge(self, state: KeyState, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+        if isinstance(state.schedule, LookupSchedule) and drafted:  # its first token judged
+            self.lookup_expected += state.acceptance.rates(1)[0]
+            self.lookup_kept += accepted > 0
+        state.acceptance.add(drafted, accepted, confidences)
 
     def _state(self, key: str) -> KeyState:
         return self.keys.setdefault(key, KeyState(LookupSchedule()))
@@ -255,15 +278,21 @@ class AutoK:
             rates.append(tokens / (state.cost.drafting(k, catch_up) * self.verify.level + self.verify(k + 1)))
         return rates
 
-    def _could_pay(self, state: KeyState, limit: int) -> bool:
-        """Whether drafting could pay at all, were every draft kept, at these costs."""
-        return fastest(self._rates(state, [1.0] * limit)) > 0
+    def _could_pay(self, state: KeyState, limit: int, acceptance: float = 1.0) -> bool:
+        """Whether drafting could pay at all at these costs, were each token kept at `acceptance`."""
+        return fastest(self._rates(state, [acceptance] * limit)) > 0
 
-    def _lookup_ramp_start(self) -> int:
-        """RAMP_START, or the longest lookup draft whose verify costs at most LOOKUP_RAMP_LOSS plain steps
-        more than a plain step, where that is longer (V never falls as n grows)."""
-        bound = (1 + LOOKUP_RAMP_LOSS) * self.verify(1)
-        k = min(RAMP_START, self.max_k)
-        while k < self.max_k and self.verify(k + 2) <= bound:
+    def _price_ramps(self) -> None:
+        """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
+        self.lookup_start = max(min(RAMP_START, self.max_k), self._loss_bound(0.0))
+        for state in (state for state in self.keys.values() if isinstance(state.schedule, ModelSchedule)):
+            state.schedule.loss_bound = max(1, self._loss_bound((state.cost.token_seconds or 0.0) * self.verify.level))
+
+    def _loss_bound(self, token_seconds: float) -> int:
+        """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
+        one row more) costs at most RAMP_LOSS plain steps more than a plain step (V never falls as n grows)."""
+        bound = (1 + RAMP_LOSS) * self.verify(1)
+        k = 0
+        while k < self.max_k and (k + 1) * token_seconds + self.verify(k + 2) <= bound:
             k += 1
         return k
