@@ -34,6 +34,11 @@ REAL_PAIR_FIXTURES = {
 # 6.5 s there at 3000 samples, since cut to 2000 (1.1-1.3 s in a fast-lane run at a load of 3): the fast
 # lane's check of the whole loop's exactness.
 SLOW_TESTS = frozenset({
+    "tests/test_engine_distribution_steps.py::test_auto_k_with_a_length_cut_where_the_target_would_reject_is_detected",  # 18 s
+    "tests/test_engine_distribution_steps.py::test_top_p_and_min_p_under_auto_give_the_targets_first_three_tokens",  # 6-7 s each
+    "tests/test_engine_distribution_steps.py::test_auto_k_over_real_sources_gives_the_targets_first_three_tokens",  # 4-6 s each
+    "tests/test_engine_distribution_steps.py::test_what_k_per_step_could_break_is_detected_in_the_first_three_tokens",  # 2-4 s each
+    "tests/test_engine_distribution_steps.py::test_the_bonus_after_three_kept_drafts_is_the_targets",  # 3 s each
     "tests/test_bench.py::test_greedy_check_catches_a_diverging_engine",  # 3.5 s
     "tests/test_bench.py::test_spec_list_and_auto_in_one_run",  # 4.0 s
     "tests/test_bench.py::test_sweep_reports_each_k_best_and_chart",  # 3.0 s
