@@ -11,7 +11,7 @@ a_j: acceptance.py, per proposal key. d, C(m) and V(n): costs.py, measured once 
 refreshed from every step's timings. On top of the formula, per key and per reply, a schedule
 (`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
 key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
-mostly fail and would not pay; a reply whose lookups fail scales their estimates down.
+mostly fail and would not pay.
 docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each ("The redesigned policy").
 
 `plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
@@ -46,10 +46,6 @@ MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1,
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
 RECHECK_CARRY = 0.25
 PROBE_LENGTH = 2
-# Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
-# their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
-# ratio, kept over expected, counted from this many proposals kept as expected (Qwen's story: RESULTS.md).
-LOOKUP_REPLY_PRIOR = 0.5
 
 
 class FixedK:
@@ -106,13 +102,16 @@ class Schedule:
 
 
 class ModelSchedule(Schedule):
-    """A draft model: ramped from RAMP_START or its loss bound in each reply, never below the bound; re-checked
-    only where a reply first asks it (it holds the prompt then; mid-reply it must catch up first)."""
+    """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
+    the loss bound; re-checked only where a reply first asks it (it holds the prompt then; mid-reply it
+    must first decode every token it skipped)."""
 
     loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
 
     def ramp(self, lookup_start: int) -> int:
-        return max(RAMP_START, self.loss_bound) if self.last_kept is None else max(self.loss_bound, 2 * self.last_kept)
+        if self.last_kept is None:
+            return max(RAMP_START, self.loss_bound)
+        return max(self.loss_bound, 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
@@ -169,8 +168,6 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
-        # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
-        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
 
     @property
@@ -186,7 +183,6 @@ class AutoK:
 
     def begin_reply(self) -> None:
         self.reply = ReplyDrafting()
-        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:
@@ -195,10 +191,7 @@ class AutoK:
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
-        acceptance = state.acceptance.rates(max(limit, 0))
-        if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
-            acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
-        rates = self._rates(state, acceptance, catch_up)
+        rates = self._rates(state, state.acceptance.rates(max(limit, 0)), catch_up)
         k = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start))
         if limit > 0 and not k and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
@@ -239,7 +232,7 @@ class AutoK:
             # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
             shadow = draft.shadow
             compared = min(len(shadow.tokens), len(yielded))
-            self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
+            self._state(shadow.key).acceptance.add(compared, common_prefix_length(shadow.tokens, yielded))
 
     def _learn(self, draft: Draft, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
@@ -251,19 +244,13 @@ class AutoK:
         if not drafted:
             return
         state = self._state(draft.key)
-        self._judge(state, drafted, accepted, draft.confidences)
+        state.acceptance.add(drafted, accepted, draft.confidences)
         state.schedule.last_kept, state.schedule.last_kept_whole = kept_run, kept_run >= drafted
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if draft.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
-
-    def _judge(self, state: KeyState, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
-        if isinstance(state.schedule, LookupSchedule) and drafted:  # its first token judged
-            self.lookup_expected += state.acceptance.rates(1)[0]
-            self.lookup_kept += accepted > 0
-        state.acceptance.add(drafted, accepted, confidences)
 
     def _state(self, key: str) -> KeyState:
         return self.keys.setdefault(key, KeyState(LookupSchedule()))
@@ -285,8 +272,10 @@ class AutoK:
     def _price_ramps(self) -> None:
         """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
         self.lookup_start = max(min(RAMP_START, self.max_k), self._loss_bound(0.0))
-        for state in (state for state in self.keys.values() if isinstance(state.schedule, ModelSchedule)):
-            state.schedule.loss_bound = max(1, self._loss_bound((state.cost.token_seconds or 0.0) * self.verify.level))
+        for state in self.keys.values():
+            if isinstance(state.schedule, ModelSchedule):
+                token_seconds = (state.cost.token_seconds or 0.0) * self.verify.level
+                state.schedule.loss_bound = max(1, self._loss_bound(token_seconds))
 
     def _loss_bound(self, token_seconds: float) -> int:
         """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
