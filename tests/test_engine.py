@@ -16,6 +16,7 @@ from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import FixedK
 from tests.conftest import MemoryBoundAutoK, loaded_related_pair
+from tests.test_generator import check_a_prefill_stopped_between_batches
 from tests.tiny_gguf import write_related_pair
 
 GREEDY = SamplingParams(temperature=0)
@@ -106,24 +107,7 @@ def test_a_prefill_stops_between_batches_when_asked_and_the_next_call_goes_on_fr
     target_path, draft_path = write_related_pair(tmp_path, target_layers=4, draft_layers=2, eps=0.1)
     options = LoadOptions(n_ctx=16, n_threads=1)  # 16 tokens a decode
     with Model(target_path, options) as target, Model(draft_path, options) as draft:
-        prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
-        assert len(prompt) > 3 * target.n_batch
-        generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, FixedK(3))
-        # Stopped before its first batch: no cache holds anything, and the first token is the pending one.
-        assert list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: True)) == []
-        assert target.n_past == draft.n_past == 0 and generator.tokens == prompt[:1]
-        asked = []
-        stopped = list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: asked.append(1) or len(asked) > 2))
-        assert stopped == []
-        assert target.n_past == draft.n_past == 2 * target.n_batch and generator.tokens == prompt[: 2 * target.n_batch + 1]
-        decoded_before = target.decoded_tokens
-        tokens, _, done = run(generator, prompt, max_tokens=8)
-        assert done.stats.prompt_tokens == len(prompt)
-        prefilled = len(prompt) - 1 - 2 * target.n_batch
-        assert target.decoded_tokens - decoded_before == prefilled + done.stats.steps + done.stats.drafted_counted
-        generator.reset()
-        again, _, _ = run(generator, prompt, max_tokens=8)
-    assert [t.token for t in tokens] == [t.token for t in again]
+        check_a_prefill_stopped_between_batches(target, draft)
 
 
 @pytest.mark.parametrize("policy", [MemoryBoundAutoK, lambda: FixedK(24)], ids=["auto", "k24"])

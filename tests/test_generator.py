@@ -270,8 +270,13 @@ def test_a_stop_asked_for_between_steps_ends_after_a_whole_step_with_no_done_eve
 
 def test_a_prefill_stops_between_batches_when_asked_and_the_next_call_goes_on_from_there() -> None:
     """Stopped, nothing is yielded, the caches keep the batches decoded, and the same prompt again
-    decodes only the rest and gives the same reply (test_engine.py does the same on llama.cpp)."""
-    target, draft = stand_in_pair(n_batch=16)
+    decodes only the rest and gives the same reply (test_engine.py runs the same check on llama.cpp)."""
+    check_a_prefill_stopped_between_batches(*stand_in_pair(n_batch=16))
+
+
+def check_a_prefill_stopped_between_batches(target, draft) -> None:
+    """What a stopped prefill leaves, on any target and draft whose batch a prompt of 4 x 8 words
+    exceeds three times."""
     prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
     assert len(prompt) > 3 * target.n_batch
     generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, FixedK(3))
