@@ -23,6 +23,7 @@ from speccli.drafting.model import ModelDrafter
 from speccli.drafting.policy import FixedK
 from speccli.llama.model import LoadOptions, Model
 from tests.quant_check_files import build_test_files, reference_file
+from tests.tiny_gguf import poisoned_copy
 
 T1 = SamplingParams(temperature=1.0)
 OPTIONS = LoadOptions(n_ctx=512)
@@ -169,23 +170,10 @@ def test_a_truncated_candidate_is_one_line_exit_2(gemma: dict[str, Path], tmp_pa
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
-def _poisoned(source: Path, destination: Path, tensor: str, value: float) -> Path:
-    """A copy of `source` with every weight of one tensor set to `value`: a file broken as a bad
-    conversion or a backend bug breaks one."""
-    from gguf import GGUFReader
-
-    shutil.copyfile(source, destination)
-    reader = GGUFReader(destination, "r+")  # the file memory-mapped for writing
-    [weights] = [t for t in reader.tensors if t.name == tensor]
-    weights.data[...] = value
-    reader.data.flush()
-    return destination
-
-
 @pytest.mark.parametrize("mode", [[], ["--sequential"]], ids=["exact", "sequential"])
 def test_logits_that_are_not_finite_are_broken_in_a_candidate_and_refused_in_a_reference(tiny_model: Path, tmp_path: Path,
                                                                                          mode: list[str]) -> None:
-    nan = _poisoned(tiny_model, tmp_path / "nan.gguf", "output_norm.weight", float("nan"))
+    nan = poisoned_copy(tiny_model, tmp_path / "nan.gguf")
     result = _run(tiny_model, nan, "--threads", "1", "--json", *mode)
     assert result.exit_code == 1, result.output  # 1: a candidate is BROKEN
     [candidate] = json.loads(result.stdout)["candidates"]
