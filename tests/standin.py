@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from speccli.core.sampling import SamplingParams, probabilities
-from speccli.llama.model import ContextFullError
+from speccli.llama.model import check_decode
 
 EOG = 0
 STATE_BASE = 64  # state = previous token * STATE_BASE + last token, modulo the table's rows
@@ -111,15 +111,7 @@ class StandInModel:
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
         self._last_logits = None
-        if not tokens:
-            raise ValueError("decode needs at least one token")
-        if not 0 <= n_logit_rows <= len(tokens):
-            raise ValueError(f"n_logit_rows={n_logit_rows} with {len(tokens)} tokens")
-        if n_logit_rows > self.n_batch:
-            raise ValueError(f"at most n_batch={self.n_batch} logit rows per decode")
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextFullError(
-                f"the context window is full ({self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx})")
+        check_decode(tokens, n_logit_rows, self.n_past, self.n_ctx, self.n_batch)
         if not all(0 <= token < self.n_vocab for token in tokens):
             raise ValueError(f"{self.path}: a token id outside its vocabulary of {self.n_vocab}: {list(tokens)}")
         self.held.extend(int(token) for token in tokens)

@@ -59,6 +59,18 @@ def trained_context(path: Path) -> int | None:
     return trained
 
 
+def check_decode(tokens: Sequence[int], n_logit_rows: int, n_past: int, n_ctx: int, n_batch: int) -> None:
+    """What a decode refuses before it reaches llama.cpp (a stand-in model refuses the same)."""
+    if not tokens:
+        raise ValueError("decode needs at least one token")
+    if not 0 <= n_logit_rows <= len(tokens):
+        raise ValueError(f"n_logit_rows={n_logit_rows} with {len(tokens)} tokens")
+    if n_logit_rows > n_batch:
+        raise ValueError(f"at most n_batch={n_batch} logit rows per decode")
+    if n_past + len(tokens) > n_ctx:
+        raise ContextFullError(f"the context window is full ({n_past} + {len(tokens)} tokens > n_ctx {n_ctx})")
+
+
 def _check_ctx_within_training(n_ctx: int, path: Path) -> None:
     """Read from the GGUF header before any weights: past its training context a model's output means
     little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
@@ -128,16 +140,7 @@ class Model:
         until the next decode on this model. Copy what must outlive it.
         """
         self._last_logits = None  # llama.cpp may move its buffer: never kept past a decode, failed or not
-        if not tokens:
-            raise ValueError("decode needs at least one token")
-        if not 0 <= n_logit_rows <= len(tokens):
-            raise ValueError(f"n_logit_rows={n_logit_rows} with {len(tokens)} tokens")
-        if n_logit_rows > self.n_batch:
-            raise ValueError(f"at most n_batch={self.n_batch} logit rows per decode")
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ContextFullError(
-                f"the context window is full ({self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx})"
-            )
+        check_decode(tokens, n_logit_rows, self.n_past, self.n_ctx, self.n_batch)
         # Everything but the last n_batch tokens goes first, without logits; the rows asked for
         # then all come from one llama_decode call, so they can be one view of its buffer.
         split = max(0, len(tokens) - self.n_batch)
