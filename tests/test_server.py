@@ -122,6 +122,15 @@ def metric(text: str, name: str) -> float:
     assert match, f"{name} not in /metrics"
     return float(match.group(1))
 
+def await_metrics(url: str, ready, failure: str, timeout: float = 10.0) -> str:
+    """/metrics polled until `ready(text)`, which must come within `timeout` seconds: its text then."""
+    deadline = time.monotonic() + timeout
+    while not ready(text := get(url, "/metrics")[1]):
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.02)
+    return text
+
+
 
 # --- replies ----------------------------------------------------------------------------------------
 
@@ -515,11 +524,7 @@ def test_a_client_leaving_before_its_body_is_all_sent_is_counted_cancelled_witho
         with socket.create_connection((host, int(port)), timeout=30) as raw:
             raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         b"Content-Length: 1000\r\n\r\n{\"model\":")
-        deadline = time.monotonic() + 10
-        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 1:
-            assert time.monotonic() < deadline, "the request was not counted as cancelled"
-            time.sleep(0.02)
-        text = get(url, "/metrics")[1]
+        text = await_metrics(url, lambda text: metric(text, 'requests_total{outcome="cancelled"}') >= 1, "the request was not counted as cancelled")
         assert metric(text, 'requests_total{outcome="error"}') == 0
         assert ask(client(url), "hi").usage.completion_tokens > 0
     assert "Traceback" not in capfd.readouterr().err
@@ -532,11 +537,7 @@ def test_a_client_leaving_mid_stream_cancels_its_generation(endless_pair):
         received = [chunk for _, chunk in zip(range(4), stream)]
         stream.close()
         assert len(received) == 4
-        deadline = time.monotonic() + 10
-        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 1:
-            assert time.monotonic() < deadline, "the generation was not cancelled"
-            time.sleep(0.02)
-        text = get(url, "/metrics")[1]
+        text = await_metrics(url, lambda text: metric(text, 'requests_total{outcome="cancelled"}') >= 1, "the generation was not cancelled")
         assert metric(text, "tokens_generated_total") < LONG_REPLY  # it stopped early, not at max_tokens
         reply = ask(c, "sing", max_tokens=6)
     assert reply.choices[0].message.content == "la la la la la la "
@@ -556,11 +557,7 @@ def test_a_client_leaving_while_queued_is_skipped_without_generating(endless_pai
             time.sleep(0.3)  # it is queued behind the busy stream by now
         time.sleep(0.2)  # and the server has seen it leave
         busy.close()
-        deadline = time.monotonic() + 10
-        while metric(get(url, "/metrics")[1], 'requests_total{outcome="cancelled"}') < 2:
-            assert time.monotonic() < deadline, "the queued request was not cancelled"
-            time.sleep(0.02)
-        text = get(url, "/metrics")[1]
+        text = await_metrics(url, lambda text: metric(text, 'requests_total{outcome="cancelled"}') >= 2, "the queued request was not cancelled")
         assert metric(text, 'requests_total{outcome="completed"}') == 0
         assert metric(text, "tokens_generated_total") < LONG_REPLY
         after = ask(c, "sing", max_tokens=3)
@@ -581,14 +578,8 @@ def test_a_client_leaving_the_queue_frees_its_place_at_once(endless_pair):
         with socket.create_connection((host, int(port))) as waiting:
             waiting.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-            deadline = time.monotonic() + 10
-            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
-                assert time.monotonic() < deadline, "the request never queued"
-                time.sleep(0.02)
-        deadline = time.monotonic() + 10
-        while metric(get(url, "/metrics")[1], "queue_waiting") > 0:
-            assert time.monotonic() < deadline, "the place was not given up"
-            time.sleep(0.02)
+            await_metrics(url, lambda text: metric(text, "queue_waiting") >= 1, "the request never queued")
+        await_metrics(url, lambda text: metric(text, "queue_waiting") <= 0, "the place was not given up")
         with ThreadPoolExecutor(1) as pool:
             queued = pool.submit(ask, c, "sing", max_tokens=3)  # a 503 while a leaver still held the place
             deadline = time.monotonic() + 10
@@ -819,10 +810,7 @@ def test_requests_running_waiting_or_arriving_as_the_server_stops_get_503_each_c
         with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(1) as pool:
             [stream.readline() for _ in range(4)]  # running
             waiting = pool.submit(post, url, "/v1/completions", body)
-            deadline = time.monotonic() + 10
-            while metric(get(url, "/metrics")[1], "queue_waiting") < 1:
-                assert time.monotonic() < deadline, "the second request never queued"
-                time.sleep(0.02)
+            await_metrics(url, lambda text: metric(text, "queue_waiting") >= 1, "the second request never queued")
             service.worker.stop()
             assert b"server_shutting_down" in stream.read()
             assert_openai_error(*waiting.result(timeout=30)[:2], 503, "server_shutting_down")
@@ -884,10 +872,7 @@ def test_stopping_the_server_ends_a_running_stream_and_answers_waiting_requests(
         with urllib.request.urlopen(request, timeout=60) as stream, ThreadPoolExecutor(2) as pool:
             events = [stream.readline() for _ in range(8)]  # under way
             waiting = [pool.submit(post, url, "/v1/chat/completions", {**body, "stream": streamed}) for streamed in (False, True)]
-            deadline = time.monotonic() + 10
-            while metric(get(url, "/metrics")[1], "queue_waiting") < 2:
-                assert time.monotonic() < deadline, "the requests never queued"
-                time.sleep(0.02)
+            await_metrics(url, lambda text: metric(text, "queue_waiting") >= 2, "the requests never queued")
             process.send_signal(interrupt)
             events += stream.read().splitlines(keepends=True)
             answers = [request.result(timeout=30) for request in waiting]
