@@ -151,10 +151,11 @@ def test_json_to_a_fifo_is_written_into_it(pair_args, tmp_path) -> None:
     reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
     reader.start()
     result = CliRunner().invoke(app, ["bench", *pair_args, "--k", "1", "--json", str(fifo)])
+    reader.join(timeout=10)  # the writer has closed: the reader may still be finishing its read
     if reader.is_alive():  # the run never opened the FIFO: let the reader go
         with open(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK), "w"):
             pass
-    reader.join(timeout=10)
+        reader.join(timeout=10)
     assert result.exit_code == 0, result.output
     assert fifo.is_fifo(), "the FIFO was not replaced by a regular file"
     validate(json.loads(received[0]))
