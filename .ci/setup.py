@@ -13,7 +13,8 @@ there: later runs and CI on the same machine take seconds.
 
 Flags, in order of precedence: the user's CMAKE_ARGS; CUDA where nvcc and an NVIDIA GPU are present (or --cuda);
 llama-cpp-python's default on macOS (Metal); on other x86-64 Linux, GGML_NATIVE=OFF with the
-instruction sets this CPU reports (AVX .. AVX-512 VNNI, never AMX); the default elsewhere. Standard library only: it runs before anything is installed.
+instruction sets this CPU reports (AVX .. AVX-512 VNNI, never AMX); the default elsewhere. Each
+set gets GGML_RPC=ON (the RPC client and server) unless the user's CMAKE_ARGS name GGML_RPC. Standard library only: it runs before anything is installed.
 
 The CUDA build needs cuBLAS, which a toolkit assembled from NVIDIA's pip packages lacks. Where the
 toolkit has none, cuBLAS comes from an installed nvidia-cublas package of this Python, else from that
@@ -110,6 +111,12 @@ def choose_cmake_args(force_cuda: bool = False, cuda_arch: str | None = None,
     if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
         return x86_64_flags(), "this CPU's instruction sets without AMX (a native build crashes on AMX CPUs)"
     return "", "llama-cpp-python's default"
+
+
+def with_rpc(cmake_args: str) -> str:
+    """Every build is an RPC client and server (`speccli rpc-server`, `--rpc`), unless the user's
+    CMAKE_ARGS say otherwise about GGML_RPC."""
+    return cmake_args if "GGML_RPC" in cmake_args else " ".join(filter(None, [cmake_args, "-DGGML_RPC=ON"]))
 
 
 def cuda_cmake_args(nvcc: Path, archs: str, pip_python: Path, cublas_search_path: list[str]) -> str:
@@ -392,6 +399,7 @@ def set_up(dev: bool, force_cuda: bool, cuda_arch: str | None) -> int:
         run(venv_python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
 
     cmake_args, why = choose_cmake_args(force_cuda, cuda_arch, pip_python=venv_python)
+    cmake_args = with_rpc(cmake_args)
     say(f"llama.cpp build flags: {cmake_args or '(default)'} -- {why}")
     wheel = cached_wheel(cmake_args, venv_python)
     installed_from = BUILD_MARKER.read_text().strip() if BUILD_MARKER.exists() else None

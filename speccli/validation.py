@@ -14,6 +14,7 @@ import math
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
 from speccli.errors import SpeccliError, UsageError, WrongTypeError
@@ -33,6 +34,8 @@ BENCH_CTX = 2048
 MAX_THREADS = 512  # GGML_MAX_N_THREADS
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"
 API_KEY_VARIABLE = "SPECCLI_API_KEY"  # serve's key where `ps` does not show it
+RPC_PORT = 50052  # llama.cpp's rpc-server default
+MAX_DEVICES = 16  # llama_max_devices(): the length of llama.cpp's tensor_split
 
 
 def check_k(k: int, name: str = "--k") -> int:
@@ -193,3 +196,42 @@ def api_key_for(given: str | None) -> str | None:
         return given
     from_environment = os.environ.get(API_KEY_VARIABLE)
     return None if from_environment is None else check_api_key(from_environment, API_KEY_VARIABLE)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoints(text: str, option: str = "--rpc") -> tuple[Endpoint, ...]:
+    """`HOST:PORT[,HOST:PORT...]`, each once."""
+    endpoints: list[Endpoint] = []
+    for item in (part.strip() for part in text.split(",")):
+        host, colon, port = item.rpartition(":")
+        if not item or not colon or not host or ":" in host:
+            raise UsageError(f"{option} {text!r}: {item!r} is not HOST:PORT (an IPv4 address or a host name, "
+                             f"then a port, such as 192.168.1.20:{RPC_PORT})")
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise UsageError(f"{option} {text!r}: the port of {item!r} is not a number from 1 to 65535")
+        endpoint = Endpoint(host, int(port))
+        if endpoint in endpoints:
+            raise UsageError(f"{option} {text!r}: {endpoint} is named twice")
+        endpoints.append(endpoint)
+    return tuple(endpoints)
+
+
+def parse_tensor_split(text: str, name: str = "--tensor-split") -> tuple[float, ...]:
+    """Each device's share of the layers, as llama.cpp's --tensor-split: '3,1' puts three quarters on the first."""
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"{name} {text!r}: expected numbers separated by commas, such as 3,1") from None
+    if not all(math.isfinite(share) and share >= 0 for share in shares) or not any(shares):
+        raise UsageError(f"{name} {text!r}: each share must be a number of at least 0, and one above 0")
+    if len(shares) > MAX_DEVICES:
+        raise UsageError(f"{name} {text!r}: at most {MAX_DEVICES} shares, one per device")
+    return shares

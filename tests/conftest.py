@@ -100,11 +100,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     load_model = speccli.llama.tokenizer.load_model
 
-    def tiny_weights_only(path, *, n_gpu_layers, vocab_only):
+    def tiny_weights_only(path, *, vocab_only, **options):
         if not vocab_only and Path(path).stat().st_size > REAL_WEIGHTS_BYTES:
             pytest.fail(f"a fast-lane test loaded the weights of {path}: mark it gemma, qwen or slow "
                         "(tests/conftest.py)", pytrace=False)
-        return load_model(path, n_gpu_layers=n_gpu_layers, vocab_only=vocab_only)
+        return load_model(path, vocab_only=vocab_only, **options)
 
     patch = pytest.MonkeyPatch()
     for module in (speccli.llama.model, speccli.llama.tokenizer):

@@ -108,10 +108,7 @@ def run_command(request: BenchRequest) -> None:
             command=request.reproducing_command(settings, n_ctx),
             settings=settings,
             n_ctx=n_ctx,
-            env=environment(
-                request.pair.n_threads, loaded.target.options.n_gpu_layers,
-                loaded.draft.options.n_gpu_layers if loaded.draft is not None else None,
-            ),
+            env=environment(request.pair.n_threads, loaded.target, loaded.draft),
             models=Models(
                 pair=resolved.name,
                 target=model_file(resolved.target_name, resolved.target_path),

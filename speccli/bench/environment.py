@@ -9,6 +9,7 @@ from pathlib import Path
 from speccli import __version__
 from speccli.bench.report import Environment, ModelFile
 from speccli.llama.build import backend_info
+from speccli.llama.model import Model
 from speccli.util.hashing import cached_sha256
 
 
@@ -16,7 +17,7 @@ def model_file(name: str, path: Path) -> ModelFile:
     return ModelFile(name=name, path=str(path), size_bytes=path.stat().st_size, sha256=cached_sha256(path))
 
 
-def environment(threads: int | None, target_layers: int, draft_layers: int | None) -> Environment:
+def environment(threads: int | None, target: Model, draft: Model | None) -> Environment:
     info = backend_info()
     return Environment(
         speccli=__version__,
@@ -28,6 +29,8 @@ def environment(threads: int | None, target_layers: int, draft_layers: int | Non
         system_info=info.system_info,
         cpu_count=os.cpu_count() or 1,
         threads=threads or os.cpu_count() or 1,
-        target_n_gpu_layers=target_layers,
-        draft_n_gpu_layers=draft_layers,
+        target_n_gpu_layers=target.options.n_gpu_layers,
+        draft_n_gpu_layers=draft.options.n_gpu_layers if draft is not None else None,
+        target_runs_on=target.placement,
+        draft_runs_on=draft.placement if draft is not None else None,
     )

@@ -77,6 +77,9 @@ def render_report(report: BenchReport, console: Console) -> None:
     else:
         offload = f"ngl {env.target_n_gpu_layers}/{env.draft_n_gpu_layers}"
     console.print(f"  {env.backend} · {env.threads} threads · {offload} · llama-cpp-python {env.llama_cpp_python}")
+    if "RPC" in env.target_runs_on or "RPC" in (env.draft_runs_on or ""):
+        draft_place = f", draft on {env.draft_runs_on}" if env.draft_runs_on else ""
+        console.print(f"  target on {escape(env.target_runs_on)}{escape(draft_place)}")
     verify = ", ".join(f"K={v.k}: {v.relative_to_1_token:.2f}" for v in costs.verify)
     draft = (
         f"draft {costs.draft_decode_1_seconds * 1e3:.1f} ms → c = {costs.c:.3f}"

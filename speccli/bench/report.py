@@ -275,6 +275,8 @@ class Environment(Part):
     threads: int
     target_n_gpu_layers: int
     draft_n_gpu_layers: int | None  # None: no draft model loaded
+    target_runs_on: str = "CPU"  # the devices its layers are on: "CPU", "CUDA0", "RPC 10.0.0.2:50052"
+    draft_runs_on: str | None = None  # None: no draft model loaded
 
 
 class ModelFile(Part):

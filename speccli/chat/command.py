@@ -109,9 +109,11 @@ def run_chat(
             seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None,
         )
         resolved = pair.resolved
-        drafting = f"draft {resolved.draft_name}" if resolved.draft_name else "no draft model"
+        remote = "RPC" in pair.target.placement or (pair.draft is not None and "RPC" in pair.draft.placement)
+        places = {model: f" on {model.placement}" if remote else "" for model in (pair.target, pair.draft)}
+        drafting = f"draft {resolved.draft_name}{places[pair.draft]}" if resolved.draft_name else "no draft model"
         session.announce(
-            f"target {resolved.target_name} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
+            f"target {resolved.target_name}{places[pair.target]} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
         )
         if message is not None:
             session.send(message)

@@ -12,27 +12,30 @@ from speccli.checks.report import QuantCheckReport, build_report
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions
+from speccli.llama.rpc import connect
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry
 from speccli.models.pair import fitted_context
 from speccli.models.resolve import resolve_models
 from speccli.util.progress import progress_bar
-from speccli.validation import BENCH_CTX
+from speccli.validation import BENCH_CTX, Endpoint
 from speccli.vocab.check import check_pair
 from speccli.vocab.report import VocabVerdict
 
 
 def run_quant_check(
     reference: str, candidates: list[str], source: TextSource, params: SamplingParams, *,
-    sequential: bool, n_ctx: int | None, threads: int | None, config: tuple[Path, ...],
+    sequential: bool, n_ctx: int | None, threads: int | None, config: tuple[Path, ...], rpc: tuple[Endpoint, ...] = (),
 ) -> QuantCheckReport:
-    """Each candidate (a registry name or GGUF path) measured against `reference` over `source`."""
+    """Each candidate (a registry name or GGUF path) measured against `reference` over `source`; every
+    model's layers on the `rpc` servers where any are named."""
     params.validate()
     registry = load_registry(*config)
     reference_path, *candidate_paths = resolve_models([reference, *candidates], registry)
     for name, path in zip(candidates, candidate_paths):
         _require_same_vocabulary((name, path), (reference, reference_path))
     n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
+    connect(rpc)  # each server checked before any weights are read
     with load_vocab_only(reference_path) as tokenizer:
         sequences = [TokenSequence(name, tokens) for name, tokens in tokenize_source(source, tokenizer, n_ctx)]
         sequential = sequential or memory_is_short(reference_path, candidate_paths)
@@ -40,7 +43,7 @@ def run_quant_check(
         with progress_bar(Console(stderr=True)) as bar:
             task = bar.add_task("loading", total=total)
             measurement = measure(
-                reference_path, candidate_paths, sequences, params, LoadOptions(n_ctx=n_ctx, n_threads=threads),
+                reference_path, candidate_paths, sequences, params, LoadOptions(n_ctx=n_ctx, n_threads=threads, rpc=rpc),
                 sequential=sequential, progress=lambda what, done: bar.update(task, advance=done, description=what),
             )
         return build_report(measurement, candidates, tokenizer, params, source.description, n_ctx)

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
+    RpcDraftOption, RpcOption, TensorSplitOption,
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
     TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
@@ -68,6 +69,9 @@ def bench(
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
     ngl_draft: DraftGpuLayersOption = None,
+    rpc: RpcOption = None,
+    rpc_draft: RpcDraftOption = False,
+    tensor_split: TensorSplitOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, the K chosen."""
@@ -90,7 +94,8 @@ def bench(
         return
     pair_request = PairRequest(
         pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=BENCH_CTX, n_threads=threads,
-        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft,
+        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
+        tensor_split=tensor_split or (),
     )
     settings = BenchSettings(
         n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup

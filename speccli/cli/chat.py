@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
+    RpcDraftOption, RpcOption, TensorSplitOption,
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
     SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
@@ -31,6 +32,9 @@ def chat(
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
     ngl_draft: DraftGpuLayersOption = None,
+    rpc: RpcOption = None,
+    rpc_draft: RpcDraftOption = False,
+    tensor_split: TensorSplitOption = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[
         Optional[str],
@@ -60,7 +64,8 @@ def chat(
     run_chat(
         PairRequest(
             pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
-            target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
+            target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
+            tensor_split=tensor_split or (), spec=spec,
         ),
         sampling=SamplingParams(temperature, top_k, top_p, min_p),
         k=k,

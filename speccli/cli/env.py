@@ -1,4 +1,4 @@
-"""`speccli env`: versions, the llama.cpp backend in use, and whether GPU offload is supported."""
+"""`speccli env`: versions, the llama.cpp backend in use, and the devices models can run on."""
 from __future__ import annotations
 
 import sys
@@ -6,10 +6,12 @@ import sys
 import typer
 
 from speccli import __version__
+from speccli.cli.options import RpcOption
 
 
-def env() -> None:
-    """Show versions, the llama.cpp backend in use and whether GPU offload is supported."""
+def env(rpc: RpcOption = None) -> None:
+    """Show versions, the llama.cpp backend in use and the devices models can run on (RPC servers' with --rpc)."""
+    from speccli.llama import rpc as rpc_backend
     from speccli.llama.build import backend_info
 
     info = backend_info()
@@ -18,4 +20,11 @@ def env() -> None:
     typer.echo(f"llama-cpp-python   {info.llama_cpp_python_version}")
     typer.echo(f"backend            {info.backend}")
     typer.echo(f"gpu offload        {'supported' if info.gpu_offload else 'not supported'}")
+    typer.echo(f"rpc                {'supported' if rpc_backend.available() else 'not in this build'}")
     typer.echo(f"system info        {info.system_info}")
+    rpc_backend.connect(rpc or ())
+    typer.echo("devices")
+    for device in rpc_backend.devices(memory=True):
+        memory = f"{device.total_bytes / 2**30:.1f} GiB, {device.free_bytes / 2**30:.1f} GiB free"
+        where = f"RPC {device.description}" if device.is_rpc else device.description
+        typer.echo(f"  {device.name:<16} {device.kind:<6} {memory:<28} {where}")

@@ -108,3 +108,26 @@ DraftGpuLayersOption = Annotated[
         callback=checked(validation.check_gpu_layers),
     ),
 ]
+
+# The target over llama.cpp's RPC backend (docs/rpc.md). Click reads text; the callbacks hand on the parsed value.
+RpcOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rpc", metavar="HOST:PORT[,...]",
+        help="Put the target's layers on these `speccli rpc-server`s (or llama.cpp rpc-servers), split by their "
+        "memory; the draft stays here (default: the pair's rpc, else none).",
+        callback=checked(validation.parse_endpoints),
+    ),
+]
+RpcDraftOption = Annotated[
+    bool, typer.Option("--rpc-draft", help="Put the draft model on the --rpc servers too (default: it runs here).")
+]
+TensorSplitOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tensor-split", "-ts", metavar="SHARES",
+        help="The target's share on each device, in order (the --rpc servers, then local GPUs), e.g. 3,1 "
+        "(default: by free memory).",
+        callback=checked(validation.parse_tensor_split),
+    ),
+]

@@ -6,7 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from speccli.cli.options import ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked
+from speccli.cli.options import (
+    ConfigOption, ContextOption, MinPOption, RpcOption, ThreadsOption, TopKOption, TopPOption, checked,
+)
 from speccli.validation import check_temperature
 
 
@@ -29,6 +31,7 @@ def quant_check(
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     n_ctx: ContextOption = None,
     threads: ThreadsOption = None,
+    rpc: RpcOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Measure how faithful quantized models are to a reference: OK / DEGRADED / BROKEN each.
@@ -50,7 +53,8 @@ def quant_check(
     source = text_file_source(text_file) if text_file else prompts_file_source(prompts_file) if prompts_file else builtin_source()
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     report = run_quant_check(
-        reference, candidates, source, params, sequential=sequential, n_ctx=n_ctx, threads=threads, config=tuple(config or ())
+        reference, candidates, source, params, sequential=sequential, n_ctx=n_ctx, threads=threads, config=tuple(config or ()),
+        rpc=rpc or (),
     )
     if json_output:
         typer.echo(report.to_json())

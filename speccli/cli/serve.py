@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
+    RpcDraftOption, RpcOption, TensorSplitOption,
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption, checked,
 )
@@ -33,6 +34,9 @@ def serve(
     threads: ThreadsOption = None,
     ngl: TargetGpuLayersOption = None,
     ngl_draft: DraftGpuLayersOption = None,
+    rpc: RpcOption = None,
+    rpc_draft: RpcDraftOption = False,
+    tensor_split: TensorSplitOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
@@ -43,7 +47,8 @@ def serve(
     ServeSettings(host=host, port=port, max_waiting=queue).validate()
     request = PairRequest(
         pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
-        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, spec=spec,
+        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
+        tensor_split=tensor_split or (), spec=spec,
     )
     request.validate()
     sock = bind(host, port)  # before loading: a port in use fails at once

@@ -25,7 +25,9 @@ import llama_cpp
 
 from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
+from speccli.llama import rpc
 from speccli.llama.log import clear_errors, last_llama_error
+from speccli.llama.rpc import Endpoint
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model
 from speccli.validation import CHAT_CTX, MIN_CTX
 
@@ -46,6 +48,8 @@ class LoadOptions:
     n_gpu_layers: int = -1  # -1: offload every layer (ignored by CPU-only builds)
     n_threads: int | None = None  # None: every core; draft and target never run at once
     n_batch: int = 512
+    rpc: tuple[Endpoint, ...] = ()  # RPC servers to place layers on (connected first: see speccli.llama.rpc)
+    tensor_split: tuple[float, ...] = ()  # each device's share of the layers; empty: by free memory
 
 
 def trained_context(path: Path) -> int | None:
@@ -87,7 +91,10 @@ class Model:
         self.path = Path(path)
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
         _check_ctx_within_training(options.n_ctx, self.path)
-        self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False)
+        devices = rpc.model_devices(options.rpc)  # kept referenced until the model is loaded
+        self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False, devices=devices,
+                                 tensor_split=options.tensor_split)
+        self.placement = rpc.placement(options.rpc, options.n_gpu_layers)  # where it runs, in a few words
         self.tokenizer = Tokenizer(self.path, self._model, owns_model=False)
         if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
             llama_cpp.llama_model_free(self._model)
@@ -222,7 +229,7 @@ class Model:
         leave them all set, and `__del__` freed the batch a second time (heap corruption, exit 134). Now
         the worst an interrupt can do here is leak what is left, as the process ends anyway."""
         ctx, self._ctx = getattr(self, "_ctx", None), None
-        if not ctx:
+        if not ctx or rpc.lost():  # freeing would wait on the lost server's parked thread
             return
         self._last_logits = None  # a view of the context's buffer, freed below
         batch, self._batch = getattr(self, "_batch", None), None

@@ -31,7 +31,10 @@ def interruptible() -> Iterator[Callable[[], bool]]:
         raise KeyboardInterrupt
 
 
-def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.llama_model_p:
+def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool, devices: ctypes.Array | None = None,
+               tensor_split: Sequence[float] = ()) -> llama_cpp.llama_model_p:
+    """`devices`: a NULL-terminated array of ggml devices to place layers on (None: every device);
+    `tensor_split`: the share of each of them (empty: by their free memory)."""
     init_backend()
     # Refused in one line where llama.cpp would fail to load or abort: a missing or unreadable file, a
     # directory, a loop of symbolic links, anything not GGUF, a token twice in the vocabulary, and
@@ -40,6 +43,11 @@ def load_model(path: Path, *, n_gpu_layers: int, vocab_only: bool) -> llama_cpp.
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers  # -1: every layer
     params.vocab_only = vocab_only
+    if devices is not None:
+        params.devices = ctypes.cast(devices, ctypes.c_void_p)
+    if tensor_split:
+        split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
+        params.tensor_split = split
     clear_errors()
     model = None
     try:

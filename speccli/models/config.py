@@ -23,7 +23,7 @@ from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
 from speccli.util.cache import user_config_path
 from speccli.util.files import read_text_input
-from speccli.validation import AUTO_K, K, needs_draft_model
+from speccli.validation import AUTO_K, Endpoint, K, needs_draft_model
 
 DEFAULT_K: K = AUTO_K  # K chosen per step from measured costs
 DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere
@@ -34,7 +34,7 @@ DEFAULT_N_GPU_LAYERS = -1
 SOURCE_KINDS: dict[str, type[ModelSource]] = {
     kind.key: kind for kind in (LocalSource, HubSource, PackageSource, ChunkedPackagesSource, DerivedSource)
 }
-_PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers")
+_PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers", "rpc")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # A name is a folder in speccli's cache (derived builds): well within a file name's 255 bytes.
 MAX_NAME_LENGTH = 100
@@ -58,6 +58,7 @@ class PairEntry:
     target_n_gpu_layers: int
     draft_n_gpu_layers: int
     defined_in: Path
+    rpc: tuple[Endpoint, ...] = ()  # RPC servers for the target: "host:port,host:port"
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
         target_n_gpu_layers=entry.gpu_layers("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         draft_n_gpu_layers=entry.gpu_layers("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         defined_in=file,
+        rpc=entry.endpoints("rpc"),
     )
 
 

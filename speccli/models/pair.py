@@ -14,7 +14,8 @@ from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions, Model, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
-from speccli.validation import CHAT_CTX, check_ctx, check_gpu_layers, check_spec, check_threads
+from speccli.llama import rpc
+from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_spec, check_threads
 from speccli.vocab.check import ensure_compatible
 
 
@@ -42,6 +43,9 @@ class PairRequest:
     draft_n_gpu_layers: int | None = None
     spec: str | None = None  # the draft source; None: the pair's
     default_n_ctx: int = CHAT_CTX  # the command's
+    rpc: tuple[Endpoint, ...] | None = None  # --rpc: RPC servers for the target; None: the pair's
+    rpc_draft: bool = False  # the draft on them too
+    tensor_split: tuple[float, ...] = ()  # --tensor-split, the target's
 
     def validate(self) -> None:
         """Cheap checks, before any file is read (the same ones the command line runs as it parses)."""
@@ -96,15 +100,22 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     # One context for both: the draft model must hold every token the target does.
     n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path))
 
-    def options(requested_layers: int | None, pair_layers: int) -> LoadOptions:
-        layers = pair_layers if requested_layers is None else requested_layers
-        return LoadOptions(n_ctx=n_ctx, n_threads=request.n_threads, n_gpu_layers=layers)
+    servers = resolved.rpc if request.rpc is None else request.rpc
+    rpc.connect(servers)  # each server checked before any weights are read
 
-    target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers))
+    def options(requested_layers: int | None, pair_layers: int, *, remote: bool,
+                tensor_split: tuple[float, ...] = ()) -> LoadOptions:
+        layers = pair_layers if requested_layers is None else requested_layers
+        return LoadOptions(n_ctx=n_ctx, n_threads=request.n_threads, n_gpu_layers=layers,
+                           rpc=servers if remote else (), tensor_split=tensor_split)
+
+    target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers,
+                                                 remote=True, tensor_split=request.tensor_split))
     if resolved.draft_path is None:
         return LoadedPair(resolved, target, None)
     try:
-        draft = Model(resolved.draft_path, options(request.draft_n_gpu_layers, resolved.draft_n_gpu_layers))
+        draft = Model(resolved.draft_path, options(request.draft_n_gpu_layers, resolved.draft_n_gpu_layers,
+                                                   remote=request.rpc_draft))
     except BaseException:
         target.close()
         raise

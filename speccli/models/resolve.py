@@ -11,7 +11,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.gguf_files import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
-from speccli.validation import K, needs_draft_model
+from speccli.validation import Endpoint, K, needs_draft_model
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class ResolvedPair:
     spec: str
     target_n_gpu_layers: int
     draft_n_gpu_layers: int
+    rpc: tuple[Endpoint, ...] = ()  # the pair's RPC servers for the target (models.toml `rpc`)
 
 
 class RegistryFiles:
@@ -129,6 +130,7 @@ def resolve_pair(
         spec=spec,
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
         draft_n_gpu_layers=pair.draft_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
+        rpc=pair.rpc if pair else (),
     )
 
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.validation import AUTO_K, K, check_gpu_layers, check_k, check_spec
+from speccli.validation import AUTO_K, Endpoint, K, check_gpu_layers, check_k, check_spec, parse_endpoints
 
 _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -92,6 +92,11 @@ class TomlTable:
         if type(value) is not int:  # bool is an int subclass: reject it too
             raise self.error(f"expected an integer, got {type_name(value)}", key)
         return check_gpu_layers(value, f"{self.file}: {key_path(*self.key_path, key)}")
+
+    def endpoints(self, key: str) -> tuple[Endpoint, ...]:
+        """RPC servers, "host:port,host:port" (as --rpc); none where the key is absent."""
+        value = self.string(key, required=False)
+        return parse_endpoints(value, f"{self.file}: {key_path(*self.key_path, key)}") if value else ()
 
     def spec(self, key: str, *, default: str) -> str:
         value = self.string(key, required=False) or default

@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse
 from speccli.server.worker import SHUTTING_DOWN, GenerationError
 
 SHUTTING_DOWN_CODE = "server_shutting_down"
+UNAVAILABLE_CODE = "backend_unavailable"
 
 
 class APIError(Exception):
@@ -31,4 +32,11 @@ def shutting_down_error() -> APIError:
 
 def api_error_for(error: GenerationError) -> APIError:
     """A failed generation as the client hears it, whole or as a stream's last event."""
-    return shutting_down_error() if error.status == 503 else APIError(error.status, str(error), kind="server_error")
+    if error.status == 503:
+        return shutting_down_error() if str(error) == SHUTTING_DOWN else unavailable_error(str(error))
+    return APIError(error.status, str(error), kind="server_error")
+
+
+def unavailable_error(reason: str) -> APIError:
+    """The models cannot run any more (an RPC server went away): every generation gets this."""
+    return APIError(503, f"{reason}; restart the server once it is back", kind="server_error", code=UNAVAILABLE_CODE)

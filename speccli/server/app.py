@@ -22,13 +22,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
-from speccli.server.api_errors import SHUTTING_DOWN_CODE, APIError, ClientGone, api_error_for, shutting_down_error
+from speccli.server.api_errors import (
+    SHUTTING_DOWN_CODE, UNAVAILABLE_CODE, APIError, ClientGone, api_error_for, shutting_down_error, unavailable_error,
+)
 from speccli.server.metrics import Metrics
 from speccli.server.reply import Reply, next_items
 from speccli.server.request_body import parse_body
 from speccli.server.schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from speccli.server.service import Service
-from speccli.server.worker import GenerationError, Job, QueueFullError, ShuttingDownError
+from speccli.server.worker import GenerationError, Job, LostError, QueueFullError, ShuttingDownError
 
 
 def create_app(service: Service) -> Starlette:
@@ -49,6 +51,9 @@ def create_app(service: Service) -> Starlette:
         return JSONResponse(card)
 
     async def health(_: Request) -> Response:
+        if service.worker.lost is not None:
+            return JSONResponse({"status": "error", "model": service.model_id, "reason": service.worker.lost},
+                                status_code=503)
         return JSONResponse({"status": "ok", "model": service.model_id})
 
     async def metrics(_: Request) -> Response:
@@ -84,6 +89,8 @@ def create_app(service: Service) -> Starlette:
                            kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
         except ShuttingDownError:
             raise shutting_down_error() from None
+        except LostError as lost:
+            raise unavailable_error(str(lost)) from None
         reply = Reply(service, job, body, speculation, chat)
         gone = asyncio.ensure_future(_client_gone(request))
         try:
@@ -105,8 +112,8 @@ def create_app(service: Service) -> Starlette:
 
     async def api_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, APIError)
-        if error.code == SHUTTING_DOWN_CODE:
-            pass  # counted by the worker, as cancelled: each request once, run, waiting or refused
+        if error.code in (SHUTTING_DOWN_CODE, UNAVAILABLE_CODE):
+            pass  # counted by the worker (cancelled, error): each request once, run, waiting or refused
         elif error.status == 503:
             service.metrics.record(None, "queue_full")
         elif error.status < 500:  # a generation that failed (500) was counted by the worker, as "error"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import uvicorn
 
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
+from speccli.llama.rpc import on_server_lost
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
 from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
@@ -59,7 +61,13 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
     speculation = Speculation(settings.spec, settings.k)
     require_draft_model(settings.spec, draft)
     worker = Worker(target, draft, settings.max_waiting, metrics)
+    on_server_lost(lambda reason: _answer_503_from_now_on(worker, reason))
     return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key)
+
+
+def _answer_503_from_now_on(worker: Worker, reason: str) -> None:
+    print(f"error: {reason}; answering 503 to every request until restarted", file=sys.stderr, flush=True)
+    worker.lose(reason)
 
 
 @contextmanager

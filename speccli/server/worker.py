@@ -37,6 +37,10 @@ class QueueFullError(Exception):
     """Every place in the queue is taken: the request is refused (503) rather than kept waiting."""
 
 
+class LostError(Exception):
+    """The models cannot run any more; the message says why."""
+
+
 class ShuttingDownError(Exception):
     """The worker has stopped: a request that arrives as the server shuts down is refused (503)."""
 
@@ -97,6 +101,7 @@ class Worker:
         self._active: Speculation | None = None  # whose tokens the caches hold
         self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
         self._running: Job | None = None
+        self.lost: str | None = None  # why the models cannot run any more (an RPC server went away)
 
     def start(self) -> None:
         self._thread.start()
@@ -114,11 +119,28 @@ class Worker:
             self._waiting.clear()
             self.metrics.set_waiting(0)
             self._changed.notify()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
+
+    def lose(self, reason: str) -> None:
+        """The models cannot run any more (an RPC server went away, and ggml's thread is parked where it
+        failed, holding this worker's thread): the running and waiting jobs end with `reason` as a 503,
+        and so does every later one; /health says it."""
+        with self._changed:
+            self.lost = reason
+            self._stopping = True
+            for job in [*([self._running] if self._running is not None else []), *self._waiting]:
+                job.cancelled.set()
+                job.emit(GenerationError(reason, status=503))
+                self.metrics.record(None, "error")
+            self._waiting.clear()
+            self.metrics.set_waiting(0)
 
     def submit(self, job: Job) -> None:
         with self._changed:
+            if self.lost is not None:
+                self.metrics.record(None, "error")
+                raise LostError(self.lost)
             if self._stopping:  # it would wait for a worker that has ended
                 self.metrics.record(None, "cancelled")
                 raise ShuttingDownError
