@@ -403,3 +403,39 @@ def http_error(request: urllib.request.Request) -> urllib.error.HTTPError:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     return refused.value
+
+
+def test_the_draft_goes_to_the_server_only_when_asked_and_quant_check_runs_there(pair_files, server) -> None:
+    target_path, draft_path = pair_files
+    done = subprocess.run(
+        [sys.executable, "-m", "speccli", "bench", "-m", str(target_path), "-md", str(draft_path), "-t", "1", "-c", "256",
+         "-n", "16", "--k", "3", "--runs", "1", "--warmup", "0", "--prompts", str(short_prompts(target_path.parent)),
+         "--rpc", str(server.endpoint), "--rpc-draft", "--json", str(target_path.parent / "remote.json")],
+        env={**ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"target on RPC {server.endpoint}, draft on RPC {server.endpoint}" in done.stdout
+    environment = json.loads((target_path.parent / "remote.json").read_text())["environment"]
+    assert (environment["target_runs_on"], environment["draft_runs_on"]) == (f"RPC {server.endpoint}",) * 2
+    checked = subprocess.run([sys.executable, "-m", "speccli", "quant-check", str(target_path), str(target_path), "-t", "1",
+                              "--rpc", str(server.endpoint), "--json"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["candidates"][0]["verdict"] == "OK"
+
+
+@pytest.mark.gemma
+def test_gemma_over_rpc_gives_the_greedy_output_of_gemma_here(gemma_pair, server) -> None:
+    """The bundled pair's F32 target on the server, its Q4_K_M draft here: K=4 greedy against the same
+    target loaded here, alone (partings only at near-ties of its logits)."""
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_pair
+
+    alone, draft = gemma_pair
+    resolved = resolve_pair(None, None, None, load_registry(), quiet=True)
+    rpc.connect([server.endpoint])
+    with Model(resolved.target_path, LoadOptions(n_ctx=512, rpc=(server.endpoint,))) as target:
+        for text in PROMPTS[:3]:
+            prompt = alone.tokenizer.tokenize(text)
+            reference, _, _ = greedy_tokens(Generator(alone, None, GREEDY), prompt, 32)
+            speculative, _, _ = greedy_tokens(Generator(target, ModelDrafter(draft), GREEDY, FixedK(4)), prompt, 32)
+            parting = find_parting(alone, prompt, reference, speculative, 5)
+            assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"
