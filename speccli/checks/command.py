@@ -12,7 +12,7 @@ from speccli.checks.report import QuantCheckReport, build_report
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.llama.model import LoadOptions
-from speccli.llama.rpc import connect
+from speccli.llama.rpc import connect, exiting, on_server_lost
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.config import load_registry
 from speccli.models.pair import fitted_context
@@ -36,6 +36,7 @@ def run_quant_check(
         _require_same_vocabulary((name, path), (reference, reference_path))
     n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
     connect(rpc)  # each server checked before any weights are read
+    on_server_lost(exiting(2))  # 1 is a verdict here (BROKEN)
     with load_vocab_only(reference_path) as tokenizer:
         sequences = [TokenSequence(name, tokens) for name, tokens in tokenize_source(source, tokenizer, n_ctx)]
         sequential = sequential or memory_is_short(reference_path, candidate_paths)

@@ -240,13 +240,19 @@ def placement(endpoints: Sequence[Endpoint], n_gpu_layers: int) -> str:
 
 # --- a server lost mid-run -----------------------------------------------------------------------------
 
-def _default_lost_handler(message: str) -> None:
-    sys.stdout.flush()
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    os._exit(RpcServerError.exit_code)
+def exiting(code: int) -> Callable[[str], None]:
+    """A lost-server handler for a command: what was printed stays, then one line, then exit `code`
+    (no unwinding: the decode that failed never returns)."""
+
+    def handler(message: str) -> None:
+        sys.stdout.flush()
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        os._exit(code)
+
+    return handler
 
 
-_lost_handler: Callable[[str], None] = _default_lost_handler
+_lost_handler: Callable[[str], None] = exiting(RpcServerError.exit_code)
 _abort_callback_installed = False
 
 
