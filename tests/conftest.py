@@ -73,6 +73,13 @@ SLOW_TESTS = frozenset({
     "tests/test_server.py::test_a_full_queue_answers_503_with_retry_after_rather_than_hanging",  # 13.7 s
     "tests/test_server.py::test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest",  # 6.2 s
     "tests/test_tiny_gguf.py::test_greedy_agreement_falls_as_eps_grows",  # 15.9 s
+    # Timed alone on an idle machine (2 cores), 2026-12-02:
+    "tests/test_rpc.py::test_sampling_with_the_target_over_rpc_gives_the_targets_distribution",  # 29.3 s
+    "tests/test_rpc.py::test_a_server_lost_mid_reply_makes_serve_answer_503_and_say_why_on_health",  # 4.4 s
+    "tests/test_rpc.py::test_the_draft_goes_to_the_server_only_when_asked_and_quant_check_runs_there",  # 4.1 s
+    "tests/test_rpc.py::test_a_server_lost_mid_reply_ends_chat_with_one_line_and_keeps_the_reply_so_far",  # 4.0 s
+    "tests/test_rpc.py::test_a_server_of_another_protocol_or_none_is_named[silent]",  # 4.0 s: the 3 s timeout
+    "tests/test_rpc.py::test_a_server_lost_mid_bench_is_one_line_and_exit_1",  # 3.5 s
 })
 # A `-m fast` run fails a test that loads weights from a file larger than this (the tiny models are
 # under 2 MB; Gemma 3 270M Q4_K_M is 242 MB). Models loaded by a subprocess are not seen.

@@ -174,6 +174,13 @@ class Model:
             # On failure llama.cpp may keep part of the batch: drop it, so n_past stays true.
             llama_cpp.llama_memory_seq_rm(self._memory, 0, self.n_past, -1)
             raise SpeccliError(f"{self.path}: llama_decode failed with status {status}{last_llama_error()}")
+        # llama_decode may return before the work is done (CUDA; a target over RPC: 6 ms for a 237-token
+        # prefill whose compute then landed on the next decode's clock, 1.7 s). Wait for it here, so each
+        # decode's time is its own (reading logits waits anyway). llama_synchronize waits for local
+        # devices only: an RPC server has finished once it answers a question asked after the work.
+        llama_cpp.llama_synchronize(self._ctx)
+        if self.options.rpc and not n_logit_rows:
+            rpc.wait_for(self.options.rpc)
         self.n_past += len(chunk)
         self.decoded_tokens += len(chunk)
 

@@ -219,6 +219,14 @@ def _register(endpoint: Endpoint) -> list[Device]:
     return [Device(**{**device.__dict__, "description": str(endpoint)}) for device in added]
 
 
+def wait_for(endpoints: Sequence[Endpoint]) -> None:
+    """Return once each server has done the work sent to it: a server handles its client's commands in
+    order, and the device-memory question is answered (a round trip) only after the work before it."""
+    ggml, free, total = _ggml(), ctypes.c_size_t(0), ctypes.c_size_t(0)
+    for endpoint in endpoints:
+        ggml.ggml_backend_dev_memory(_connected[endpoint][0].handle, ctypes.byref(free), ctypes.byref(total))
+
+
 def model_devices(endpoints: Sequence[Endpoint]) -> ctypes.Array | None:
     """What a model's `llama_model_params.devices` must hold: None (llama.cpp's default, every device)
     until an RPC server is connected; then a NULL-terminated array: the RPC devices of `endpoints`,
