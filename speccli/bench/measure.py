@@ -72,6 +72,11 @@ def measure_generation(generator: Generator, prompt_tokens: Sequence[int], n_pre
 AUTO_PROFILED_KS = (1, 3, 7, 15)
 
 
+def readable(tokens: Sequence[int], model: Model) -> list[int]:
+    """Target ids a draft of a smaller (or another) vocabulary can decode, for timing: 0 past its last id."""
+    return [token if token < model.n_vocab else 0 for token in tokens]
+
+
 class CostProfiler:
     """Times the target's 1-token decode and (K+1)-token verify and the draft's 1-token decode (when a
     draft model is loaded), at the same cache position (the first prompt's). `sample()` takes one of
@@ -94,11 +99,11 @@ class CostProfiler:
     def sample(self, reps: int = 1) -> None:
         for model in self.models:
             model.reset()
-            model.decode(self.context, n_logit_rows=0)
+            model.decode(readable(self.context, model), n_logit_rows=0)
         for _ in range(reps):
             for name, size in self.sizes.items():
                 model = self.draft if name == "draft" else self.target
-                self.timings[name].append(model.time_decode(self.filler[:size], n_logit_rows=size))
+                self.timings[name].append(model.time_decode(readable(self.filler[:size], model), n_logit_rows=size))
         for model in self.models:
             model.reset()
 
@@ -176,7 +181,7 @@ def run_bench(
                 generator = Generator(target, None, settings.sampling, seed=seed)
                 sides = {"mode": "target", "spec": None, "k": 0}
             else:
-                drafter = make_drafter(configuration.spec, draft)
+                drafter = make_drafter(configuration.spec, draft, target)
                 generator = Generator(target, drafter, settings.sampling, policies[configuration], seed)
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)

@@ -100,7 +100,7 @@ class ChatSession:
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.draft = draft
-        self.generator = Generator(target, make_drafter(spec, draft), sampling, make_policy(k), seed)
+        self.generator = Generator(target, make_drafter(spec, draft, target), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)

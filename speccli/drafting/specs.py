@@ -1,14 +1,19 @@
 """A draft source's name (`--spec`) and K (`--k`) -> the drafter and K policy that implement them."""
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speccli.core.seam import Drafter, KPolicy
+from speccli.core.seam import Drafter, DraftSource, KPolicy
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
+from speccli.drafting.translated import TranslatedDrafter
 from speccli.validation import AUTO_K, K, check_spec, require_draft_model
+from speccli.vocab.check import check_pair
+from speccli.vocab.report import VocabVerdict
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -19,7 +24,21 @@ def make_policy(k: K) -> KPolicy:
     return AutoK() if k == AUTO_K else FixedK(k)
 
 
-def make_drafter(spec: str, draft_model: Model | None) -> Drafter:
+def make_drafter(spec: str, draft_model: Model | None, target: Model | None = None) -> Drafter:
+    """`target`: where given, a draft model of another vocabulary than its drafts by translated text."""
     require_draft_model(check_spec(spec), draft_model)
-    sources = [NgramDrafter() if name == "ngram" else ModelDrafter(draft_model) for name in spec.split("+")]
+
+    def model_source() -> DraftSource:
+        if target is not None and draft_model is not None and vocabularies_differ(draft_model.path, target.path):
+            return TranslatedDrafter(draft_model, target.tokenizer)
+        return ModelDrafter(draft_model)
+
+    sources = [NgramDrafter() if name == "ngram" else model_source() for name in spec.split("+")]
     return sources[0] if len(sources) == 1 else ChainDrafter(sources)
+
+
+@lru_cache(maxsize=16)
+def vocabularies_differ(draft: Path, target: Path) -> bool:
+    """Whether check-vocab finds that the draft's ids cannot be proposed as the target's (metadata; the
+    pair was checked as it was resolved, so this is read once more at most)."""
+    return check_pair(draft, target).verdict is VocabVerdict.INCOMPATIBLE

@@ -78,6 +78,7 @@ class Tokenizer:
         self.eos_id: int = llama_cpp.llama_vocab_eos(self._vocab)
         self.adds_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else text
@@ -89,16 +90,17 @@ class Tokenizer:
                 return list(buffer[:count])
             capacity = -count
 
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token stands for (special tokens render as nothing)."""
-        piece = self._pieces.get(token)
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; special tokens render as nothing, or as their text (`special`)."""
+        pieces = self._special_pieces if special else self._pieces
+        piece = pieces.get(token)
         if piece is None:
             buffer = ctypes.create_string_buffer(64)
-            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
+            length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, special)
             if length < 0:
                 buffer = ctypes.create_string_buffer(-length)
-                length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -length, 0, False)
-            piece = self._pieces[token] = buffer.raw[:length]
+                length = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -length, 0, special)
+            piece = pieces[token] = buffer.raw[:length]
         return piece
 
     def token_text(self, token: int) -> str:
@@ -107,8 +109,8 @@ class Tokenizer:
             return ""
         return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8", errors="replace")
 
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return b"".join(self.token_bytes(token) for token in tokens)
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        return b"".join(self.token_bytes(token, special) for token in tokens)
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

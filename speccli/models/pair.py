@@ -6,6 +6,7 @@ read), then load the target and, when the draft source needs one, the draft mode
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,8 @@ from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.llama import rpc
 from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_spec, check_threads
-from speccli.vocab.check import ensure_compatible
+from speccli.vocab.check import check_pair
+from speccli.vocab.report import VocabVerdict
 
 
 def fitted_context(given: int | None, default: int, paths: Iterable[Path | None]) -> int:
@@ -86,12 +88,10 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
     registry = load_registry(*request.config)
     resolved = resolve_pair(request.pair, request.target, request.draft, registry, spec=request.spec, quiet=quiet)
     if resolved.draft_path is not None:
-        remedy = ""
-        if request.draft is None and request.target is not None:  # the pair's draft, under another target
-            remedy = (f"the draft is pair {resolved.name}'s, as no --draft was given: give one that shares the "
-                      "target's vocabulary, or use --spec ngram")
-        names = (resolved.draft_name, resolved.target_name)
-        ensure_compatible(resolved.draft_path, resolved.target_path, names=names, remedy=remedy)
+        report = check_pair(resolved.draft_path, resolved.target_path)
+        if report.verdict is VocabVerdict.INCOMPATIBLE and not quiet:
+            print(f"note: draft {resolved.draft_name} does not share target {resolved.target_name}'s vocabulary "
+                f"({report.reasons[0]}): it drafts text, which the target re-tokenizes (docs/drafting.md)", file=sys.stderr)
     return resolved
 
 

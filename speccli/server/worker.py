@@ -193,7 +193,7 @@ class Worker:
     def _generator_for(self, speculation: Speculation) -> Generator:
         generator = self._generators.get(speculation)
         if generator is None:
-            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft)
+            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target)
             policy = None if speculation.k is None else make_policy(speculation.k)
             generator = Generator(self.target, drafter, SamplingParams(), policy)
             self._generators[speculation] = generator

@@ -33,10 +33,8 @@ Metadata comes from `speccli.gguf_meta`, which reads only the GGUF header.
 """
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
-from speccli.errors import SpeccliError
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.vocab.compare import blocks, compare_metadata, llama_cpp_rule, same_tokenizer_fields
 from speccli.vocab.info import read_vocab
@@ -74,26 +72,3 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
     return VocabReport(
         draft_info, target_info, verdict, differences, llama_cpp_rule(draft_info, target_info), samples_checked
     )
-
-
-def ensure_compatible(
-    draft: str | Path,
-    target: str | Path,
-    *,
-    names: tuple[str, str] | None = None,
-    remedy: str = "",
-) -> VocabReport:
-    """check_pair, raising SpeccliError with the first reason when the pair is incompatible. `names`: the
-    draft and target as the user named them (registry names rather than cached files' names); `remedy`:
-    what to do instead, said before the pointer to check-vocab."""
-    report = check_pair(draft, target)
-    if report.verdict is VocabVerdict.INCOMPATIBLE:
-        more = len(report.reasons) - 1
-        also = f" (and {more} more)" if more else ""
-        draft_name, target_name = names or (report.draft.path.name, report.target.path.name)
-        check_args = [shlex.quote(str(arg)) for arg in names or (report.draft.path, report.target.path)]
-        raise SpeccliError(
-            f"draft {draft_name} cannot draft for target {target_name}: {report.reasons[0]}{also}; "
-            f"{remedy + '; ' if remedy else ''}run `speccli check-vocab {check_args[0]} {check_args[1]}` for details"
-        )
-    return report

@@ -8,6 +8,7 @@ from typing import Any
 
 from speccli.util.format import json_safe
 from speccli.vocab.info import VocabInfo
+from speccli.vocab.shared import shared_vocabulary
 
 
 class VocabVerdict(str, Enum):
@@ -25,7 +26,7 @@ class VocabVerdict(str, Enum):
 VERDICT_MEANINGS = {
     VocabVerdict.IDENTICAL: "the same tokenizer",
     VocabVerdict.COMPATIBLE: "shared ids mean the same text; speculative decoding is exact",
-    VocabVerdict.INCOMPATIBLE: "this draft cannot draft for this target",
+    VocabVerdict.INCOMPATIBLE: "the draft's ids are not the target's",
 }
 
 
@@ -79,6 +80,14 @@ class VocabReport:
     def llama_cpp_disagrees(self) -> bool:
         return self.llama_cpp.accepts == (self.verdict is VocabVerdict.INCOMPATIBLE)
 
+    @property
+    def translation(self) -> dict[str, Any] | None:
+        """How the pair runs where the ids differ: the draft's text, re-tokenized by the target (see
+        speccli/drafting/translated.py); None where the draft proposes its own ids."""
+        if self.verdict is not VocabVerdict.INCOMPATIBLE:
+            return None
+        return {"mode": "text", "shared_share": shared_vocabulary(self.draft, self.target).share}
+
     def explain(self) -> str:
         """The full human-readable report, plain text."""
         lines = [
@@ -86,6 +95,10 @@ class VocabReport:
             f"target: {self.target.path}  ({_describe(self.target)})",
             f"verdict: {self.verdict.value.upper()} ({VERDICT_MEANINGS[self.verdict]})",
         ]
+        if self.translation is not None:
+            lines.append(f"runs: with translated drafts (the draft's text, re-tokenized by the target); "
+                         f"{self.translation['shared_share']:.0%} of the draft's text tokens are tokens of the "
+                         "target's vocabulary too")
         headings = {
             Severity.BLOCKING: "incompatible because:",
             Severity.TOLERATED: "tolerated (speculative decoding stays exact):",
@@ -130,6 +143,7 @@ class VocabReport:
                 for d in self.differences
             ],
             "samples_checked": self.samples_checked,
+            "translation": self.translation,
             "llama_cpp": {"accepts": self.llama_cpp.accepts, "reason": self.llama_cpp.reason},
         }
 

@@ -1,0 +1,132 @@
+"""A draft model of another vocabulary: its drafted text, re-tokenized by the target, is the proposal.
+
+String-level drafting (SLEM, Timor et al., ICML 2025; transformers' Universal Assisted Generation).
+Each step the draft model reads the context as text (the target's tokens rendered, special tokens
+included, and tokenized by the draft's own vocabulary: its cache keeps the longest prefix that still
+matches), drafts k tokens of its own, and the target's tokenizer turns a short window of the context's
+last tokens plus the drafted text into target ids. Where the window comes back as the same ids, the
+ids after it are the proposal; where it does not (the drafted text would merge into the context's last
+token), nothing is proposed this step. Drafted text that ends inside a word is cut before that word:
+the text after it could have made the word other tokens.
+
+The proposal carries no q: it is verified as a lookup's is (accept x with probability p(x), else draw
+from p without x), which is exact for any proposal chosen from the past and the draft's own randomness
+(docs/exactness.md). Acceptance is lower than with a shared vocabulary's q, and the draft pays for
+re-tokenizing the context each step: a translated draft pays only where its text is often right.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from speccli.core.sampling import RowBuffer, greedy_choice, probabilities, sample
+from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
+from speccli.drafting.model import CATCH_UP_SIZES
+
+if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.llama.model import Model
+    from speccli.llama.tokenizer import Tokenizer
+
+WINDOW = 4  # target tokens of context re-tokenized with the drafted text, to find where the proposal starts
+
+
+class TranslatedDrafter(DraftSource):
+    """Drafts with a draft `Model` whose vocabulary is not the target's (`target_vocabulary`)."""
+
+    name = "model"
+
+    def __init__(self, model: Model, target_vocabulary: Tokenizer) -> None:
+        self.model = model
+        self.target = target_vocabulary
+        self._held: list[int] = []  # the draft ids its cache holds
+        self._q_row = RowBuffer()
+
+    def propose(self, request: DraftRequest) -> Draft:
+        model, policy = self.model, request.policy
+        plan = policy.plan(self.name, request.limit)
+        if plan.k <= 0:
+            return Draft("", self.name, [], None, plan)
+        began = time.perf_counter()
+        read = self._read(request.context)
+        if read is None:  # the context, as the draft's tokens, fills its window
+            return Draft("", self.name, [], None, plan)
+        logits, taken_in = read
+        catch_up_seconds = time.perf_counter() - began
+        drafted: list[int] = []
+        for i in range(min(plan.k, model.n_ctx - model.n_past + 1)):
+            if request.sampling.greedy:
+                token = int(greedy_choice(logits)[0])
+            else:
+                q = probabilities(logits, request.sampling, out=self._q_row.take(1, model.n_vocab))[0]
+                token = sample(q, request.rng)
+            if model.tokenizer.is_end_of_generation(token):
+                break
+            drafted.append(token)
+            if i + 1 < plan.k:
+                logits = model.decode([token], n_logit_rows=1)
+        self._held += drafted[:-1]  # the last drafted token was never decoded
+        proposal = self._translate(request.context, model.tokenizer.detokenize(drafted))[:request.limit]
+        return Draft(self.name if proposal else "", self.name, proposal, None, plan,
+                     catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
+
+    def _read(self, context: Sequence[int]) -> tuple[np.ndarray, int] | None:
+        """The draft's logits after the context, read as text, and how many draft tokens it took in;
+        None where they do not fit its window."""
+        text = self.target.detokenize(context, special=True)
+        ids = self.model.tokenizer.tokenize(text, add_special=True, parse_special=True)
+        if len(ids) >= self.model.n_ctx:
+            return None
+        kept = 0
+        for held, new in zip(self._held, ids):
+            if held != new:
+                break
+            kept += 1
+        kept = min(kept, len(ids) - 1)  # at least the last token is decoded: its row is the first draft's
+        self.model.truncate(kept)
+        logits = self.model.decode(ids[kept:], n_logit_rows=1)
+        self._held = list(ids)
+        return logits, len(ids) - kept
+
+    def _translate(self, context: Sequence[int], drafted_text: bytes) -> list[int]:
+        """Target ids of `drafted_text` as it follows the context; [] where they cannot be told apart."""
+        drafted_text = whole_words(drafted_text)
+        if not drafted_text:
+            return []
+        for size in (WINDOW, 1):
+            window = list(context[-size:])
+            ids = self.target.tokenize(self.target.detokenize(window, special=True) + drafted_text,
+                                       add_special=False, parse_special=True)
+            if ids[:len(window)] == window:
+                return ids[len(window):]
+        return []
+
+    def forget(self, n_tokens: int) -> None:
+        pass  # the next proposal reads the context again, keeping what still matches
+
+    def reset(self) -> None:
+        self.model.reset()
+        self._held = []
+
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
+        """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""
+        model, token = self.model, [0]
+        seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
+        catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if model.n_past + n <= model.n_ctx}
+        return {self.name: DraftCosts(seconds[-1], catch_up)}
+
+
+def whole_words(text: bytes) -> bytes:
+    """`text` without the word it may end in the middle of (the text after it could have made that word
+    other tokens), and the space before that word (tokenizers join a space to the word after it)."""
+    end = len(text)
+    while end and _in_word(text[end - 1]):
+        end -= 1
+    if end == len(text):
+        return text
+    return text[:end - 1] if text[end - 1:end] == b" " else text[:end]
+
+
+def _in_word(byte: int) -> bool:
+    return byte >= 0x80 or chr(byte).isalnum() or byte == ord("_")  # UTF-8 beyond ASCII counts as letters

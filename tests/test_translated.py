@@ -1,0 +1,219 @@
+"""Drafts of another vocabulary (speccli/drafting/translated.py): the draft's text, re-tokenized by the
+target, verified as proposals made with certainty. Exact by enumeration through the real translation
+and the real verify rule, by χ² on tiny models of two vocabularies, and greedy output equal to the
+target alone's on real models of two families; each exactness test beside a broken engine it catches."""
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from speccli.core import generator as generator_module
+from speccli.core.generator import Generator
+from speccli.core.parting import find_parting
+from speccli.core.sampling import SamplingParams
+from speccli.core.verify import DraftVerdict, sample, verify_sampled, without_token
+from speccli.drafting.policy import FixedK
+from speccli.drafting.specs import make_drafter, vocabularies_differ
+from speccli.drafting.translated import TranslatedDrafter
+from speccli.llama.model import LoadOptions, Model
+from speccli.llama.tokenizer import load_vocab_only
+from tests.test_engine_greedy import PROMPTS, greedy_tokens
+from tests.test_verify_exact import TinyLanguageModel, step_distribution, target_sequences
+from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, write_tiny_gguf
+from tests.token_distribution import chi_square_p_value, exact_distribution, sample_generations
+
+GREEDY = SamplingParams(temperature=0)
+SETTINGS = SamplingParams(temperature=0.7, top_k=12)
+
+
+@pytest.fixture(scope="module")
+def two_vocabularies(tmp_path_factory):
+    """(target, draft) tiny models: a SentencePiece vocabulary and a byte-level BPE one, 512 tokens each."""
+    directory = tmp_path_factory.mktemp("translated")
+    target = write_tiny_gguf(directory / "target-spm.gguf", TinyConfig(n_layer=4, seed=1))
+    draft = write_tiny_gguf(directory / "draft-bpe.gguf", TinyConfig(n_layer=2, seed=2, vocab=gpt2_vocabulary(512)))
+    return target, draft
+
+
+# --- translation ---------------------------------------------------------------------------------------
+
+
+def test_check_vocab_finds_the_two_vocabularies_differ(two_vocabularies) -> None:
+    target, draft = two_vocabularies
+    assert vocabularies_differ(draft, target) and not vocabularies_differ(target, target)
+
+
+def test_drafted_text_becomes_the_target_ids_that_follow_the_context(two_vocabularies) -> None:
+    target_path, draft_path = two_vocabularies
+    with load_vocab_only(target_path) as target, load_vocab_only(draft_path) as draft:
+        drafter = TranslatedDrafter(None, target)
+        context = target.tokenize(b"the cat", add_special=False)
+        # The drafted text, from the draft's own tokens: " sat on the mat."
+        drafted = draft.detokenize(draft.tokenize(b" sat on the mat.", add_special=False))
+        proposal = drafter._translate(context, drafted)
+        assert target.detokenize(proposal) == b" sat on the mat."
+        assert context + proposal == target.tokenize(b"the cat sat on the mat.", add_special=False)
+        # Ending inside a word, the word is left out: " ma" could have become " mat", other tokens.
+        assert target.detokenize(drafter._translate(context, b" sat on the ma")) == b" sat on the"
+        assert drafter._translate(context, b"ma") == []
+
+
+# --- the enumeration -----------------------------------------------------------------------------------
+
+DRAFT_TEXTS = [b" a", b"b", b" ab", b"ba", b".", b" ca"]  # the draft's tokens, as text
+
+
+def translated_step(target_vocabulary, draft: TinyLanguageModel, target: TinyLanguageModel, ids: list[int], k: int,
+                    verify=verify_sampled) -> tuple[dict[tuple[int, ...], float], int]:
+    """The exact distribution of the first n target tokens after the context "x", and n: every sequence
+    of k draft tokens (over DRAFT_TEXTS, drawn from `draft`), translated by the real TranslatedDrafter
+    into target ids, verified with certainty by the real rule (its verdicts read off the whole partition
+    of its uniforms), then topped up with target-only tokens to n, one past the longest proposal.
+    `target` is over positions in `ids` (the target ids it may emit)."""
+    drafter = TranslatedDrafter(None, target_vocabulary)
+    context = target_vocabulary.tokenize(b"x", add_special=False)
+    proposals = {}
+    for drafted in itertools.product(range(len(DRAFT_TEXTS)), repeat=k):
+        text = b"".join(DRAFT_TEXTS[token] for token in drafted)
+        proposals[drafted] = [ids.index(token) for token in drafter._translate(context, text)]
+    length = max(map(len, proposals.values())) + 1
+    joint: dict[tuple[int, ...], float] = {}
+    for drafted, proposal in proposals.items():
+        drafted_probability = np.prod([draft(drafted[:i])[token] for i, token in enumerate(drafted)])
+        p_rows = np.array([target(tuple(proposal[:i])) for i in range(len(proposal) + 1)])
+        for emitted, probability in step_distribution(proposal, None, p_rows, verify).items():
+            for completion, completion_probability in target_sequences(target, emitted, length):
+                joint[completion] = joint.get(completion, 0.0) + drafted_probability * probability * completion_probability
+    return joint, length
+
+
+def target_ids_of_every_translation(target_vocabulary, k: int) -> list[int]:
+    drafter = TranslatedDrafter(None, target_vocabulary)
+    context = target_vocabulary.tokenize(b"x", add_special=False)
+    found = {token for drafted in itertools.product(DRAFT_TEXTS, repeat=k)
+             for token in drafter._translate(context, b"".join(drafted))}
+    return sorted(found) + [target_vocabulary.eos_id]  # one the drafts never propose
+
+
+def accepting_certain_tokens_half_again_as_often(drafted, q, p, rng) -> DraftVerdict:
+    """Broken: a token proposed with certainty is kept with probability min(1, 1.5 p(x))."""
+    uniforms = rng.random(len(drafted))
+    for i, token in enumerate(drafted):
+        if not uniforms[i] < min(1.0, 1.5 * p[i][token]):
+            return DraftVerdict(i, sample(without_token(p[i], token), rng))
+    return DraftVerdict(len(drafted), sample(p[len(drafted)], rng))
+
+
+def worst_error(target_path, k: int, seed: int, verify) -> float:
+    """The largest difference between the target's exact distribution and that of a translated step."""
+    with load_vocab_only(target_path) as target_vocabulary:
+        ids = target_ids_of_every_translation(target_vocabulary, k)
+        target = TinyLanguageModel(seed, len(ids), 0.0)
+        draft = TinyLanguageModel(seed + 100, len(DRAFT_TEXTS), 0.0)
+        speculative, length = translated_step(target_vocabulary, draft, target, ids, k, verify)
+    exact = dict(target_sequences(target, (), length))
+    return max(abs(speculative.get(sequence, 0.0) - probability) for sequence, probability in exact.items())
+
+
+@pytest.mark.parametrize("k, seed", [(1, 0), (2, 1), (2, 2)])
+def test_a_step_of_translated_drafts_is_exact(two_vocabularies, k, seed) -> None:
+    assert worst_error(two_vocabularies[0], k, seed, verify_sampled) < 1e-12
+
+
+@pytest.mark.parametrize("k, seed", [(1, 0), (2, 1)])
+def test_the_enumeration_catches_a_rule_biased_towards_translated_drafts(two_vocabularies, k, seed) -> None:
+    """The same enumeration with certain tokens kept at min(1, 1.5 p(x)): the rule's verdicts change inside
+    the cells its definition draws (the enumeration says so), or the distribution moves."""
+    try:
+        worst = worst_error(two_vocabularies[0], k, seed, accepting_certain_tokens_half_again_as_often)
+    except AssertionError as caught:
+        assert "within the cell of" in str(caught)
+        return
+    assert worst > 1e-3, "the enumeration cannot tell a biased rule from the real one"
+
+
+# --- sampling on real tiny models ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loaded(two_vocabularies):
+    target_path, draft_path = two_vocabularies
+    options = LoadOptions(n_ctx=256, n_threads=1)
+    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+        yield target, draft
+
+
+def first_three(target, draft, samples: int = 2000, verify=None) -> tuple[float, int]:
+    prompt = target.tokenizer.tokenize(b"hello world")
+    expected = exact_distribution(target, prompt, SETTINGS, 3)
+    generator = Generator(target, make_drafter("model", draft, target), SETTINGS, FixedK(3), seed=7)
+    with pytest.MonkeyPatch.context() as patch:
+        if verify is not None:
+            patch.setattr(generator_module, "verify_sampled", verify)
+        generations, stats = sample_generations(generator, prompt, samples, 3)
+    generator.reset()
+    return chi_square_p_value([g.first(3) for g in generations], expected), stats.positions.drafted
+
+
+def test_translated_drafts_give_the_targets_first_three_tokens(loaded) -> None:
+    p_value, drafted = first_three(*loaded)
+    assert drafted > 500, f"only {drafted} tokens were proposed: the test would not test translation"
+    assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def keeping_every_certain_token(drafted, q, p, rng) -> DraftVerdict:
+    """Broken: proposals made with certainty are all kept (a verify that trusts a translation)."""
+    if q is None:
+        return DraftVerdict(len(drafted), sample(p[len(drafted)], rng))
+    return verify_sampled(drafted, q, p, rng)
+
+
+def test_trusting_translated_drafts_is_detected(loaded) -> None:
+    p_value, _ = first_three(*loaded, samples=500, verify=keeping_every_certain_token)
+    assert p_value < 1e-6, f"p={p_value:.2e}"
+
+
+# --- greedy on real models of two families ---------------------------------------------------------------
+
+
+def check_greedy_translated(target: Model, draft: Model, prompts, max_tokens: int = 32) -> list[str]:
+    """Speculative K=4 with translated drafts against the target alone: equal, or parted at a near-tie."""
+    partings, drafted = [], 0
+    for text in prompts:
+        prompt = target.tokenizer.tokenize(text)
+        reference, _, _ = greedy_tokens(Generator(target, None, GREEDY), prompt, max_tokens)
+        speculative, _, stats = greedy_tokens(Generator(target, make_drafter("model", draft, target), GREEDY, FixedK(4)),
+                                              prompt, max_tokens)
+        drafted += stats.positions.accepted
+        parting = find_parting(target, prompt, reference, speculative, 5)
+        assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"
+        if parting is not None:
+            partings.append(f"{text!r}: {parting.describe()}")
+    assert drafted > 0, "no translated draft token was ever kept: nothing was tested"
+    for line in partings:
+        warnings.warn(line)
+    return partings
+
+
+@pytest.fixture(scope="module")
+def qwen_files():
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import resolve_pair
+
+    return resolve_pair("qwen2.5-coder-1.5b", None, None, load_registry(), quiet=True)
+
+
+def test_gemma_target_with_the_qwen_draft_keeps_its_greedy_output(gemma_pair, qwen_files) -> None:
+    target, _ = gemma_pair
+    with Model(qwen_files.draft_path, LoadOptions(n_ctx=512)) as draft:
+        check_greedy_translated(target, draft, PROMPTS[:4])
+
+
+def test_qwen_target_with_the_gemma_draft_keeps_its_greedy_output(gemma_pair, qwen_files) -> None:
+    _, gemma_draft = gemma_pair
+    with Model(qwen_files.target_path, LoadOptions(n_ctx=512)) as target:
+        check_greedy_translated(target, gemma_draft, PROMPTS[:4])
