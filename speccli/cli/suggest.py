@@ -1,0 +1,141 @@
+"""`speccli suggest`: rank draft options for a target on this machine by predicted speedup."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from speccli.cli.options import ConfigOption, ThreadsOption
+from speccli.errors import SpeccliError
+
+
+def suggest(
+    target: Annotated[str, typer.Argument(help="Target model: registry name or GGUF path.")],
+    candidates: Annotated[Optional[list[str]], typer.Argument(
+        help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, and ngram).")] = None,
+    text: Annotated[Optional[Path], typer.Option("--text", help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
+    confirm: Annotated[bool, typer.Option("--confirm", help="Then run a short real bench of the best two and show it beside the prediction.")] = False,
+    write: Annotated[Optional[Path], typer.Option("--write", metavar="FILE", help="Add the winning pair to this models.toml (other entries untouched).")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the ranking as JSON.")] = False,
+    threads: ThreadsOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Rank draft options for TARGET on this machine: acceptance, costs, best K and predicted speedup each."""
+    from rich.console import Console
+
+    from speccli.checks.corpus import builtin_source, text_file_source, tokenize_source
+    from speccli.models.config import load_registry
+    from speccli.models.resolve import RegistryFiles, resolve_model
+    from speccli.suggest import NGRAM, Candidate, suggest as run_suggest, too_few_positions
+    from speccli.util.progress import progress_bar
+
+    registry = load_registry(*config or ())
+    target_path = resolve_model(target, registry, fetch=False)
+    source = text_file_source(text) if text else builtin_source()
+    if candidates:
+        chosen = []
+        for name in candidates:
+            if name == NGRAM:
+                chosen.append(Candidate(NGRAM, None))
+                continue
+            try:
+                chosen.append(Candidate(name, resolve_model(name, registry, fetch=False)))
+            except SpeccliError as error:  # named in the ranking; the others are measured
+                chosen.append(Candidate(name, None, skipped=str(error)))
+    else:
+        files = RegistryFiles(registry)
+        chosen = [Candidate(name, cached[0]) for name in registry.models
+                  if name != target and (cached := files.cached(name)) and cached[0] != target_path]
+        chosen.append(Candidate(NGRAM, None))
+    err = Console(stderr=True)
+    with progress_bar(err) as bar:
+        task = bar.add_task("loading the target", total=None)
+        result = run_suggest(
+            target, target_path, chosen,
+            lambda model: [tokens for _, tokens in tokenize_source(source, model.tokenizer, min(512, model.n_ctx - 16))],
+            source.description, threads,
+            lambda what, done, total: bar.update(task, description=what, completed=done, total=total),
+        )
+    if confirm:
+        for candidate in [c for c in result.ranked if c.predicted is not None][:2]:
+            candidate.measured = _bench_speedup(target, candidate, threads, config)
+    if json_output:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        out = Console()
+        _render(result, Console(width=max(out.width, 120)) if not out.is_terminal else out)
+        if (warning := too_few_positions(result)) is not None:
+            err.print(f"note: {warning}")
+    if write is not None:
+        _write_pair(write, target, result)
+
+
+def _render(result, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console.print(f"[bold]speccli suggest[/bold] · target {escape(result.target)} · acceptance on {escape(result.text)}, greedy",
+                  soft_wrap=True)
+    console.print("  verify / 1-token decode here: " + ", ".join(f"V({n}) {v:.2f}" for n, v in result.verify.items() if n <= 5))
+    table = Table()
+    for column in ("candidate", "kind", "alpha", "proposes", "c", "best K", "predicted", "measured"):
+        table.add_column(column, justify="left" if column in ("candidate", "kind") else "right")
+    for c in result.ranked:
+        if c.skipped is not None:
+            table.add_row(escape(c.name), "skipped", "", "", "", "", "", "", end_section=False)
+            continue
+        table.add_row(escape(c.name), c.kind, f"{c.alpha:.2f}", f"{c.proposing:.0%}", f"{c.c:.2f}", str(c.best_k or "-"),
+                      f"{c.predicted:.2f}x", f"{c.measured:.2f}x" if c.measured is not None else "")
+    console.print(table)
+    for c in result.ranked:
+        if c.skipped is not None:
+            console.print(f"  {escape(c.name)}: skipped: {escape(c.skipped)}", soft_wrap=True)
+    console.print(escape(result.verdict()), soft_wrap=True)
+
+
+def _bench_speedup(target: str, candidate, threads: int | None, config) -> float | None:
+    """bench's measured speedup of the candidate at its best K (32 tokens, one run after a warm-up)."""
+    import tempfile
+
+    spec = ["--spec", "ngram"] if candidate.path is None else ["--spec", "model", "--draft", str(candidate.path)]
+    k = str(candidate.best_k or 1)
+    with tempfile.TemporaryDirectory() as folder:
+        report = Path(folder) / "bench.json"
+        command = [sys.executable, "-m", "speccli", "bench", "--target", target, *spec, "--k", k, "-n", "32", "--runs", "1",
+                   "--warmup", "1", "--json", str(report), *(["--threads", str(threads)] if threads else []),
+                   *[part for path in config or () for part in ("--config", str(path))]]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode not in (0, 3) or not report.exists():
+            raise SpeccliError(f"--confirm: bench of {candidate.name} failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        speedup = json.loads(report.read_text())["results"][0]["overall"]["speedup"]
+        return speedup["median"] if speedup else None
+
+
+def _write_pair(path: Path, target: str, result) -> None:
+    """Append [pairs."TARGET-suggested"] naming the winner; refuse where that pair exists already."""
+    import tomllib
+
+    best = next((c for c in result.ranked if c.predicted is not None), None)
+    if best is None or not best.best_k:
+        raise SpeccliError(f"--write {path}: no candidate pays here, so no pair was written (the target alone is as fast)")
+    name = f"{Path(target).stem if target.endswith('.gguf') else target}-suggested"
+    existing = path.read_text() if path.exists() else ""
+    try:
+        if name in tomllib.loads(existing).get("pairs", {}):
+            raise SpeccliError(f"--write {path}: it has a pair {name} already; remove it first to write a new one")
+    except tomllib.TOMLDecodeError as error:
+        raise SpeccliError(f"--write {path}: not TOML ({error}); nothing written") from None
+    lines = [f'\n[pairs."{name}"]', f"target = {json.dumps(target)}"]
+    if best.path is not None:
+        lines.append(f"draft = {json.dumps(best.name)}")
+        lines.append('spec = "model"')
+    else:
+        lines.append('spec = "ngram"')
+    lines.append(f"k = {best.best_k}" if best.best_k else 'k = "auto"')
+    with path.open("a") as file:
+        file.write(("\n" if existing and not existing.endswith("\n") else "") + "\n".join(lines) + "\n")
+    typer.echo(f"wrote pair {name} to {path}", err=True)

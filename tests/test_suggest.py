@@ -1,0 +1,100 @@
+"""`speccli suggest`: every candidate kind measured by its real drafter on real tiny models, bad candidates
+named while the others are measured, the prediction by bench's formula, and --write's file."""
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from speccli.bench.theory import predicted_speedup
+from speccli.cli.app import app
+from speccli.cli.suggest import _write_pair
+from speccli.errors import SpeccliError
+from speccli.suggest import Candidate, Suggestion, predict
+from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, write_related_pair, write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("suggest")
+    target, draft = write_related_pair(directory, target_layers=6, draft_layers=2, eps=0.1)
+    other = write_tiny_gguf(directory / "other-vocabulary.gguf", TinyConfig(n_layer=1, vocab=gpt2_vocabulary(512)))
+    bigger = write_tiny_gguf(directory / "bigger.gguf", TinyConfig(n_layer=8))
+    text = directory / "notes.txt"
+    text.write_text("not a model")
+    return {"target": target, "draft": draft, "other": other, "bigger": bigger, "text": text}
+
+
+def run(*args: str):
+    return CliRunner(env={"COLUMNS": "200"}).invoke(app, ["suggest", *args, "-t", "1"])
+
+
+def test_every_kind_is_measured_and_bad_candidates_are_named_one_line_each(files) -> None:
+    missing = files["target"].parent / "missing.gguf"
+    result = run(str(files["target"]), str(files["draft"]), str(files["other"]), "ngram", str(files["bigger"]),
+                 str(files["text"]), str(missing), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    by_name = {Path(c["name"]).name: c for c in report["candidates"]}
+    assert by_name[files["draft"].name]["kind"] == "same vocabulary"
+    assert by_name["other-vocabulary.gguf"]["kind"] == "translated"
+    assert by_name["ngram"]["kind"] == "lookup"
+    for name in (files["draft"].name, "other-vocabulary.gguf", "ngram"):
+        candidate = by_name[name]
+        assert candidate["skipped"] is None and candidate["positions"] > 64 and 0 <= candidate["alpha"] <= 1
+        assert candidate["predicted"] >= 1.0  # the target alone at worst: auto drafts nothing that loses
+    assert by_name["bigger.gguf"]["skipped"].startswith("its file is no smaller than the target's")
+    assert by_name["notes.txt"]["skipped"] == f"{files['text']}: not a GGUF file (starts with b'not ')"
+    assert by_name["missing.gguf"]["skipped"] == f"{missing}: no such file"
+    predicted = [c["predicted"] for c in report["candidates"] if c["predicted"] is not None]
+    assert predicted == sorted(predicted, reverse=True), "ranked by predicted speedup"
+    # The draft made of the target's own first layers agrees with it far more than one of another vocabulary.
+    assert by_name[files["draft"].name]["alpha"] > by_name["other-vocabulary.gguf"]["alpha"]
+
+
+def test_the_report_says_what_pays_and_on_how_little_text(files, tmp_path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text("a cat sat on the mat, a cat sat on the mat")
+    result = run(str(files["target"]), str(files["draft"]), "--text", str(short))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"speccli suggest · target {files['target']} · acceptance on text file {short}, greedy"
+    assert lines[-1].startswith(("best here: ", "nothing pays here: verifying 4 tokens costs "))
+    assert result.stderr.strip().splitlines()[-1].startswith("note: the acceptance rests on ")
+
+
+def test_the_prediction_is_benchs_formula_at_the_best_k() -> None:
+    verify = {n: 1 + 0.05 * (n - 1) for n in range(1, 10)}  # a GPU-like flat curve
+    model = Candidate("draft", Path("d.gguf"), kind="same vocabulary", alpha=0.8, c=0.1)
+    predict(model, verify)
+    best = max(range(1, 9), key=lambda k: predicted_speedup(0.8, k, 0.1, verify[k + 1]))
+    assert (model.best_k, model.predicted) == (best, pytest.approx(predicted_speedup(0.8, best, 0.1, verify[best + 1])))
+    steep = {n: 1.0 + 0.6 * (n - 1) for n in range(1, 10)}  # a CPU's: nothing pays
+    losing = Candidate("draft", Path("d.gguf"), kind="same vocabulary", alpha=0.5, c=0.6)
+    predict(losing, steep)
+    assert (losing.best_k, losing.predicted) == (0, 1.0)
+    # A lookup drafts only where it proposes: at 50% of positions, half of its gain.
+    lookup = Candidate("ngram", None, kind="lookup", alpha=1.0, proposing=0.5, c=0.0)
+    predict(lookup, verify)
+    k = lookup.best_k
+    assert lookup.predicted == pytest.approx((0.5 * (k + 1) + 0.5) / (0.5 * verify[k + 1] + 0.5))
+
+
+def test_write_adds_the_winner_and_leaves_every_other_entry_alone(tmp_path) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text('# mine\n[models.x]\npath = "x.gguf"\n')
+    winner = Candidate("small", Path("small.gguf"), kind="same vocabulary", alpha=0.9, c=0.1, best_k=6, predicted=1.8)
+    result = Suggestion("big", "text", {n: 1.0 for n in range(1, 10)}, [winner])
+    _write_pair(config, "big", result)
+    written = config.read_text()
+    assert written.startswith('# mine\n[models.x]\npath = "x.gguf"\n')
+    assert tomllib.loads(written)["pairs"]["big-suggested"] == {"target": "big", "draft": "small", "spec": "model", "k": 6}
+    with pytest.raises(SpeccliError, match="has a pair big-suggested already"):
+        _write_pair(config, "big", result)
+    winner.best_k, winner.predicted = 0, 1.0
+    with pytest.raises(SpeccliError, match="no candidate pays here, so no pair was written"):
+        _write_pair(tmp_path / "other.toml", "big", result)
+    assert not (tmp_path / "other.toml").exists()
