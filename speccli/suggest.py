@@ -3,8 +3,9 @@
 For each candidate (a draft model of the target's vocabulary, one of another vocabulary, or the n-gram
 lookup), the real drafter proposes at every position of a calibration text the target has read once
 (teacher forcing: one batched decode gives the target's greedy choice at each position). Its acceptance
-alpha is how often its first proposed token is that choice; its cost c is its drafting time per token
-over the target's 1-token decode; the target's verify curve V(n) is timed here. Then bench's formula,
+alpha is how often its first proposed token is that choice; its cost c is a 1-token draft decode over
+the target's (a translated draft's: its drafting time per token here, reading the context as text
+included); the target's verify curve V(n) is timed here. Then bench's formula,
 S(K) = E(alpha, K) / (K c + V(K+1)), gives each K's speedup, and the best K ranks the candidates. A
 lookup proposes only where the text repeats: its S mixes drafting steps (a share f of positions) with
 plain ones. Greedy acceptance; at temperature > 0 a draft is kept less often than this.
@@ -117,8 +118,11 @@ def measure_candidate(candidate: Candidate, target: Model, draft: Model | None, 
                       choices: Sequence[np.ndarray], target_token_seconds: float, advance: Callable[[], None]) -> None:
     """Acceptance, proposing share and c of one candidate, by its real drafter at each position."""
     drafter = make_drafter("ngram" if draft is None else "model", draft, target)
-    policy, sampling, rng = FixedK(1 if draft is not None else MAX_K), SamplingParams(temperature=0), np.random.default_rng(0)
-    kept = proposed = positions = 0
+    # A draft of the target's ids is asked for one token; translated text needs a few (a word cut short
+    # is not proposed), a lookup proposes what its match gives.
+    k = 1 if candidate.kind == "same vocabulary" else 4 if candidate.kind == "translated" else MAX_K
+    policy, sampling, rng = FixedK(k), SamplingParams(temperature=0), np.random.default_rng(0)
+    kept = proposed = positions = proposed_tokens = 0
     seconds = 0.0
     for tokens, chosen in zip(sequences, choices):
         drafter.reset()
@@ -126,18 +130,24 @@ def measure_candidate(candidate: Candidate, target: Model, draft: Model | None, 
             context = tokens[:end + 1]  # its last token is pending, as in a step
             began = time.perf_counter()
             drafter.sync(context)
-            draft_tokens = drafter.propose(DraftRequest(context, 1 if draft is not None else MAX_K, sampling, rng, policy)).tokens
+            draft_tokens = drafter.propose(DraftRequest(context, k, sampling, rng, policy)).tokens
             seconds += time.perf_counter() - began
             drafter.forget(len(context) - 1)
             positions += 1
             if draft_tokens:
                 proposed += 1
+                proposed_tokens += len(draft_tokens)
                 kept += draft_tokens[0] == chosen[end]
             advance()
     candidate.positions = positions
     candidate.proposing = proposed / positions if positions else 0.0
     candidate.alpha = kept / proposed if proposed else 0.0
-    candidate.c = seconds / max(proposed, 1) / target_token_seconds if draft is not None else 0.0
+    if draft is None:
+        candidate.c = 0.0
+    elif candidate.kind == "same vocabulary":  # a 1-token draft decode, as bench profiles it
+        candidate.c = decode_seconds(draft, sequences[0][:64], [1])[1] / target_token_seconds
+    else:  # what drafting cost here, reading the context as text each time included
+        candidate.c = seconds / max(proposed_tokens, 1) / target_token_seconds
 
 
 def predict(candidate: Candidate, verify: dict[int, float]) -> None:

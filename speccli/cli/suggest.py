@@ -102,7 +102,7 @@ def _bench_speedup(target: str, candidate, threads: int | None, config) -> float
     import tempfile
 
     spec = ["--spec", "ngram"] if candidate.path is None else ["--spec", "model", "--draft", str(candidate.path)]
-    k = str(candidate.best_k or 1)
+    k = str(candidate.best_k or "auto")  # nothing pays: what auto does about it
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "bench.json"
         command = [sys.executable, "-m", "speccli", "bench", "--target", target, *spec, "--k", k, "-n", "32", "--runs", "1",
