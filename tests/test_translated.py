@@ -217,3 +217,23 @@ def test_qwen_target_with_the_gemma_draft_keeps_its_greedy_output(gemma_pair, qw
     _, gemma_draft = gemma_pair
     with Model(qwen_files.target_path, LoadOptions(n_ctx=512)) as target:
         check_greedy_translated(target, gemma_draft, PROMPTS[:4])
+
+
+def test_bench_names_the_translated_draft_in_its_header_and_json(two_vocabularies, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from speccli.cli.app import app
+
+    target, draft = two_vocabularies
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello world\nthe cat sat on\n")
+    report = tmp_path / "report.json"
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+        "bench", "-m", str(target), "-md", str(draft), "--spec", "model", "--k", "2", "-n", "8", "--runs", "1",
+        "--warmup", "0", "-t", "1", "-c", "256", "--prompts", str(prompts), "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    assert "another vocabulary: drafts text the target re-tokenizes)" in result.stdout
+    assert "greedy check: 2/2 speculative outputs identical to the target's own" in result.stdout
+    import json
+
+    assert json.loads(report.read_text())["models"]["draft_proposes"] == "text"

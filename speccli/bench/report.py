@@ -290,6 +290,9 @@ class Models(Part):
     pair: str | None
     target: ModelFile
     draft: ModelFile | None  # None: no configuration needed a draft model
+    # How the draft model drafts: "ids" (the target's vocabulary), "text" (another vocabulary: its text,
+    # re-tokenized by the target; speccli/drafting/translated.py); None without a draft model.
+    draft_proposes: str | None = None
 
 
 class PromptsInfo(Part):
