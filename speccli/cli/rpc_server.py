@@ -48,14 +48,14 @@ def rpc_server(
     server.start()
     while server.is_alive() and _free(address, port):  # announced once a client can connect
         time.sleep(0.02)
+    if server.is_alive() and address != LOOPBACK:  # before the line that says it serves, which scripts wait for
+        typer.echo(f"warning: the RPC protocol has no authentication: anyone who can reach {address}:{port} can use "
+                   "this machine's devices and memory; keep it on a private network or behind an SSH tunnel "
+                   "(docs/rpc.md)", err=True)
     if server.is_alive():
         names = ", ".join(f"{d.name} ({d.description}, {d.total_bytes // 2**20} MiB)" for d in served)
         typer.echo(f"speccli rpc-server: serving {names} on {address}:{port} with {threads} threads"
                    f"{f', tensor cache {cache}' if cache else ''}; Ctrl-C stops it")
-    if server.is_alive() and address != LOOPBACK:
-        typer.echo(f"warning: the RPC protocol has no authentication: anyone who can reach {address}:{port} can use "
-                   "this machine's devices and memory; keep it on a private network or behind an SSH tunnel "
-                   "(docs/rpc.md)", err=True)
     while server.is_alive():  # the server never returns; Ctrl-C and SIGTERM end this wait (130, 143)
         server.join(timeout=0.2)
     raise SpeccliError(f"the RPC server on {address}:{port} stopped: llama.cpp could not start it (see above)")

@@ -12,8 +12,6 @@ from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.translated import TranslatedDrafter
 from speccli.validation import AUTO_K, K, check_spec, require_draft_model
-from speccli.vocab.check import check_pair
-from speccli.vocab.report import VocabVerdict
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -40,5 +38,9 @@ def make_drafter(spec: str, draft_model: Model | None, target: Model | None = No
 @lru_cache(maxsize=16)
 def vocabularies_differ(draft: Path, target: Path) -> bool:
     """Whether check-vocab finds that the draft's ids cannot be proposed as the target's (metadata; the
-    pair was checked as it was resolved, so this is read once more at most)."""
+    pair was checked as it was resolved, so this is read once more at most). Imported here: the check
+    loads tokenizers through speccli.llama, which the drafters never import themselves."""
+    from speccli.vocab.check import check_pair
+    from speccli.vocab.report import VocabVerdict
+
     return check_pair(draft, target).verdict is VocabVerdict.INCOMPATIBLE
