@@ -343,6 +343,8 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
 
 
 def test_a_draft_of_another_vocabulary_drafts_translated_text_and_says_so(tiny_dir, tiny_pair):
+    # The two test vocabularies spell 49.5% of the draft's tokens alike, under half: it drafts text (the
+    # other mode is named where more are shared: tests/test_translated.py).
     other_draft = write_tiny_gguf(tiny_dir / "gpt2 draft.gguf", TinyConfig(vocab=gpt2_vocabulary(512)))
     result = chat((tiny_pair.target, other_draft), "-p", "hello")
     assert result.exit_code == 0, result.stderr

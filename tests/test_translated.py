@@ -18,9 +18,12 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.verify import DraftVerdict, sample, verify_sampled, without_token
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter, vocabularies_differ
-from speccli.drafting.translated import TranslatedDrafter
+from speccli.drafting import translated as translated_module
+from speccli.drafting.translated import TranslatedDrafter, on_shared_tokens
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import load_vocab_only
+from speccli.vocab.info import read_vocab
+from speccli.vocab.shared import shared_vocabulary
 from tests.test_engine_greedy import PROMPTS, greedy_tokens
 from tests.test_verify_exact import TinyLanguageModel, step_distribution, target_sequences
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, write_tiny_gguf
@@ -136,32 +139,123 @@ def test_the_enumeration_catches_a_rule_biased_towards_translated_drafts(two_voc
     assert worst > 1e-3, "the enumeration cannot tell a biased rule from the real one"
 
 
+def shared_token_step(shared, draft: TinyLanguageModel, draft_ids: list[int], target: TinyLanguageModel,
+                      target_ids: list[int], k: int, verify=verify_sampled, restrict=on_shared_tokens):
+    """The exact distribution of k+1 target tokens from one TLI step: the draft (over `draft_ids`, a few of
+    its real vocabulary's ids, shared or not) restricted by the real `on_shared_tokens`, each sequence of k
+    tokens drawn from that, mapped to the target's ids through the real shared vocabulary, verified with its
+    q by the real rule, then topped up with the target alone. `target` is over positions in `target_ids`."""
+    drawable = [i for i, d in enumerate(shared.draft_ids) if d in draft_ids]
+    joint: dict[tuple[int, ...], float] = {}
+
+    def restricted_row(prefix: tuple[int, ...]):
+        full = np.zeros(max(int(shared.draft_ids.max()), *draft_ids) + 1, dtype=np.float32)
+        full[draft_ids] = draft(prefix)
+        row = restrict(full, shared)
+        drawn = np.zeros(len(shared.draft_ids)) if row is None else np.asarray(row, dtype=np.float64)
+        return drawn / drawn.sum(), row  # drawn from (sampling normalises), reported as q
+
+    def grow(prefix: tuple[int, ...], probability: float):
+        if len(prefix) == k:
+            yield prefix, probability
+            return
+        drawn, _ = restricted_row(tuple(draft_ids.index(int(shared.draft_ids[i])) for i in prefix))
+        for i in drawable:
+            if drawn[i] > 0:
+                yield from grow(prefix + (i,), probability * drawn[i])
+
+    for chosen, probability in grow((), 1.0):
+        proposal = [target_ids.index(int(shared.target_ids[i])) for i in chosen]
+        q_rows = np.zeros((k, len(target_ids)))
+        for position in range(k):
+            _, reported = restricted_row(tuple(draft_ids.index(int(shared.draft_ids[i])) for i in chosen[:position]))
+            for i in drawable:
+                q_rows[position][target_ids.index(int(shared.target_ids[i]))] = reported[i]
+        p_rows = np.array([target(tuple(proposal[:i])) for i in range(k + 1)])
+        for emitted, emitted_probability in step_distribution(proposal, q_rows, p_rows, verify).items():
+            for completion, completion_probability in target_sequences(target, emitted, k + 1):
+                joint[completion] = joint.get(completion, 0.0) + probability * emitted_probability * completion_probability
+    return joint
+
+
+def tli_error(two_vocabularies, k: int, seed: int, restrict=on_shared_tokens) -> float:
+    target_path, draft_path = two_vocabularies
+    shared = shared_vocabulary(read_vocab(draft_path), read_vocab(target_path))
+    drafts = [int(d) for d in shared.draft_ids[100:103]]  # three shared tokens ...
+    not_shared = [d for d in range(300, 512) if d not in set(shared.draft_ids.tolist())][:1]  # ... and one not
+    draft_ids = drafts + not_shared
+    target_ids = [int(shared.target_ids[list(shared.draft_ids).index(d)]) for d in drafts] + [3, 4]
+    target = TinyLanguageModel(seed, len(target_ids), 0.0)
+    draft = TinyLanguageModel(seed + 100, len(draft_ids), 0.0)
+    speculative = shared_token_step(shared, draft, draft_ids, target, target_ids, k, restrict=restrict)
+    exact = dict(target_sequences(target, (), k + 1))
+    return max(abs(speculative.get(sequence, 0.0) - probability) for sequence, probability in exact.items())
+
+
+@pytest.mark.parametrize("k, seed", [(1, 0), (2, 1)])
+def test_a_step_of_shared_token_drafts_is_exact(two_vocabularies, k, seed) -> None:
+    assert tli_error(two_vocabularies, k, seed) < 1e-6  # q rows are float32, as the engine's
+
+
+def test_the_enumeration_catches_shared_tokens_left_unnormalised(two_vocabularies) -> None:
+    def unnormalised(draft_probabilities, shared):
+        restricted = draft_probabilities[shared.draft_ids]
+        return restricted if restricted.sum() > 0 else None
+
+    try:
+        worst = tli_error(two_vocabularies, 2, 1, restrict=unnormalised)
+    except AssertionError as caught:
+        assert "within the cell of" in str(caught)
+        return
+    assert worst > 1e-3
+
+
 # --- sampling on real tiny models ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def loaded(two_vocabularies):
+def loaded(two_vocabularies, tmp_path_factory):
+    """(target, draft of another vocabulary): the draft is the target's own layers, its token rows moved
+    to its ids of the same text (other rows the target's at the same id), so that its proposals are
+    often kept: a broken verify of them then shows in the output."""
     target_path, draft_path = two_vocabularies
+    shared = shared_vocabulary(read_vocab(draft_path), read_vocab(target_path))
+    rows = list(range(512))
+    for draft_id, target_id in zip(shared.draft_ids.tolist(), shared.target_ids.tolist()):
+        rows[draft_id] = target_id
+    related = write_tiny_gguf(tmp_path_factory.mktemp("related") / "draft-bpe-related.gguf",
+                              TinyConfig(n_layer=4, seed=1, vocab=gpt2_vocabulary(512), token_rows=tuple(rows)))
     options = LoadOptions(n_ctx=256, n_threads=1)
-    with Model(target_path, options) as target, Model(draft_path, options) as draft:
+    with Model(target_path, options) as target, Model(related, options) as draft:
         yield target, draft
 
 
-def first_three(target, draft, samples: int = 2000, verify=None) -> tuple[float, int]:
+MODES = ["text", "shared tokens"]
+
+
+def drafter_for(mode: str, target: Model, draft: Model) -> TranslatedDrafter:
+    shared = None if mode == "text" else shared_vocabulary(read_vocab(draft.path), read_vocab(target.path))
+    return TranslatedDrafter(draft, target.tokenizer, shared)
+
+
+def first_three(target, draft, mode: str, samples: int = 2000, broken=None) -> tuple[float, int, int]:
     prompt = target.tokenizer.tokenize(b"hello world")
     expected = exact_distribution(target, prompt, SETTINGS, 3)
-    generator = Generator(target, make_drafter("model", draft, target), SETTINGS, FixedK(3), seed=7)
+    generator = Generator(target, drafter_for(mode, target, draft), SETTINGS, FixedK(3), seed=7)
     with pytest.MonkeyPatch.context() as patch:
-        if verify is not None:
-            patch.setattr(generator_module, "verify_sampled", verify)
+        if broken is not None:
+            patch.setattr(*broken)
         generations, stats = sample_generations(generator, prompt, samples, 3)
     generator.reset()
-    return chi_square_p_value([g.first(3) for g in generations], expected), stats.positions.drafted
+    return chi_square_p_value([g.first(3) for g in generations], expected), stats.positions.drafted, stats.positions.accepted
 
 
-def test_translated_drafts_give_the_targets_first_three_tokens(loaded) -> None:
-    p_value, drafted = first_three(*loaded)
-    assert drafted > 500, f"only {drafted} tokens were proposed: the test would not test translation"
+@pytest.mark.parametrize("mode", MODES)
+def test_translated_drafts_give_the_targets_first_three_tokens(loaded, mode) -> None:
+    p_value, drafted, kept = first_three(*loaded, mode)
+    # Random text of letters seldom re-tokenizes as it was drafted: the text mode's proposals are tested
+    # by what the target does with them, kept or not; the shared tokens' q only where they are kept.
+    assert drafted > 500 and (mode == "text" or kept > 150), f"{kept} of {drafted} proposed tokens kept"
     assert p_value > 1e-3, f"p={p_value:.2e}"
 
 
@@ -172,22 +266,35 @@ def keeping_every_certain_token(drafted, q, p, rng) -> DraftVerdict:
     return verify_sampled(drafted, q, p, rng)
 
 
-def test_trusting_translated_drafts_is_detected(loaded) -> None:
-    p_value, _ = first_three(*loaded, samples=500, verify=keeping_every_certain_token)
+def q_at_twice_the_temperature(q_row, restricted, shared) -> None:
+    """Broken: the q reported is the drawn distribution flattened (as at twice its temperature), not the
+    one the token was drawn from (a temperature applied to sampling but not to the reported q)."""
+    flattened = np.sqrt(restricted)
+    q_row.fill(0.0)
+    q_row[shared.target_ids] = flattened / flattened.sum()
+
+
+@pytest.mark.parametrize("mode, broken", [
+    ("text", (generator_module, "verify_sampled", keeping_every_certain_token)),
+    ("shared tokens", (translated_module, "put_on_target_ids", q_at_twice_the_temperature)),
+], ids=["text: trusted", "shared tokens: q at another temperature"])
+def test_a_broken_translation_engine_is_detected(loaded, mode, broken) -> None:
+    p_value, _, _ = first_three(*loaded, mode, samples=2000, broken=broken)
     assert p_value < 1e-6, f"p={p_value:.2e}"
 
 
 # --- greedy on real models of two families ---------------------------------------------------------------
 
 
-def check_greedy_translated(target: Model, draft: Model, prompts, max_tokens: int = 32) -> list[str]:
-    """Speculative K=4 with translated drafts against the target alone: equal, or parted at a near-tie."""
+def check_greedy_translated(target: Model, draft: Model, prompts, max_tokens: int = 32) -> str:
+    """Speculative K=4 with translated drafts against the target alone: equal, or parted at a near-tie;
+    returns the mode the pair drafted in."""
     partings, drafted = [], 0
     for text in prompts:
         prompt = target.tokenizer.tokenize(text)
         reference, _, _ = greedy_tokens(Generator(target, None, GREEDY), prompt, max_tokens)
-        speculative, _, stats = greedy_tokens(Generator(target, make_drafter("model", draft, target), GREEDY, FixedK(4)),
-                                              prompt, max_tokens)
+        drafter = make_drafter("model", draft, target)
+        speculative, _, stats = greedy_tokens(Generator(target, drafter, GREEDY, FixedK(4)), prompt, max_tokens)
         drafted += stats.positions.accepted
         parting = find_parting(target, prompt, reference, speculative, 5)
         assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"
@@ -196,7 +303,7 @@ def check_greedy_translated(target: Model, draft: Model, prompts, max_tokens: in
     assert drafted > 0, "no translated draft token was ever kept: nothing was tested"
     for line in partings:
         warnings.warn(line)
-    return partings
+    return drafter.mode
 
 
 @pytest.fixture(scope="module")
@@ -210,13 +317,13 @@ def qwen_files():
 def test_gemma_target_with_the_qwen_draft_keeps_its_greedy_output(gemma_pair, qwen_files) -> None:
     target, _ = gemma_pair
     with Model(qwen_files.draft_path, LoadOptions(n_ctx=512)) as draft:
-        check_greedy_translated(target, draft, PROMPTS[:4])
+        assert check_greedy_translated(target, draft, PROMPTS[:4]) == "shared tokens"  # 63% shared
 
 
 def test_qwen_target_with_the_gemma_draft_keeps_its_greedy_output(gemma_pair, qwen_files) -> None:
     _, gemma_draft = gemma_pair
     with Model(qwen_files.target_path, LoadOptions(n_ctx=512)) as target:
-        check_greedy_translated(target, gemma_draft, PROMPTS[:4])
+        assert check_greedy_translated(target, gemma_draft, PROMPTS[:4]) == "text"  # 37% shared
 
 
 def test_bench_names_the_translated_draft_in_its_header_and_json(two_vocabularies, tmp_path) -> None:
@@ -232,7 +339,7 @@ def test_bench_names_the_translated_draft_in_its_header_and_json(two_vocabularie
         "bench", "-m", str(target), "-md", str(draft), "--spec", "model", "--k", "2", "-n", "8", "--runs", "1",
         "--warmup", "0", "-t", "1", "-c", "256", "--prompts", str(prompts), "--json", str(report)])
     assert result.exit_code == 0, result.output
-    assert "another vocabulary: drafts text the target re-tokenizes)" in result.stdout
+    assert "another vocabulary: drafts text)" in result.stdout  # the tiny vocabularies share 49.5%: under half
     assert "greedy check: 2/2 speculative outputs identical to the target's own" in result.stdout
     import json
 

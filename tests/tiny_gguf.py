@@ -170,6 +170,9 @@ class TinyConfig:
     # A value of None removes the key.
     metadata: Mapping[str, Any] = field(default_factory=dict)
     vocab_only: bool = False  # no tensors at all, as llama.cpp's vocab files
+    # Where given, token i's rows of token_embd and output are row token_rows[i] of the seeded ones: a model
+    # of another vocabulary that computes what the seed's model does, token for token where they map.
+    token_rows: tuple[int, ...] = ()
 
     @property
     def head_dim(self) -> int:
@@ -310,10 +313,14 @@ def _tensors(config: TinyConfig, vocab_size: int) -> Iterator[tuple[str, np.ndar
     def norm(name: str) -> tuple[str, np.ndarray]:
         return name, np.ones(E, dtype=np.float32)
 
-    yield weight("token_embd.weight", (vocab_size, E), 1.0)
+    def token_weight(name: str, std: float) -> tuple[str, np.ndarray]:
+        name, values = weight(name, (vocab_size, E), std)
+        return name, values[list(config.token_rows)] if config.token_rows else values
+
+    yield token_weight("token_embd.weight", 1.0)
     yield norm("output_norm.weight")
     # The final norm leaves unit-RMS hidden states, so logits are ~N(0, head_scale^2).
-    yield weight("output.weight", (vocab_size, E), config.head_scale / np.sqrt(E))
+    yield token_weight("output.weight", config.head_scale / np.sqrt(E))
     for layer in range(config.n_layer):
         scale = config.layer_output_scales[layer] if layer < len(config.layer_output_scales) else 1.0
         prefix = f"blk.{layer}"

@@ -39,7 +39,7 @@ from speccli.bench.prompts import PromptSet, load_prompt_set
 from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
-from speccli.drafting.specs import vocabularies_differ
+from speccli.drafting.specs import draft_proposes
 from speccli.errors import SpeccliError
 from speccli.llama.model import naming_non_finite_logits
 from speccli.models.pair import open_pair
@@ -114,8 +114,7 @@ def run_command(request: BenchRequest) -> None:
                 pair=resolved.name,
                 target=model_file(resolved.target_name, resolved.target_path),
                 draft=model_file(resolved.draft_name, resolved.draft_path) if resolved.draft_path is not None else None,
-                draft_proposes=None if resolved.draft_path is None else
-                "text" if vocabularies_differ(resolved.draft_path, resolved.target_path) else "ids",
+                draft_proposes=draft_proposes(resolved.draft_path, resolved.target_path),
             ),
             prompt_set=prompt_set,
             measured=measured,

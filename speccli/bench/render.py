@@ -69,7 +69,8 @@ def render_report(report: BenchReport, console: Console) -> None:
         if model is None:
             console.print(f"  {role:<6} none (n-gram lookup drafts from the context)")
         else:
-            translated = ", another vocabulary: drafts text the target re-tokenizes" if role == "draft" and models.draft_proposes == "text" else ""
+            translated = (f", another vocabulary: drafts {models.draft_proposes}"
+                          if role == "draft" and models.draft_proposes in ("text", "shared tokens") else "")
             console.print(f"  {role:<6} {escape(model.name)} ({format_size(model.size_bytes)}, sha256 {model.sha256[:12]}{translated})")
     if not env.gpu_offload_supported:
         offload = "no GPU offload"

@@ -290,8 +290,8 @@ class Models(Part):
     pair: str | None
     target: ModelFile
     draft: ModelFile | None  # None: no configuration needed a draft model
-    # How the draft model drafts: "ids" (the target's vocabulary), "text" (another vocabulary: its text,
-    # re-tokenized by the target; speccli/drafting/translated.py); None without a draft model.
+    # How the draft model drafts: "ids" (the target's vocabulary); another vocabulary's "shared tokens"
+    # (with q) or "text" (re-tokenized by the target; speccli/drafting/translated.py); None without one.
     draft_proposes: str | None = None
 
 

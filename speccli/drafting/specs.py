@@ -15,6 +15,7 @@ from speccli.validation import AUTO_K, K, check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
+    from speccli.vocab.shared import SharedVocabulary
 
 
 def make_policy(k: K) -> KPolicy:
@@ -28,11 +29,21 @@ def make_drafter(spec: str, draft_model: Model | None, target: Model | None = No
 
     def model_source() -> DraftSource:
         if target is not None and draft_model is not None and vocabularies_differ(draft_model.path, target.path):
-            return TranslatedDrafter(draft_model, target.tokenizer)
+            return TranslatedDrafter(draft_model, target.tokenizer, shared_tokens(draft_model.path, target.path))
         return ModelDrafter(draft_model)
 
     sources = [NgramDrafter() if name == "ngram" else model_source() for name in spec.split("+")]
     return sources[0] if len(sources) == 1 else ChainDrafter(sources)
+
+
+@lru_cache(maxsize=16)
+def shared_tokens(draft: Path, target: Path) -> SharedVocabulary | None:
+    """The shared tokens a draft of another vocabulary draws among, where they are enough (TLI_MIN_SHARE)."""
+    from speccli.vocab.info import read_vocab
+    from speccli.vocab.shared import TLI_MIN_SHARE, shared_vocabulary
+
+    shared = shared_vocabulary(read_vocab(draft), read_vocab(target))
+    return shared if shared.share >= TLI_MIN_SHARE else None
 
 
 @lru_cache(maxsize=16)
@@ -44,3 +55,13 @@ def vocabularies_differ(draft: Path, target: Path) -> bool:
     from speccli.vocab.report import VocabVerdict
 
     return check_pair(draft, target).verdict is VocabVerdict.INCOMPATIBLE
+
+
+def draft_proposes(draft: Path | None, target: Path) -> str | None:
+    """What a draft model proposes to this target: "ids" (its vocabulary is the target's), "shared tokens"
+    or "text" (another vocabulary, in the mode `make_drafter` picks); None without a draft model."""
+    if draft is None:
+        return None
+    if not vocabularies_differ(draft, target):
+        return "ids"
+    return "text" if shared_tokens(draft, target) is None else "shared tokens"

@@ -90,8 +90,10 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
     if resolved.draft_path is not None:
         report = check_pair(resolved.draft_path, resolved.target_path)
         if report.verdict is VocabVerdict.INCOMPATIBLE and not quiet:
+            how = ("it draws among the tokens both spell alike when sampling, and drafts text when greedy"
+                   if report.translation["mode"] == "shared tokens" else "it drafts text, which the target re-tokenizes")
             print(f"note: draft {resolved.draft_name} does not share target {resolved.target_name}'s vocabulary "
-                f"({report.reasons[0]}): it drafts text, which the target re-tokenizes (docs/drafting.md)", file=sys.stderr)
+                  f"({report.reasons[0]}): {how} (docs/drafting.md)", file=sys.stderr)
     return resolved
 
 

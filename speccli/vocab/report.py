@@ -86,7 +86,8 @@ class VocabReport:
         speccli/drafting/translated.py); None where the draft proposes its own ids."""
         if self.verdict is not VocabVerdict.INCOMPATIBLE:
             return None
-        return {"mode": "text", "shared_share": shared_vocabulary(self.draft, self.target).share}
+        shared = shared_vocabulary(self.draft, self.target)
+        return {"mode": shared.mode, "shared_share": shared.share}
 
     def explain(self) -> str:
         """The full human-readable report, plain text."""
@@ -96,9 +97,10 @@ class VocabReport:
             f"verdict: {self.verdict.value.upper()} ({VERDICT_MEANINGS[self.verdict]})",
         ]
         if self.translation is not None:
-            lines.append(f"runs: with translated drafts (the draft's text, re-tokenized by the target); "
-                         f"{self.translation['shared_share']:.0%} of the draft's text tokens are tokens of the "
-                         "target's vocabulary too")
+            how = ("drawn among the tokens both spell alike, with their probabilities, when sampling; its text when greedy"
+                   if self.translation["mode"] == "shared tokens" else "the draft's text, re-tokenized by the target")
+            lines.append(f"runs: with translated drafts ({how}); {self.translation['shared_share']:.0%} of the draft's "
+                         "text tokens are tokens of the target's vocabulary too")
         headings = {
             Severity.BLOCKING: "incompatible because:",
             Severity.TOLERATED: "tolerated (speculative decoding stays exact):",

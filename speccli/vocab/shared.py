@@ -14,6 +14,10 @@ import numpy as np
 
 from speccli.vocab.info import VocabInfo
 
+# A draft of another vocabulary draws among the tokens it shares with the target (TLI, with q) where at
+# least this share of its text tokens are the target's too, else it drafts text (measured on the two
+# cross-family pairs here: docs/results.md, "Drafts of another vocabulary").
+TLI_MIN_SHARE = 0.5
 _NORMAL, _USER_DEFINED = 1, 4  # llama.cpp's token types that stand for text (NORMAL, USER_DEFINED)
 _SPM_SPACE = "▁".encode()
 
@@ -58,6 +62,11 @@ class SharedVocabulary:
     draft_ids: np.ndarray  # ids in the draft's vocabulary ...
     target_ids: np.ndarray  # ... and the target's ids of the same text
     draft_text_tokens: int  # the draft's tokens that stand for text
+
+    @property
+    def mode(self) -> str:
+        """How a draft of another vocabulary drafts for this target (speccli/drafting/translated.py)."""
+        return "shared tokens" if self.share >= TLI_MIN_SHARE else "text"
 
     @property
     def share(self) -> float:
