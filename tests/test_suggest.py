@@ -98,3 +98,23 @@ def test_write_adds_the_winner_and_leaves_every_other_entry_alone(tmp_path) -> N
     with pytest.raises(SpeccliError, match="no candidate pays here, so no pair was written"):
         _write_pair(tmp_path / "other.toml", "big", result)
     assert not (tmp_path / "other.toml").exists()
+
+
+def test_by_default_the_hugging_face_caches_ggufs_are_candidates_too(files, tmp_path, monkeypatch) -> None:
+    """The real cache layout: a blob, and a snapshot's file that links to it; of a split model, its first part."""
+    import huggingface_hub.constants
+
+    repo = tmp_path / "hub" / "models--someone--tiny-draft-GGUF"
+    (repo / "blobs").mkdir(parents=True)
+    blob = repo / "blobs" / "0123abcd"
+    blob.write_bytes(files["draft"].read_bytes())
+    snapshot = repo / "snapshots" / "f00d"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny-draft.gguf").symlink_to(blob)
+    (snapshot / "big-00002-of-00002.gguf").symlink_to(blob)  # a later part: never a candidate of its own
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    result = run(str(files["target"]), "--json")
+    assert result.exit_code == 0, result.output
+    by_name = {c["name"]: c for c in json.loads(result.stdout)["candidates"]}
+    assert by_name["someone/tiny-draft-GGUF/tiny-draft.gguf"]["kind"] == "same vocabulary"
+    assert "ngram" in by_name and not any("00002-of" in name for name in by_name)

@@ -16,7 +16,8 @@ from speccli.errors import SpeccliError
 def suggest(
     target: Annotated[str, typer.Argument(help="Target model: registry name or GGUF path.")],
     candidates: Annotated[Optional[list[str]], typer.Argument(
-        help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, and ngram).")] = None,
+        help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, every "
+        "GGUF in the Hugging Face cache, and ngram).")] = None,
     text: Annotated[Optional[Path], typer.Option("--text", help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
     confirm: Annotated[bool, typer.Option("--confirm", help="Then run a short real bench of the best two and show it beside the prediction.")] = False,
     write: Annotated[Optional[Path], typer.Option("--write", metavar="FILE", help="Add the winning pair to this models.toml (other entries untouched).")] = None,
@@ -50,6 +51,8 @@ def suggest(
         files = RegistryFiles(registry)
         chosen = [Candidate(name, cached[0]) for name in registry.models
                   if name != target and (cached := files.cached(name)) and cached[0] != target_path]
+        known = {candidate.path.resolve() for candidate in chosen} | {target_path.resolve()}
+        chosen += [Candidate(name, path) for name, path in hub_cache_ggufs() if path.resolve() not in known]
         chosen.append(Candidate(NGRAM, None))
     err = Console(stderr=True)
     with progress_bar(err) as bar:
@@ -72,6 +75,24 @@ def suggest(
             err.print(f"note: {warning}")
     if write is not None:
         _write_pair(write, target, result)
+
+
+def hub_cache_ggufs() -> list[tuple[str, Path]]:
+    """("org/repo/file", path) for each GGUF file in the Hugging Face cache's snapshots (of a split
+    model, its first part), newest snapshot first where one file is in several."""
+    import re
+
+    from speccli.models.hub import hub_cache_dir
+
+    found: dict[str, Path] = {}
+    snapshots = sorted(hub_cache_dir().glob("models--*/snapshots/*"), key=lambda path: path.stat().st_mtime, reverse=True)
+    for snapshot in snapshots:
+        repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
+        for path in sorted(snapshot.rglob("*.gguf")):
+            split = re.search(r"-(\d{5})-of-\d{5}\.gguf$", path.name)
+            if path.is_file() and (split is None or split.group(1) == "00001"):
+                found.setdefault(f"{repo}/{path.relative_to(snapshot)}", path)
+    return sorted(found.items())
 
 
 def _render(result, console) -> None:
