@@ -148,12 +148,12 @@ def test_a_pairs_rpc_key_is_read_and_checked(tmp_path) -> None:
         load_registry(bad)
 
 
-def test_every_build_setup_makes_has_the_rpc_backend() -> None:
-    sys.path.insert(0, str(REPO / ".ci"))
-    try:
-        import setup
-    finally:
-        sys.path.remove(str(REPO / ".ci"))
+def test_every_build_of_setup_has_the_rpc_backend() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_setup", REPO / ".ci" / "setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
     assert setup.with_rpc("-DGGML_NATIVE=OFF") == "-DGGML_NATIVE=OFF -DGGML_RPC=ON"
     assert setup.with_rpc("") == "-DGGML_RPC=ON"
     assert setup.with_rpc("-DGGML_RPC=OFF") == "-DGGML_RPC=OFF"  # the user's word on it stands
@@ -330,7 +330,20 @@ def slow_link(server: RpcServer, one_way_ms: float = 15) -> Iterator[str]:
     """The server behind a delay proxy: each decode costs round trips, so a reply lasts long enough to
     lose the server in its middle."""
     with DelayProxy(("127.0.0.1", server.endpoint.port), one_way_ms=one_way_ms) as proxy:
+        slow_link.proxy = proxy
         yield f"127.0.0.1:{proxy.port}"
+
+
+def wait_until_decoding(timeout: float = 60) -> None:
+    """Until the client is past its load and decoding: replies keep coming back over the link (the check
+    before loading, and the load, each end; decodes go on)."""
+    stats, deadline = slow_link.proxy.stats, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = stats.as_dict()["chunks_down"]
+        time.sleep(0.5)
+        if stats.as_dict()["connections"] >= 2 and stats.as_dict()["chunks_down"] - before >= 5:
+            return
+    raise AssertionError("the client never decoded over the link")
 
 
 def test_a_server_lost_mid_reply_ends_chat_with_one_line_and_keeps_the_reply_so_far(pair_files) -> None:
@@ -360,7 +373,7 @@ def test_a_server_lost_mid_bench_is_one_line_and_exit_1(pair_files) -> None:
                                   "--prompts", str(short_prompts(target_path.parent))],
                                  env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(3)  # loaded, and measuring
+            wait_until_decoding()
             server.stop()
             _, errors = bench.communicate(timeout=60)
         finally:
@@ -415,6 +428,10 @@ def test_the_draft_goes_to_the_server_only_when_asked_and_quant_check_runs_there
 
 
 def remote_draft_and_quant_check(target_path: Path, draft_path: Path, server: RpcServer) -> None:
+    lookup = subprocess.run([sys.executable, "-m", "speccli", "chat", "-m", str(target_path), "--spec", "ngram", "-t", "1",
+                             "-c", "256", "-n", "4", "-p", "hi", "--rpc", str(server.endpoint)],
+                            env=ENV, capture_output=True, text=True, timeout=120)
+    assert lookup.returncode == 0 and "Traceback" not in lookup.stderr, lookup.stderr  # with no draft model to place
     done = subprocess.run(
         [sys.executable, "-m", "speccli", "bench", "-m", str(target_path), "-md", str(draft_path), "-t", "1", "-c", "256",
          "-n", "16", "--k", "3", "--runs", "1", "--warmup", "0", "--prompts", str(short_prompts(target_path.parent)),

@@ -88,15 +88,15 @@ def test_write_adds_the_winner_and_leaves_every_other_entry_alone(tmp_path) -> N
     config.write_text('# mine\n[models.x]\npath = "x.gguf"\n')
     winner = Candidate("small", Path("small.gguf"), kind="same vocabulary", alpha=0.9, c=0.1, best_k=6, predicted=1.8)
     result = Suggestion("big", "text", {n: 1.0 for n in range(1, 10)}, [winner])
-    _write_pair(config, "big", result)
+    _write_pair(config, "big", result, ["big", "small"])
     written = config.read_text()
     assert written.startswith('# mine\n[models.x]\npath = "x.gguf"\n')
     assert tomllib.loads(written)["pairs"]["big-suggested"] == {"target": "big", "draft": "small", "spec": "model", "k": 6}
     with pytest.raises(SpeccliError, match="has a pair big-suggested already"):
-        _write_pair(config, "big", result)
+        _write_pair(config, "big", result, ["big", "small"])
     winner.best_k, winner.predicted = 0, 1.0
     with pytest.raises(SpeccliError, match="no candidate pays here, so no pair was written"):
-        _write_pair(tmp_path / "other.toml", "big", result)
+        _write_pair(tmp_path / "other.toml", "big", result, ["big", "small"])
     assert not (tmp_path / "other.toml").exists()
 
 
@@ -118,3 +118,12 @@ def test_by_default_the_hugging_face_caches_ggufs_are_candidates_too(files, tmp_
     by_name = {c["name"]: c for c in json.loads(result.stdout)["candidates"]}
     assert by_name["someone/tiny-draft-GGUF/tiny-draft.gguf"]["kind"] == "same vocabulary"
     assert "ngram" in by_name and not any("00002-of" in name for name in by_name)
+
+
+def test_write_names_files_by_their_absolute_paths(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    winner = Candidate("org/repo/small.gguf", tmp_path / "small.gguf", kind="same vocabulary", alpha=0.9, c=0.1,
+                       best_k=3, predicted=1.5)
+    _write_pair(tmp_path / "models.toml", "big.gguf", Suggestion("big.gguf", "text", {}, [winner]))
+    pair = tomllib.loads((tmp_path / "models.toml").read_text())["pairs"]["big-suggested"]
+    assert (pair["target"], pair["draft"]) == (str(tmp_path / "big.gguf"), str(tmp_path / "small.gguf"))

@@ -110,10 +110,11 @@ def run_chat(
         )
         resolved = pair.resolved
         remote = "RPC" in pair.target.placement or (pair.draft is not None and "RPC" in pair.draft.placement)
-        places = {model: f" on {model.placement}" if remote else "" for model in (pair.target, pair.draft)}
-        drafting = f"draft {resolved.draft_name}{places[pair.draft]}" if resolved.draft_name else "no draft model"
+        target_place = f" on {pair.target.placement}" if remote else ""
+        draft_place = f" on {pair.draft.placement}" if remote and pair.draft is not None else ""
+        drafting = f"draft {resolved.draft_name}{draft_place}" if resolved.draft_name else "no draft model"
         session.announce(
-            f"target {resolved.target_name}{places[pair.target]} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
+            f"target {resolved.target_name}{target_place} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
         )
         if message is not None:
             session.send(message)

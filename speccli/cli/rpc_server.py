@@ -44,7 +44,7 @@ def rpc_server(
             raise SpeccliError(f"--cache {cache}: cannot create it ({error.strerror or error})") from None
     port = _bindable_port(address, port)
     threads = threads or os.cpu_count() or 1
-    server = threading.Thread(target=rpc.serve_forever, args=(address, port, served, threads, cache), daemon=True)
+    server = threading.Thread(target=rpc.server(address, port, served, threads, cache), daemon=True)
     server.start()
     while server.is_alive() and _free(address, port):  # announced once a client can connect
         time.sleep(0.02)

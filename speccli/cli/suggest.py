@@ -74,7 +74,7 @@ def suggest(
         if (warning := too_few_positions(result)) is not None:
             err.print(f"note: {warning}")
     if write is not None:
-        _write_pair(write, target, result)
+        _write_pair(write, target, result, registry.models)
 
 
 def hub_cache_ggufs() -> list[tuple[str, Path]]:
@@ -136,7 +136,13 @@ def _bench_speedup(target: str, candidate, threads: int | None, config) -> float
         return speedup["median"] if speedup else None
 
 
-def _write_pair(path: Path, target: str, result) -> None:
+def as_written(name: str, registry_names) -> str:
+    """A model as a models.toml entry names it: a registry name as it is, a file by its absolute path (a
+    relative one would be read against the TOML file's folder)."""
+    return name if name in registry_names else str(Path(name).resolve())
+
+
+def _write_pair(path: Path, target: str, result, registry_names=()) -> None:
     """Append [pairs."TARGET-suggested"] naming the winner; refuse where that pair exists already."""
     import tomllib
 
@@ -150,13 +156,13 @@ def _write_pair(path: Path, target: str, result) -> None:
             raise SpeccliError(f"--write {path}: it has a pair {name} already; remove it first to write a new one")
     except tomllib.TOMLDecodeError as error:
         raise SpeccliError(f"--write {path}: not TOML ({error}); nothing written") from None
-    lines = [f'\n[pairs."{name}"]', f"target = {json.dumps(target)}"]
+    lines = [f'\n[pairs."{name}"]', f"target = {json.dumps(as_written(target, registry_names))}"]
     if best.path is not None:
-        lines.append(f"draft = {json.dumps(best.name)}")
+        lines.append(f"draft = {json.dumps(best.name if best.name in registry_names else str(best.path.resolve()))}")
         lines.append('spec = "model"')
     else:
         lines.append('spec = "ngram"')
-    lines.append(f"k = {best.best_k}" if best.best_k else 'k = "auto"')
+    lines.append(f"k = {best.best_k}")
     with path.open("a") as file:
         file.write(("\n" if existing and not existing.endswith("\n") else "") + "\n".join(lines) + "\n")
     typer.echo(f"wrote pair {name} to {path}", err=True)

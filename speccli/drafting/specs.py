@@ -24,7 +24,8 @@ def make_policy(k: K) -> KPolicy:
 
 
 def make_drafter(spec: str, draft_model: Model | None, target: Model | None = None) -> Drafter:
-    """`target`: where given, a draft model of another vocabulary than its drafts by translated text."""
+    """`target`: where given, a draft model whose vocabulary is not the target's drafts translated tokens
+    (speccli/drafting/translated.py); without it, a draft model proposes its own ids."""
     require_draft_model(check_spec(spec), draft_model)
 
     def model_source() -> DraftSource:

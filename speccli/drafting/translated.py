@@ -67,13 +67,14 @@ class TranslatedDrafter(DraftSource):
             return Draft("", self.name, [], None, plan)
         logits, taken_in = read
         catch_up_seconds = time.perf_counter() - began
-        if self.shared is not None and not request.sampling.greedy:  # greedy, text kept more (RESULTS below)
-            k = min(plan.k, request.limit, self.model.n_ctx - self.model.n_past + 1)
-            proposal, q = self._draft_shared_tokens(logits, k, request)
+        # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
+        k = min(plan.k, model.n_ctx - model.n_past + 1)
+        if self.shared is not None and not request.sampling.greedy:  # greedy, text is kept more (module docstring)
+            proposal, q = self._draft_shared_tokens(logits, min(k, request.limit), request)
             return Draft(self.name if proposal else "", self.name, proposal, q, plan,
                          catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
         drafted: list[int] = []
-        for i in range(min(plan.k, model.n_ctx - model.n_past + 1)):
+        for i in range(k):
             if request.sampling.greedy:
                 token = int(greedy_choice(logits)[0])
             else:
@@ -82,9 +83,9 @@ class TranslatedDrafter(DraftSource):
             if model.tokenizer.is_end_of_generation(token):
                 break
             drafted.append(token)
-            if i + 1 < plan.k:
+            if i + 1 < k:
                 logits = model.decode([token], n_logit_rows=1)
-        self._held += drafted[:-1]  # the last drafted token was never decoded
+                self._held.append(token)
         proposal = self._translate(request.context, model.tokenizer.detokenize(drafted))[:request.limit]
         return Draft(self.name if proposal else "", self.name, proposal, None, plan,
                      catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
@@ -122,7 +123,7 @@ class TranslatedDrafter(DraftSource):
             if held != new:
                 break
             kept += 1
-        kept = min(kept, len(ids) - 1)  # at least the last token is decoded: its row is the first draft's
+        kept = min(kept, self.model.n_past, len(ids) - 1)  # the last token is decoded: its row is the first draft's
         self.model.truncate(kept)
         logits = self.model.decode(ids[kept:], n_logit_rows=1)
         self._held = list(ids)
@@ -147,6 +148,7 @@ class TranslatedDrafter(DraftSource):
     def reset(self) -> None:
         self.model.reset()
         self._held = []
+        self._q_rows = RowBuffer()  # k rows of the target's vocabulary: not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""

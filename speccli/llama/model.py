@@ -179,7 +179,7 @@ class Model:
         # decode's time is its own (reading logits waits anyway). llama_synchronize waits for local
         # devices only: an RPC server has finished once it answers a question asked after the work.
         llama_cpp.llama_synchronize(self._ctx)
-        if self.options.rpc and not n_logit_rows:
+        if self.options.rpc and self.options.n_gpu_layers != 0 and not n_logit_rows:
             rpc.wait_for(self.options.rpc)
         self.n_past += len(chunk)
         self.decoded_tokens += len(chunk)

@@ -107,8 +107,6 @@ def _ggml() -> ctypes.CDLL:
             ("ggml_backend_reg_name", text, [pointer]),
             ("ggml_backend_reg_by_name", pointer, [text]),
             ("ggml_backend_reg_get_proc_address", pointer, [pointer, text]),
-            ("ggml_backend_reg_dev_count", size, [pointer]),
-            ("ggml_backend_reg_dev_get", pointer, [pointer, size]),
             ("ggml_backend_register", None, [pointer]),
             ("ggml_set_abort_callback", pointer, [pointer]),
         ]:
@@ -143,10 +141,6 @@ class Device:
     @property
     def is_local_accelerator(self) -> bool:
         return self.kind in ("GPU", "IGPU") and not self.is_rpc
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} ({self.description})" if self.is_rpc else self.name
 
 
 def devices(*, memory: bool = False) -> list[Device]:
@@ -231,7 +225,7 @@ def model_devices(endpoints: Sequence[Endpoint]) -> ctypes.Array | None:
     """What a model's `llama_model_params.devices` must hold: None (llama.cpp's default, every device)
     until an RPC server is connected; then a NULL-terminated array: the RPC devices of `endpoints`,
     then this machine's GPUs."""
-    if not _connected:
+    if not endpoints and not _connected:
         return None
     chosen = connect(endpoints) + [device for device in devices() if device.is_local_accelerator]
     return (ctypes.c_void_p * (len(chosen) + 1))(*[device.handle for device in chosen], None)
@@ -239,7 +233,7 @@ def model_devices(endpoints: Sequence[Endpoint]) -> ctypes.Array | None:
 
 def placement(endpoints: Sequence[Endpoint], n_gpu_layers: int) -> str:
     """Where a model loaded with these endpoints runs, in a few words: 'RPC 10.0.0.2:50052 + CUDA0'."""
-    remote = [str(endpoint) for endpoint in endpoints]
+    remote = [str(endpoint) for endpoint in endpoints] if n_gpu_layers != 0 else []
     local = [device.name for device in devices() if device.is_local_accelerator] if n_gpu_layers != 0 else []
     if not remote:
         return " + ".join(local) if local else "CPU"
@@ -283,7 +277,11 @@ def lost() -> str | None:
 @_ABORT_CALLBACK
 def _abort_callback(raw: bytes | None) -> None:
     global _lost
-    detail = (raw or b"").decode(errors="replace").split(": ", 1)[-1].strip()
+    message = (raw or b"").decode(errors="replace")
+    if "ggml-rpc" not in message:  # not the link's failure: ggml prints nothing of it now, so say it, then abort
+        print(f"llama.cpp aborted: {message}", file=sys.stderr, flush=True)
+        return
+    detail = message.split(": ", 1)[-1].strip()
     servers = ", ".join(map(str, _connected)) or "?"
     _lost = f"lost the RPC server {servers} (llama.cpp: {detail})"
     _lost_handler(_lost)
@@ -313,8 +311,9 @@ def serving_devices(names: Sequence[str] = ()) -> list[Device]:
     return [device for device in local if device.kind != "CPU"] or [device for device in local if device.kind == "CPU"]
 
 
-def serve_forever(address: str, port: int, served: Sequence[Device], threads: int, cache: Path | None) -> None:
-    """llama.cpp's RPC server on address:port; returns only if it fails to start."""
+def server(address: str, port: int, served: Sequence[Device], threads: int, cache: Path | None) -> Callable[[], None]:
+    """llama.cpp's RPC server on address:port, to run on a thread of its own: it returns only if it fails to
+    start. Looked up here, so that a build without the RPC backend is one line before any thread starts."""
     start = _rpc_function("ggml_backend_rpc_start_server", _START_SERVER)
     handles = (ctypes.c_void_p * len(served))(*[device.handle for device in served])
-    start(f"{address}:{port}".encode(), os.fsencode(cache) if cache else None, threads, len(served), handles)
+    return lambda: start(f"{address}:{port}".encode(), os.fsencode(cache) if cache else None, threads, len(served), handles)

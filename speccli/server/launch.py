@@ -20,7 +20,7 @@ import uvicorn
 
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
-from speccli.llama.rpc import on_server_lost
+from speccli.llama.rpc import exiting, on_server_lost
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
 from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
@@ -66,6 +66,8 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
 
 
 def _answer_503_from_now_on(worker: Worker, reason: str) -> None:
+    if worker.stopping:  # found as the models are freed on the way out: nothing left to answer, and the
+        exiting(1)(reason)  # thread freeing them would wait on the lost server for good
     print(f"error: {reason}; answering 503 to every request until restarted", file=sys.stderr, flush=True)
     worker.lose(reason)
 

@@ -122,6 +122,10 @@ class Worker:
         if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping and self.lost is None  # stopped (or stopping) for good, not for a lost server
+
     def lose(self, reason: str) -> None:
         """The models cannot run any more (an RPC server went away, and ggml's thread is parked where it
         failed, holding this worker's thread): the running and waiting jobs end with `reason` as a 503,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from speccli.util.format import json_safe
@@ -80,7 +81,7 @@ class VocabReport:
     def llama_cpp_disagrees(self) -> bool:
         return self.llama_cpp.accepts == (self.verdict is VocabVerdict.INCOMPATIBLE)
 
-    @property
+    @cached_property
     def translation(self) -> dict[str, Any] | None:
         """How the pair runs where the ids differ: the draft's text, re-tokenized by the target (see
         speccli/drafting/translated.py); None where the draft proposes its own ids."""
