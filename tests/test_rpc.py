@@ -300,6 +300,8 @@ def fake_server(answer: bytes | None) -> Iterator[int]:
         yield listener.getsockname()[1]
     finally:
         stop.set()
+        if answer is not None:  # wake the accept thread so it sees `stop` and ends
+            socket.create_connection(listener.getsockname(), timeout=1).close()
         listener.close()
 
 
@@ -439,8 +441,10 @@ def remote_draft_and_quant_check(target_path: Path, draft_path: Path, server: Rp
         env={**ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"target on RPC {server.endpoint}, draft on RPC {server.endpoint}" in done.stdout
-    environment = json.loads((target_path.parent / "remote.json").read_text())["environment"]
+    report = json.loads((target_path.parent / "remote.json").read_text())
+    environment = report["environment"]
     assert (environment["target_runs_on"], environment["draft_runs_on"]) == (f"RPC {server.endpoint}",) * 2
+    assert report["command"].endswith(f"--rpc {server.endpoint} --rpc-draft")  # reruns where it ran
     checked = subprocess.run([sys.executable, "-m", "speccli", "quant-check", str(target_path), str(target_path), "-t", "1",
                               "--rpc", str(server.endpoint), "--json"], env=ENV, capture_output=True, text=True, timeout=120)
     assert checked.returncode == 0, checked.stderr

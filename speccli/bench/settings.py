@@ -107,8 +107,12 @@ class BenchRequest:
             ("--threads", pair.n_threads),
             ("--ngl", pair.target_n_gpu_layers),
             ("--ngl-draft", pair.draft_n_gpu_layers),
+            ("--rpc", ",".join(map(str, pair.rpc)) if pair.rpc else None),
+            ("--tensor-split", ",".join(f"{share:g}" for share in pair.tensor_split) or None),
             *(("--config", path) for path in pair.config),
         ):
             if value is not None:
                 words += [option, str(value)]
+        if pair.rpc_draft:
+            words.append("--rpc-draft")
         return shlex.join(words)
