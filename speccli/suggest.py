@@ -29,7 +29,6 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.models.pair import fitted_context
 from speccli.vocab.check import check_pair
 from speccli.vocab.report import VocabVerdict
-from speccli.vocab.shared import shared_vocabulary
 
 MAX_K = 8  # the longest draft predicted for
 CONTEXT = 1024  # tokens each model holds (less where one was trained with less); texts are cut to fit
@@ -94,7 +93,7 @@ def classify(candidate: Candidate, target_path: Path) -> None:
     report = check_pair(candidate.path, target_path)
     if report.verdict is not VocabVerdict.INCOMPATIBLE:
         candidate.kind = "same vocabulary"
-    elif shared_vocabulary(report.draft, report.target).share == 0:
+    elif report.shared.share == 0:
         candidate.skipped = "its vocabulary has no token's text in common with the target's"
     else:
         candidate.kind = "translated"

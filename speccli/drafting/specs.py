@@ -1,7 +1,6 @@
 """A draft source's name (`--spec`) and K (`--k`) -> the drafter and K policy that implement them."""
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from speccli.validation import AUTO_K, K, check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
+    from speccli.vocab.report import VocabReport
     from speccli.vocab.shared import SharedVocabulary
 
 
@@ -37,25 +37,25 @@ def make_drafter(spec: str, draft_model: Model | None, target: Model | None = No
     return sources[0] if len(sources) == 1 else ChainDrafter(sources)
 
 
-@lru_cache(maxsize=16)
 def shared_tokens(draft: Path, target: Path) -> SharedVocabulary | None:
     """The shared tokens a draft of another vocabulary draws among, where they are enough (TLI_MIN_SHARE)."""
-    from speccli.vocab.info import read_vocab
-    from speccli.vocab.shared import TLI_MIN_SHARE, shared_vocabulary
-
-    shared = shared_vocabulary(read_vocab(draft), read_vocab(target))
-    return shared if shared.share >= TLI_MIN_SHARE else None
+    shared = _checked(draft, target).shared
+    return shared if shared.mode == "shared tokens" else None
 
 
-@lru_cache(maxsize=16)
 def vocabularies_differ(draft: Path, target: Path) -> bool:
-    """Whether check-vocab finds that the draft's ids cannot be proposed as the target's (metadata; the
-    pair was checked as it was resolved, so this is read once more at most). Imported here: the check
-    loads tokenizers through speccli.llama, which the drafters never import themselves."""
-    from speccli.vocab.check import check_pair
+    """Whether check-vocab finds that the draft's ids cannot be proposed as the target's."""
     from speccli.vocab.report import VocabVerdict
 
-    return check_pair(draft, target).verdict is VocabVerdict.INCOMPATIBLE
+    return _checked(draft, target).verdict is VocabVerdict.INCOMPATIBLE
+
+
+def _checked(draft: Path, target: Path) -> VocabReport:
+    """The pair's check-vocab report, made once as the pair was resolved. Imported here: the check loads
+    tokenizers through speccli.llama, which the drafters never import themselves."""
+    from speccli.vocab.check import checked_pair
+
+    return checked_pair(draft, target)
 
 
 def draft_proposes(draft: Path | None, target: Path) -> str | None:

@@ -17,7 +17,7 @@ from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.llama import rpc
 from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_spec, check_threads
-from speccli.vocab.check import check_pair
+from speccli.vocab.check import checked_pair
 from speccli.vocab.report import VocabVerdict
 
 
@@ -88,7 +88,7 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
     registry = load_registry(*request.config)
     resolved = resolve_pair(request.pair, request.target, request.draft, registry, spec=request.spec, quiet=quiet)
     if resolved.draft_path is not None:
-        report = check_pair(resolved.draft_path, resolved.target_path)
+        report = checked_pair(resolved.draft_path, resolved.target_path)
         if report.verdict is VocabVerdict.INCOMPATIBLE and not quiet:
             how = ("it draws among the tokens both spell alike when sampling, and drafts text when greedy"
                    if report.translation["mode"] == "shared tokens" else "it drafts text, which the target re-tokenizes")

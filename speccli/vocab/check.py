@@ -33,6 +33,7 @@ Metadata comes from `speccli.gguf_meta`, which reads only the GGUF header.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from speccli.llama.tokenizer import load_vocab_only
@@ -72,3 +73,10 @@ def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: Tokeniz
     return VocabReport(
         draft_info, target_info, verdict, differences, llama_cpp_rule(draft_info, target_info), samples_checked
     )
+
+
+@lru_cache(maxsize=16)
+def checked_pair(draft: Path, target: Path) -> VocabReport:
+    """check_pair, once per pair and process: resolving a pair, making its drafter and naming how it
+    drafts all ask (a check loads both tokenizers where their metadata differs)."""
+    return check_pair(draft, target)

@@ -9,7 +9,7 @@ from typing import Any
 
 from speccli.util.format import json_safe
 from speccli.vocab.info import VocabInfo
-from speccli.vocab.shared import shared_vocabulary
+from speccli.vocab.shared import SharedVocabulary, shared_vocabulary
 
 
 class VocabVerdict(str, Enum):
@@ -82,13 +82,17 @@ class VocabReport:
         return self.llama_cpp.accepts == (self.verdict is VocabVerdict.INCOMPATIBLE)
 
     @cached_property
+    def shared(self) -> SharedVocabulary:
+        """The tokens both vocabularies spell alike (a loop over every token: computed once)."""
+        return shared_vocabulary(self.draft, self.target)
+
+    @property
     def translation(self) -> dict[str, Any] | None:
-        """How the pair runs where the ids differ: the draft's text, re-tokenized by the target (see
-        speccli/drafting/translated.py); None where the draft proposes its own ids."""
+        """How the pair runs where the ids differ (speccli/drafting/translated.py); None where the draft
+        proposes its own ids."""
         if self.verdict is not VocabVerdict.INCOMPATIBLE:
             return None
-        shared = shared_vocabulary(self.draft, self.target)
-        return {"mode": shared.mode, "shared_share": shared.share}
+        return {"mode": self.shared.mode, "shared_share": self.shared.share}
 
     def explain(self) -> str:
         """The full human-readable report, plain text."""
