@@ -17,10 +17,8 @@ Token-level intersection (TLI; transformers' UniversalSpeculativeDecodingGenerat
 mode: the draft draws only among the tokens both vocabularies spell alike (its distribution restricted
 to them and renormalised), each proposed as the target's token of that text with that distribution as
 its q, verified by the standard rule: at temperature > 0 a token is then kept with min(1, p/q) rather
-than p. A pair whose vocabularies share enough tokens (`make_drafter`, speccli/drafting/specs.py) drafts
-shared tokens when sampling and text when greedy: measured on the two cross-family pairs here, text was
-kept more often greedy (2.67 tokens per target decode against 2.44), shared tokens at temperature 0.8
-where 63% are shared (2.33 against 2.02), and neither where 37% are (docs/results.md).
+than p. A pair whose vocabularies share enough tokens (TLI_MIN_SHARE) drafts shared tokens when sampling
+and text when greedy, where each was kept more often (docs/results.md, "Drafts of another vocabulary").
 """
 from __future__ import annotations
 
