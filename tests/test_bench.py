@@ -26,8 +26,10 @@ from speccli.bench.settings import BenchRequest, BenchSettings
 from speccli.bench.summary import _by_source, _time_split
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
+from speccli.core.generator import PROFILE_TIMINGS
 from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import DraftVerdict, verify_greedy
+from speccli.llama.model import Model
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
 from speccli.validation import K
@@ -242,8 +244,8 @@ def test_spec_list_and_auto_in_one_run(pair_args, tmp_path, schema) -> None:
     assert sorted(set(speculative), key=str) == sorted({("model", None), ("model", 2), ("ngram+model", None), ("ngram+model", 2)}, key=str)
     assert len(speculative) == 32 and [m["mode"] for m in report["measurements"]].count("target") == 8
     assert report["greedy_check"]["checked"] == 32 and report["greedy_check"]["status"] in ("passed", "near_tie")
-    # v(n) for auto at n = 2, 4, 8, 16, beside the fixed K's own width
-    assert [v["tokens"] for v in report["costs"]["verify"]] == [2, 3, 4, 8, 16]
+    # v(n) at auto's sizes, n = 2, 4, 8, 16, 25 (the profile auto starts from), beside the fixed K's own width
+    assert [v["tokens"] for v in report["costs"]["verify"]] == [2, 3, 4, 8, 16, 25]
 
 
 def test_ngram_runs_without_any_draft_model(bench_pair, tmp_path, schema, monkeypatch) -> None:
@@ -482,7 +484,7 @@ def test_the_report_records_the_context_llama_cpp_holds(pair_args, tmp_path) -> 
 
 
 def test_auto_beside_a_long_prompt_in_a_small_context_profiles_the_widths_that_fit(bench_pair, pair_args, tmp_path) -> None:
-    """bench profiles v(n) for auto's report at n up to 16 after the first prompt: where those rows do
+    """bench profiles v(n) for auto at n up to 25 after the first prompt: where those rows do
     not fit, they are left out (the run had failed after its rounds: 'the context window is full')."""
     with load_vocab_only(bench_pair[0]) as tokenizer:
         words = "one two three four " * 200
@@ -620,3 +622,27 @@ def test_jsonl_prompts_with_and_without_task(tmp_path) -> None:
     path.write_text('{"task": "code", "prompt": "def f():\\n"}\n\n{"prompt": "Hello"}\n')
     prompts = load_prompt_set(path)
     assert [(p.task, p.prompt) for p in prompts.prompts] == [("code", "def f():\n"), ("prompt", "Hello")]
+
+
+def test_auto_and_the_report_read_the_pairs_one_cost_profile(bench_pair, tmp_path, monkeypatch) -> None:
+    """Two `auto` configurations and a fixed K: every cost probe of the run is one of the profile's
+    samples (the report's `reps`), each timing auto's widest verify PROFILE_TIMINGS times; no
+    configuration profiles the pair again."""
+    timed_widest = []
+    time_decode = Model.time_decode
+
+    def counting(model, tokens, n_logit_rows):
+        if model.path == bench_pair[0] and len(tokens) == 25:
+            timed_widest.append(n_logit_rows)
+        return time_decode(model, tokens, n_logit_rows)
+
+    monkeypatch.setattr(Model, "time_decode", counting)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def add(a, b):\nOnce upon a time\n")
+    result = invoke("--target", str(bench_pair[0]), "--draft", str(bench_pair[1]), *FAST, "--prompts", str(prompts),
+                    "--spec", "model,ngram+model", "--k", "auto,2", "--json", str(tmp_path / "report.json"))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["costs"]["reps"] == 2 + 2  # two before the (here no) warm-up, one after each of 2 rounds
+    assert timed_widest == [25] * PROFILE_TIMINGS * report["costs"]["reps"]
+    assert report["costs"]["verify"][-1]["tokens"] == 25

@@ -84,8 +84,12 @@ def test_a_lookup_that_could_pay_where_the_draft_model_cannot_keeps_the_claim_ba
 
 def test_slower_where_the_costs_allow_a_gain_is_said_without_claiming_it_cannot_pay(mixed_report) -> None:
     """A short or unlucky run slower than the target alone (`-n 1`, prompts the lookup finds nothing in)
-    proves nothing where drafting at the acceptance measured would pay at these costs."""
+    proves nothing where drafting at the acceptance measured would pay at these costs: here a verify
+    nearly as cheap as one decode (the tiny pair's own curve is steep, and where `auto` drafted little
+    its acceptance may be low enough that it would not)."""
     slower = with_speedups(mixed_report, 0.8)
+    for verify in slower.costs.verify:
+        verify.relative_to_1_token = 1.0 + 0.01 * verify.k
     line = cannot_pay(slower.results, slower.costs)
     assert line is not None and "cannot pay here" not in line
     assert "every configuration is slower than the target alone (best: " in line

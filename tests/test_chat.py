@@ -26,14 +26,15 @@ from typer.testing import CliRunner
 
 from speccli.llama.model import LoadOptions, Model
 from speccli.chat.conversation import Conversation
-from speccli.chat.session import ChatSession, measure_target_token_seconds, no_pay_notice
+from speccli.chat.session import ChatSession, no_pay_notice
 from speccli.chat.template import TemplateFormat, chat_format_for
 from speccli.cli.app import app
 from speccli.chat.stats_view import acceptance_bar, estimated_speedup, stats_panel, stats_record, summary_line
 from speccli.chat.view import Display, LiveReply
+from speccli.core.generator import measure_costs
 from speccli.core.stats import RunStats, Source, StepEvent
 from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftCosts, ReplyDrafting
+from speccli.core.seam import CostProfile, DraftCosts, ReplyDrafting
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, spm_vocabulary, write_related_pair, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,7 +275,7 @@ def test_chat_says_once_where_auto_found_no_draft_worth_making(chat_pair):
         display = Display("plain", provenance=False, out=io.StringIO(), err=err)
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k="auto",
                               max_tokens=12)
-        session.generator.policy.calibrate({n: 0.01 * n for n in (1, 2, 4, 8, 16, 25)}, {"model": DraftCosts(0.01, {})})
+        session.generator.policy.calibrate(CostProfile({n: 0.01 * n for n in (1, 2, 4, 8, 16, 25)}, {"model": DraftCosts(0.01, {})}))
         session.send("hello there")
         session.send("and again")
     notice = ("(k auto drafted nothing: by the costs measured on this machine and the acceptance seen so far, no "
@@ -526,8 +527,8 @@ def test_the_speedup_estimate_never_exceeds_the_tokens_per_target_decode():
 
 
 def test_the_baseline_token_time_shrugs_off_slow_decodes(tiny_model):
-    """Two decodes of the baseline's slowed as a loaded machine slows them (the median of three had taken
-    one): the estimate's baseline must stay what the model costs, and the cache as it was."""
+    """Two of the cost profile's three 1-row decodes slowed as a loaded machine slows them (a median would
+    take one): the estimate's baseline must stay what the model costs, and the cache as it was."""
     with Model(tiny_model, LoadOptions(n_ctx=64, n_threads=1)) as model:
         decode, calls = model.decode, []
 
@@ -538,7 +539,7 @@ def test_the_baseline_token_time_shrugs_off_slow_decodes(tiny_model):
             return decode(*args, **kwargs)
 
         model.decode = sometimes_slow
-        seconds = measure_target_token_seconds(model, SamplingParams())
+        seconds = measure_costs(model, None, [0], (), SamplingParams()).target_token_seconds
         assert len(calls) >= 4 and model.n_past == 0
     assert seconds < 0.25
 
@@ -819,3 +820,22 @@ def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
     Console(file=console_file, width=120).print(stats_panel(stats, target_token_seconds=0.02, title="t"))
     text = console_file.getvalue()
     assert "model 75% of 4 · ngram 100% of 7 (1 take-over)" in text and "draft 0.06 s (catch-up 0.01 s)" in text
+
+
+def test_auto_drafts_by_the_profile_the_session_timed_for_its_estimate(chat_pair, monkeypatch):
+    """The session times the pair once, as it starts: its estimated speedup's baseline and `auto`'s
+    costs are that one profile, so a reply (and a `/k auto` later) times nothing more."""
+    options = LoadOptions(n_ctx=512, n_threads=1)
+    with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
+        display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
+        session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=2,
+                              max_tokens=8)
+        assert session.target_token_seconds == session.generator.costs.target_token_seconds
+        assert set(session.generator.costs.decode_seconds) == {1, 2, 4, 8, 16, 25}
+        assert session.generator.costs.draft_costs["model"].token_seconds > 0
+        probes = []
+        monkeypatch.setattr(Model, "time_decode", lambda *args, **kwargs: probes.append(args) or 0.0)
+        session.send("hello there")
+        session.command("/k auto")
+        session.send("and again")
+    assert probes == [] and session.generator.policy.name == "auto" and not session.generator.policy.needs_costs

@@ -12,7 +12,7 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.core.seam import NO_PLAN, Draft, DraftCosts, DraftRequest, Plan, no_take_over
+from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, DraftRequest, Plan, no_take_over
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -516,7 +516,7 @@ STEEP = {1: 1.0, 2: 1.72, 4: 2.79, 8: 4.57, 16: 5.19, 32: 7.3}  # Qwen 1.5B's on
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
     policy = AutoK()
-    policy.calibrate({n: 0.025 * units for n, units in curve.items()}, {k: DraftCosts(0.025 * c, {}) for k, c in costs.items()})
+    policy.calibrate(CostProfile({n: 0.025 * units for n, units in curve.items()}, {k: DraftCosts(0.025 * c, {}) for k, c in costs.items()}))
     return policy
 
 
@@ -556,7 +556,7 @@ def test_auto_prices_a_draft_models_catch_up_into_the_step_that_drafts() -> None
     does not pay after it missed 19 tokens."""
     policy = AutoK()
     token = 0.49 * 0.025
-    policy.calibrate({n: 0.025 * units for n, units in COMPUTE_BOUND.items()}, {"model": DraftCosts(token, {2: token, 16: 4 * token})})
+    policy.calibrate(CostProfile({n: 0.025 * units for n, units in COMPUTE_BOUND.items()}, {"model": DraftCosts(token, {2: token, 16: 4 * token})}))
     model = policy.keys["model"].cost
     assert model.catch_up_fixed == pytest.approx(token * 8 / 14) and model.catch_up_per_token == pytest.approx(token * 3 / 14)
     learn(policy, "model", 4, 3, 12, token_cost=0.49)  # 3 of 4 kept: drafting pays a little

@@ -33,6 +33,7 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.chat.conversation import Conversation
 from speccli.chat.template import chat_format_for
 from speccli.cli.app import app as cli_app
+from speccli.core.generator import PROFILE_TIMINGS
 from speccli.core.stats import RunStats, StepEvent
 from speccli.llama.model import LoadOptions, Model
 from speccli.server.api_errors import APIError
@@ -916,3 +917,24 @@ def test_serve_refuses_a_port_in_use_in_one_line(chat_pair):
         taken.close()
     assert result.exit_code != 0
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_every_configurations_auto_starts_from_the_pairs_one_cost_profile(chat_pair, monkeypatch):
+    """Three configurations asked with `auto`: the pair is profiled once (its widest verify, 25 rows,
+    timed PROFILE_TIMINGS times), not once per configuration."""
+    timed_widest = []
+    time_decode = Model.time_decode
+
+    def counting(model, tokens, n_logit_rows):
+        if model.path == chat_pair[0] and len(tokens) == 25:
+            timed_widest.append(n_logit_rows)
+        return time_decode(model, tokens, n_logit_rows)
+
+    monkeypatch.setattr(Model, "time_decode", counting)
+    with serving(chat_pair) as url:
+        c = client(url)
+        ask(c, "hello there")  # K = 3: nothing profiled
+        assert timed_widest == []
+        for spec in ("model", "ngram", "ngram+model"):
+            ask(c, "hello there", extra_body={"speculative": {"spec": spec, "k": "auto"}})
+    assert timed_widest == [25] * PROFILE_TIMINGS

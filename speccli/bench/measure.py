@@ -8,8 +8,9 @@ and settings, with the same prompt, max tokens and seed. Rounds alternate their 
 (A B1 B2 .. | .. B2 B1 A | A B1 ..) so machine drift hits every side alike. Every generation starts
 from empty KV caches and a fresh drafter (a new `Generator`), so no side gets a cached-prompt
 shortcut. Each configuration keeps one K policy for the whole bench, as one chat session or server
-does: `auto` profiles its costs once, during the first prefill (timed apart), and what it learns of
-acceptance and costs carries from one prompt to the next; the warm-up rounds are where it starts. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
+does: `auto` starts from the pair's one cost profile (`CostProfiler`, measured before the warm-up, and
+the report's costs too), and what it learns of acceptance and costs carries from one prompt to the
+next; the warm-up rounds are where it starts. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
 allocation).
 """
 from __future__ import annotations
@@ -26,8 +27,11 @@ from speccli.bench.settings import BenchSettings, Configuration
 from speccli.bench.summary import Round, summarize
 from speccli.bench.theory import best_configuration
 from speccli.bench.verdict import cannot_pay
-from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.generator import GenerationLimits, Generator, measure_costs
+from speccli.core.sampling import SamplingParams
+from speccli.core.seam import CostProfile, DraftCosts
 from speccli.core.stats import DoneEvent, TokenEvent
+from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, shared_context
@@ -67,59 +71,62 @@ def measure_generation(generator: Generator, prompt_tokens: Sequence[int], n_pre
     return Generation(measurement, tokens)
 
 
-# Verify widths profiled for `auto` (K = n - 1 for n = 2, 4, 8, 16 tokens): the points of v(n) the
-# report shows; auto itself profiles its own curve as it starts.
-AUTO_PROFILED_KS = (1, 3, 7, 15)
-
-
 def readable(tokens: Sequence[int], model: Model) -> list[int]:
     """Target ids a draft of a smaller (or another) vocabulary can decode, for timing: 0 past its last id."""
     return [token if token < model.n_vocab else 0 for token in tokens]
 
 
 class CostProfiler:
-    """Times the target's 1-token decode and (K+1)-token verify and the draft's 1-token decode (when a
-    draft model is loaded), at the same cache position (the first prompt's). `sample()` takes one of
-    each, sizes interleaved; it is called after every round, so the profile spans the whole run and
-    drift hits it like the runs."""
+    """The pair's one cost profile (`measure_costs`), sampled at the first prompt's cache position: twice
+    before the warm-up (`auto` is calibrated from those), then once after every round, so that the
+    report's medians span the whole run and drift hits them as it hits the runs."""
 
-    def __init__(self, target: Model, draft: Model | None, prompt_tokens: Sequence[int], ks: Iterable[int]) -> None:
-        self.target, self.draft = target, draft
+    def __init__(self, target: Model, draft: Model | None, prompt_tokens: Sequence[int], sizes: Iterable[int],
+                 sampling: SamplingParams) -> None:
+        self.target, self.draft, self.sampling = target, draft, sampling
         self.models = [target] + ([draft] if draft is not None else [])
-        self.context = list(prompt_tokens[:-1]) or list(prompt_tokens)
-        # Only widths the context holds after the prompt: every fixed K does (run_bench checks that
-        # first), but auto's points need not, beside a long prompt in a small --ctx.
-        self.ks = sorted(k for k in set(ks) if len(self.context) + k + 1 <= target.n_ctx)
-        self.filler = list(prompt_tokens) * (max(self.ks, default=0) // max(len(prompt_tokens), 1) + 2)
-        self.sizes = {"target": 1, **{f"verify{k}": k + 1 for k in self.ks}}
-        if draft is not None:
-            self.sizes["draft"] = 1
-        self.timings: dict[str, list[float]] = {name: [] for name in self.sizes}
+        self.held = list(prompt_tokens[:-1]) or list(prompt_tokens)  # what the caches hold while timed
+        self.sizes = sorted(set(sizes))
+        self.drafter = make_drafter("model", draft, target) if draft is not None else None
+        self.samples: list[CostProfile] = []
 
     def sample(self, reps: int = 1) -> None:
         for model in self.models:
             model.reset()
-            model.decode(readable(self.context, model), n_logit_rows=0)
+            model.decode(readable(self.held, model), n_logit_rows=0)
         for _ in range(reps):
-            for name, size in self.sizes.items():
-                model = self.draft if name == "draft" else self.target
-                self.timings[name].append(model.time_decode(readable(self.filler[:size], model), n_logit_rows=size))
+            self.samples.append(measure_costs(self.target, self.drafter, self.held + [self.held[-1]], self.sizes, self.sampling))
         for model in self.models:
             model.reset()
 
+    def profile(self) -> CostProfile:
+        """Each cost's median over the samples so far (a size the context held in every sample)."""
+        first = self.samples[0]
+        decode = {n: statistics.median(s.decode_seconds[n] for s in self.samples) for n in first.decode_seconds}
+        drafts = {
+            key: DraftCosts(
+                statistics.median(s.draft_costs[key].token_seconds for s in self.samples),
+                {n: statistics.median(s.draft_costs[key].catch_up_seconds[n] for s in self.samples) for n in costs.catch_up_seconds},
+            )
+            for key, costs in first.draft_costs.items()
+        }
+        return CostProfile(decode, drafts, statistics.median(s.sample_seconds for s in self.samples))
+
     def costs(self) -> Costs:
-        median = {name: statistics.median(values) for name, values in self.timings.items()}
-        target_1 = median["target"]
-        draft_1 = median.get("draft")
+        """The report's part: the profile in a target 1-token decode's units."""
+        profile = self.profile()
+        target_1 = profile.decode_seconds[1]
+        draft = profile.draft_costs.get("model")
+        draft_1 = draft.token_seconds if draft is not None else None
         return Costs(
-            position=len(self.context),
-            reps=len(self.timings["target"]),
+            position=len(self.held),
+            reps=len(self.samples),
             target_decode_1_seconds=target_1,
             draft_decode_1_seconds=draft_1,
             c=draft_1 / target_1 if draft_1 is not None else 0.0,
             verify=[
-                VerifyCost(k=k, tokens=k + 1, seconds=median[f"verify{k}"], relative_to_1_token=median[f"verify{k}"] / target_1)
-                for k in self.ks
+                VerifyCost(k=n - 1, tokens=n, seconds=seconds, relative_to_1_token=seconds / target_1)
+                for n, seconds in sorted(profile.decode_seconds.items()) if n > 1
             ],
         )
 
@@ -140,10 +147,10 @@ class Measured:
 Progress = Callable[[str], None]  # advance by one generation, describing the next
 
 
-def profiled_ks(settings: BenchSettings) -> list[int]:
-    """The verify widths to profile: every fixed K asked for, and v(n)'s usual points if auto is."""
-    fixed = {k for k in settings.ks if k != AUTO_K}
-    return sorted(fixed | (set(AUTO_PROFILED_KS) if AUTO_K in settings.ks else set()))
+def profiled_sizes(settings: BenchSettings) -> list[int]:
+    """The verify sizes (logit rows) to profile: K + 1 for every fixed K asked for, and auto's if it is."""
+    fixed = {k + 1 for k in settings.ks if k != AUTO_K}
+    return sorted(fixed | (set(PROFILED_SIZES) if AUTO_K in settings.ks else set()))
 
 
 def run_bench(
@@ -182,7 +189,7 @@ def run_bench(
                 sides = {"mode": "target", "spec": None, "k": 0}
             else:
                 drafter = make_drafter(configuration.spec, draft, target)
-                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed)
+                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, profiler.profile())
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
         baseline = done.pop(None)
@@ -193,11 +200,11 @@ def run_bench(
                 )
         return Round(task, index, run, baseline.measurement, {c: g.measurement for c, g in done.items()})
 
-    profiler = CostProfiler(target, draft, tokenized[0], profiled_ks(settings))
-    for warm in range(settings.warmup):
-        run_round(0, -1 - warm, settings.seed, reverse=bool(warm % 2))
+    profiler = CostProfiler(target, draft, tokenized[0], profiled_sizes(settings), settings.sampling)
     advance("profiling decode costs")
     profiler.sample(reps=2)  # and one more after every round
+    for warm in range(settings.warmup):
+        run_round(0, -1 - warm, settings.seed, reverse=bool(warm % 2))
 
     rounds: list[Round] = []
     planned = settings.runs * len(prompt_set.prompts)

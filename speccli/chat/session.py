@@ -10,21 +10,19 @@ turn then drops old turns as above.
 """
 from __future__ import annotations
 
-import time
 from contextlib import closing
 from dataclasses import replace
 from typing import Iterator
 
-import numpy as np
-
 from speccli.chat.conversation import Conversation, Prompt
 from speccli.chat.template import chat_format_for
 from speccli.chat.view import Display
-from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.core.generator import GenerationLimits, Generator, measure_costs
+from speccli.core.sampling import SamplingParams
 from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
+from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits, shared_context
@@ -42,33 +40,6 @@ COMMANDS = {
     "/help": "this list",
     "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
 }
-
-
-def measure_target_token_seconds(target: Model, sampling: SamplingParams, repeats: int = 5) -> float:
-    """What one token costs the target alone: a 1-token decode (`Model.time_decode`, the cost probe) and
-    one sample from its logits.
-
-    Speculation's benefit is measured against this (see `speccli.chat.stats_view.estimated_speedup`).
-    Each part is the least of `repeats` timings after a warm-up: what else the machine does only ever
-    lengthens a timing, and on a loaded machine slow ones had made a session's estimate 49x at an
-    acceptance of 0%.
-    The cache is left as it was. At position 0 it slightly underestimates the cost deep in a long
-    context, where attention costs more.
-    """
-    token = max(target.tokenizer.bos_id, 0)
-    decode_seconds = min([target.time_decode([token], n_logit_rows=1) for _ in range(repeats + 1)][1:])
-    start = target.n_past
-    logits = target.decode([token], n_logit_rows=1)
-    rng = np.random.default_rng(0)
-    sample_seconds = []
-    try:
-        for _ in range(repeats + 1):
-            started = time.perf_counter()
-            sample(probabilities(logits, sampling)[0], rng)
-            sample_seconds.append(time.perf_counter() - started)
-    finally:
-        target.truncate(start)
-    return decode_seconds + min(sample_seconds[1:])
 
 
 def no_pay_notice(drafting: ReplyDrafting) -> str:
@@ -100,14 +71,19 @@ class ChatSession:
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.draft = draft
-        self.generator = Generator(target, make_drafter(spec, draft, target), sampling, make_policy(k), seed)
+        drafter = make_drafter(spec, draft, target)
+        self.generator = Generator(target, drafter, sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = shared_context(target, draft)
+        # The pair's one cost profile: what a token costs the target alone, against which chat estimates
+        # speculation's speedup (`stats_view.estimated_speedup`), and the costs `auto` (now or after a
+        # `/k auto`) drafts by. Measured at position 0: it slightly underestimates a decode deep in a long context.
         with naming_non_finite_logits(target, draft):  # it samples from the target's logits
-            self.target_token_seconds = measure_target_token_seconds(target, sampling)
+            self.generator.costs = measure_costs(target, drafter, [max(target.tokenizer.bos_id, 0)], PROFILED_SIZES, sampling)
+        self.target_token_seconds = self.generator.costs.target_token_seconds
         self.totals = RunStats()
         self.replies = 0
         self.finish_reason: str | None = None  # the last reply's ("stop", "max_tokens", "interrupted", ...)

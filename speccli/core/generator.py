@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, sample
-from speccli.core.seam import Draft, DraftRequest, Drafter, KPolicy
+from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, probabilities, sample
+from speccli.core.seam import CostProfile, Draft, DraftRequest, Drafter, KPolicy
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.core.verify import DraftVerdict, verify_greedy, verify_sampled
@@ -27,6 +27,9 @@ from speccli.validation import check_max_tokens
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
+
+
+PROFILE_TIMINGS = 3  # timings of each cost in a profile, of which the least is kept
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Generator:
     """Speculative generation with a drafter, or the target alone (`drafter=None`, the baseline).
 
     Both go through the same backend, sampler and bookkeeping, so a comparison between them is fair.
-    `policy` (required with a drafter) chooses each step's draft length.
+    `policy` (required with a drafter) chooses each step's draft length, priced by `costs`.
     """
 
     def __init__(
@@ -52,6 +55,7 @@ class Generator:
         sampling: SamplingParams,
         policy: KPolicy | None = None,
         seed: int | None = None,
+        costs: CostProfile | None = None,
     ) -> None:
         sampling.validate()
         self.target = target
@@ -60,6 +64,8 @@ class Generator:
         if drafter is not None and policy is None:
             raise ValueError("a drafter needs a K policy")
         self.policy = policy
+        # The pair's cost profile, where the caller measured one; else measured here when `auto` first needs it.
+        self.costs = costs
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
@@ -151,7 +157,7 @@ class Generator:
     def _prefill(self, prompt: Sequence[int], stop_requested: Callable[[], bool]) -> bool:
         """Make every cache hold prompt[:-1], keeping the longest prefix it already holds, a batch at a
         time; False where `stop_requested()` stopped it before a batch (the first included). When the
-        policy has no costs yet, profile them here too: it is set-up, like the prompt."""
+        policy has no costs yet, give it the pair's, measuring them here if need be: set-up, like the prompt."""
         if not prompt:
             raise SpeccliError("the prompt is empty")
         n_ctx = self.target.n_ctx
@@ -175,17 +181,10 @@ class Generator:
             self.drafter.sync(prompt)  # a prompt the target held already may be new to the drafter
         self.tokens = list(prompt)
         if self.drafter is not None and self.policy.needs_costs:
-            self.policy.calibrate(self._profile_verify(), self.drafter.costs(self.tokens))
+            if self.costs is None:
+                self.costs = measure_costs(self.target, self.drafter, self.tokens, self.policy.profiled_sizes, self.sampling)
+            self.policy.calibrate(self.costs)
         return True
-
-    def _profile_verify(self) -> dict[int, float]:
-        """Seconds of one target decode with n logit rows, for the policy's sizes that fit (in the context
-        and in one batch), timed at the cache's end (after the prompt) and dropped again. One unmeasured
-        decode comes first: the first decode pays set-up. The tokens are copies of the pending one: cost
-        does not depend on them."""
-        target = self.target
-        fits = [n for n in (1, *self.policy.profiled_sizes) if target.n_past + n <= target.n_ctx and n <= target.n_batch]
-        return {n: target.time_decode([self.tokens[-1]] * n, n_logit_rows=n) for n in fits}
 
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft up to `limit` tokens, verify them in one target decode, keep the accepted prefix and one more."""
@@ -231,6 +230,33 @@ class Generator:
             q = np.pad(q, ((0, 0), (0, width - q.shape[1])))
             p = [np.pad(p[i], (0, width - target_logits.shape[1])) for i in range(len(p))]
         return verify_sampled(drafted, q, p, self.rng)
+
+
+def measure_costs(
+    target: Model, drafter: Drafter | None, context: Sequence[int], sizes: Sequence[int], sampling: SamplingParams,
+) -> CostProfile:
+    """The pair's cost profile, timed at the caches' end (which then hold what they held): a target decode
+    of n logit rows for 1 and each of `sizes` that fits (in the context and one batch), a draw from one
+    row, and the drafter's own costs (`Drafter.costs`). Each timing is the least of PROFILE_TIMINGS: the
+    first decode pays set-up, and what else the machine does only ever lengthens one (a slow one had
+    made chat's estimated speedup 49x at an acceptance of 0%). Copies of the context's
+    last token are decoded: cost does not depend on them."""
+    fits = sorted({n for n in (1, *sizes) if target.n_past + n <= target.n_ctx and n <= target.n_batch})
+    token = [context[-1]]
+    decode_seconds = {n: min(target.time_decode(token * n, n_logit_rows=n) for _ in range(PROFILE_TIMINGS)) for n in fits}
+    start = target.n_past
+    try:
+        row = target.decode(token, n_logit_rows=1)
+        rng = np.random.default_rng(0)
+        draws = []
+        for _ in range(PROFILE_TIMINGS):
+            started = time.perf_counter()
+            sample(probabilities(row, sampling)[0], rng)
+            draws.append(time.perf_counter() - started)
+    finally:
+        target.truncate(start)
+    draft_costs = drafter.costs(context) if drafter is not None else {}
+    return CostProfile(decode_seconds, draft_costs, min(draws))
 
 
 def _source_of_next(verdict: DraftVerdict, k: int) -> Source:

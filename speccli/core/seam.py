@@ -96,6 +96,21 @@ class DraftCosts:
     catch_up_seconds: dict[int, float]
 
 
+@dataclass(frozen=True)
+class CostProfile:
+    """What one loaded pair costs on this machine, measured once (`core.generator.measure_costs`) and
+    read by everything that prices a step: `auto`, bench's theory, chat's estimated speedup."""
+
+    decode_seconds: dict[int, float]  # one target decode with n logit rows, by n (1 always)
+    draft_costs: dict[str, DraftCosts]  # by proposal key; {} where nothing drafted costs anything
+    sample_seconds: float = 0.0  # drawing one token from one row of the target's logits
+
+    @property
+    def target_token_seconds(self) -> float:
+        """What one token costs the target alone: a 1-row decode and a draw from it."""
+        return self.decode_seconds[1] + self.sample_seconds
+
+
 @dataclass
 class ReplyDrafting:
     """The verified drafts of the reply under way: chosen on the estimates, or re-checks of a source the
@@ -119,8 +134,8 @@ class KPolicy(Protocol):
         """Whether a source drafting on `plan`, this sure of its next token (`confidence()`, computed
         only if needed), should still propose it. No side effects."""
 
-    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None:
-        """Seconds of a target decode by logit rows, and each key's drafting costs, measured now."""
+    def calibrate(self, costs: CostProfile) -> None:
+        """The pair's measured costs: a target decode by logit rows, and each key's drafting costs."""
 
     def begin_reply(self) -> None:
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""

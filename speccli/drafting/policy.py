@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from speccli.core.seam import Draft, DraftCosts, NO_PLAN, Plan, ReplyDrafting
+from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting
 from speccli.core.stats import StepEvent
 from speccli.drafting.acceptance import UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
@@ -65,7 +65,7 @@ class FixedK:
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         return True  # K tokens every step, as asked: the confidence is never computed
 
-    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None:
+    def calibrate(self, costs: CostProfile) -> None:
         pass
 
     def begin_reply(self) -> None:
@@ -174,11 +174,11 @@ class AutoK:
     def needs_costs(self) -> bool:
         return not self.verify.decode_seconds
 
-    def calibrate(self, verify_seconds: dict[int, float], draft_costs: dict[str, DraftCosts]) -> None:
-        self.verify.add_points(verify_seconds)
-        for key, costs in draft_costs.items():
+    def calibrate(self, costs: CostProfile) -> None:
+        self.verify.add_points(costs.decode_seconds)
+        for key, draft in costs.draft_costs.items():
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
-            state.cost.calibrate(costs.token_seconds, costs.catch_up_seconds, self.verify.level)
+            state.cost.calibrate(draft.token_seconds, draft.catch_up_seconds, self.verify.level)
         self._price_ramps()
 
     def begin_reply(self) -> None:

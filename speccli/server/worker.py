@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.generator import GenerationLimits, Generator, measure_costs
 from speccli.core.sampling import SamplingParams
+from speccli.core.seam import CostProfile
 from speccli.core.stats import DoneEvent, TokenEvent
+from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
@@ -101,6 +103,7 @@ class Worker:
         self._active: Speculation | None = None  # whose tokens the caches hold
         self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
         self._running: Job | None = None
+        self.costs: CostProfile | None = None  # the pair's, measured when a configuration's `auto` first needs it
         self.lost: str | None = None  # why the models cannot run any more (an RPC server went away)
 
     def start(self) -> None:
@@ -210,17 +213,26 @@ class Worker:
                 self._generators[self._active].reset()
             generator.reset()
             self._active = speculation
+        if generator.costs is None and generator.policy is not None and generator.policy.needs_costs:
+            # The pair's one cost profile, for every configuration's `auto`: measured once, here, where
+            # every cache was just emptied (a new generator is never the active one).
+            if self.costs is None:
+                drafter = make_drafter("model", self.draft, self.target) if self.draft is not None else None
+                context = [max(self.target.tokenizer.bos_id, 0)]
+                self.costs = measure_costs(self.target, drafter, context, PROFILED_SIZES, SamplingParams())
+            generator.costs = self.costs
         return generator
 
     def _run(self, job: Job) -> None:
-        generator = self._generator_for(job.speculation)
+        def naming():  # no paths to clients
+            return naming_non_finite_logits(self.target, self.draft, lambda model: model.path.name)
+
+        with naming():  # the cost profile samples from the target's logits
+            generator = self._generator_for(job.speculation)
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
-        with (
-            naming_non_finite_logits(self.target, self.draft, lambda model: model.path.name),  # no paths to clients
-            closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events,
-        ):
+        with naming(), closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events:
             for event in events:
                 if job.cancelled.is_set():
                     self.metrics.record(generator.reply_stats, "cancelled")

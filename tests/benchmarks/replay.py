@@ -41,7 +41,7 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
-from speccli.core.seam import Draft, DraftCosts, DraftRequest
+from speccli.core.seam import CostProfile, Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -212,7 +212,7 @@ def replay(
     policy = make_policy(k)
     catch_up_seconds = {n: catch_up_decodes(n) * c * UNIT for n in CATCH_UP_SIZES}
     draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if "model" in spec else {}
-    policy.calibrate({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs)
+    policy.calibrate(CostProfile({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs))
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
     for reply, measured in schedule(replies, rounds, warmup):
