@@ -111,7 +111,7 @@ class ModelDrafter(DraftSource):
         timed at the cache's end and dropped again (the one-token decode twice, the second timed, so a
         first decode's set-up cost is not counted)."""
         model, start = self.model, self.model.n_past
-        token = self.visible([context[start]])
+        token = self.visible([context[-1]])  # any token costs the same: the cache may hold more than `context`
         seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
         catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if start + n <= model.n_ctx}
         return {self.name: DraftCosts(seconds[-1], catch_up)}
