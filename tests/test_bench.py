@@ -27,6 +27,7 @@ from speccli.bench.summary import _by_source, _time_split
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.generator import PROFILE_TIMINGS
+from speccli.drafting.policy import AutoK
 from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import DraftVerdict, verify_greedy
 from speccli.llama.model import Model
@@ -637,6 +638,9 @@ def test_auto_and_the_report_read_the_pairs_one_cost_profile(bench_pair, tmp_pat
         return time_decode(model, tokens, n_logit_rows)
 
     monkeypatch.setattr(Model, "time_decode", counting)
+    calibrated = []
+    calibrate = AutoK.calibrate
+    monkeypatch.setattr(AutoK, "calibrate", lambda policy, costs: (calibrated.append(costs), calibrate(policy, costs)))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def add(a, b):\nOnce upon a time\n")
     result = invoke("--target", str(bench_pair[0]), "--draft", str(bench_pair[1]), *FAST, "--prompts", str(prompts),
@@ -646,3 +650,7 @@ def test_auto_and_the_report_read_the_pairs_one_cost_profile(bench_pair, tmp_pat
     assert report["costs"]["reps"] == 2 + 2  # two before the (here no) warm-up, one after each of 2 rounds
     assert timed_widest == [25] * PROFILE_TIMINGS * report["costs"]["reps"]
     assert report["costs"]["verify"][-1]["tokens"] == 25
+    assert [v["tokens"] for v in report["costs"]["verify"]] == [2, 3, 4, 8, 16, 25]  # K=2's 3 rows beside auto's
+    # Each auto starts from the same profile, at its own sizes only (the fixed K's 3 rows left out), with the draft's cost.
+    assert len(calibrated) == 2 and calibrated[0] is calibrated[1]
+    assert set(calibrated[0].decode_seconds) == {1, 2, 4, 8, 16, 25} and calibrated[0].draft_costs["model"].token_seconds > 0

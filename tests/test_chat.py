@@ -830,7 +830,6 @@ def test_auto_drafts_by_the_profile_the_session_timed_for_its_estimate(chat_pair
         display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=2,
                               max_tokens=8)
-        assert session.target_token_seconds == session.generator.costs.target_token_seconds
         assert set(session.generator.costs.decode_seconds) == {1, 2, 4, 8, 16, 25}
         assert session.generator.costs.draft_costs["model"].token_seconds > 0
         probes = []

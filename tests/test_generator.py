@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from speccli.core import verify as verify_module
-from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.generator import GenerationLimits, Generator, measure_costs
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import Plan
 from speccli.core.stats import DoneEvent, Source, StepEvent, TokenEvent
@@ -475,3 +475,18 @@ def test_the_stand_ins_table_is_what_its_decodes_return() -> None:
     assert np.array_equal(rows, np.stack([target.next_logits(context[:n]) for n in (9, 10, 11)]))
     target.truncate(2)
     assert np.array_equal(target.decode(context[2:])[0], rows[2]) and target.held == context
+
+
+def test_a_cost_profile_leaves_every_cache_as_it_was():
+    """Measured mid-conversation (bench's samples, a generator's own fallback), the profile decodes at the
+    caches' end and drops what it decoded: the next step sees the same caches and the same logits."""
+    target, draft = stand_in_pair(eog_bias=NEVER_ENDS)
+    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(2))
+    run(generator, [1, 2, 3, 4, 5], max_tokens=6)
+    held = (list(target.held), list(draft.held))
+    before = target.decode([generator.tokens[-1]], n_logit_rows=1).copy()
+    target.truncate(len(held[0]))
+    costs = measure_costs(target, generator.drafter, generator.tokens, (2, 4, 25), GREEDY)
+    assert (target.held, draft.held) == held
+    assert set(costs.decode_seconds) == {1, 2, 4, 25} and costs.draft_costs["model"].token_seconds > 0
+    assert np.array_equal(target.decode([generator.tokens[-1]], n_logit_rows=1), before)

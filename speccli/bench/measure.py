@@ -99,10 +99,11 @@ class CostProfiler:
         for model in self.models:
             model.reset()
 
-    def profile(self) -> CostProfile:
-        """Each cost's median over the samples so far (a size the context held in every sample)."""
+    def profile(self, sizes: Iterable[int] | None = None) -> CostProfile:
+        """Each cost's median over the samples so far, at `sizes` (default: all) where timed."""
         first = self.samples[0]
-        decode = {n: statistics.median(s.decode_seconds[n] for s in self.samples) for n in first.decode_seconds}
+        timed = [n for n in first.decode_seconds if sizes is None or n in sizes]
+        decode = {n: statistics.median(s.decode_seconds[n] for s in self.samples) for n in timed}
         drafts = {
             key: DraftCosts(
                 statistics.median(s.draft_costs[key].token_seconds for s in self.samples),
@@ -189,7 +190,7 @@ def run_bench(
                 sides = {"mode": "target", "spec": None, "k": 0}
             else:
                 drafter = make_drafter(configuration.spec, draft, target)
-                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, profiler.profile())
+                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, auto_costs)
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
         baseline = done.pop(None)
@@ -203,6 +204,8 @@ def run_bench(
     profiler = CostProfiler(target, draft, tokenized[0], profiled_sizes(settings), settings.sampling)
     advance("profiling decode costs")
     profiler.sample(reps=2)  # and one more after every round
+    # auto's own sizes only: its curve must not depend on which fixed K the run also measures.
+    auto_costs = profiler.profile((1, *PROFILED_SIZES))
     for warm in range(settings.warmup):
         run_round(0, -1 - warm, settings.seed, reverse=bool(warm % 2))
 

@@ -28,7 +28,7 @@ from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
 from speccli.util.sequences import common_prefix_length
-from speccli.validation import K, MAX_K, check_max_tokens, check_temperature, parse_k
+from speccli.validation import AUTO_K, K, MAX_K, check_max_tokens, check_temperature, parse_k
 
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
@@ -80,9 +80,11 @@ class ChatSession:
         self.n_ctx = shared_context(target, draft)
         # The pair's one cost profile: what a token costs the target alone, against which chat estimates
         # speculation's speedup (`stats_view.estimated_speedup`), and the costs `auto` (now or after a
-        # `/k auto`) drafts by. Measured at position 0: it slightly underestimates a decode deep in a long context.
+        # `/k auto`) drafts by; a one-shot reply at a fixed K needs only the first. Measured at position 0:
+        # it slightly underestimates a decode deep in a long context.
+        sizes = () if one_shot and k != AUTO_K else PROFILED_SIZES
         with naming_non_finite_logits(target, draft):  # it samples from the target's logits
-            self.generator.costs = measure_costs(target, drafter, [max(target.tokenizer.bos_id, 0)], PROFILED_SIZES, sampling)
+            self.generator.costs = measure_costs(target, drafter, [max(target.tokenizer.bos_id, 0)], sizes, sampling)
         self.target_token_seconds = self.generator.costs.target_token_seconds
         self.totals = RunStats()
         self.replies = 0

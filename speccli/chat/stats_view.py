@@ -16,7 +16,7 @@ def estimated_speedup(stats: RunStats, target_token_seconds: float | None) -> fl
     """Achieved tokens/s over what the target alone would reach, at most the tokens per target decode.
 
     The target alone makes one token per 1-token decode, so its rate is 1 / target_token_seconds,
-    measured once per session by timing a few real 1-token target decodes (see chat). The ratio
+    from the pair's cost profile, timed as the session starts (`core.generator.measure_costs`). The ratio
     counts every cost speculation adds (drafting, the wider K+1-token verification decode, sampling),
     since those are all inside the achieved rate's decode time. Prefill is left out of both.
     A step costs at least one target decode, so no run can beat the target alone by more than the
