@@ -10,8 +10,8 @@ from empty KV caches and a fresh drafter (a new `Generator`), so no side gets a 
 shortcut. Each configuration keeps one K policy for the whole bench, as one chat session or server
 does: `auto` starts from the pair's one cost profile (`CostProfiler`, measured before the warm-up, and
 the report's costs too), and what it learns of acceptance and costs carries from one prompt to the
-next; the warm-up rounds are where it starts. `--warmup` unmeasured rounds absorb first-run effects (page-in, graph
-allocation).
+next; the warm-up rounds are where it starts. `--warmup` unmeasured rounds absorb first-run effects
+(page-in, graph allocation).
 """
 from __future__ import annotations
 

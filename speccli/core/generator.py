@@ -239,8 +239,8 @@ def measure_costs(
     of n logit rows for 1 and each of `sizes` that fits (in the context and one batch), a draw from one
     row, and the drafter's own costs (`Drafter.costs`, timed as the drafter sees fit). Each target timing
     is the least of PROFILE_TIMINGS: the first decode pays set-up, and what else the machine does only
-    ever lengthens one (a slow one had made chat's estimated speedup 49x at an acceptance of 0%). Copies of the context's
-    last token are decoded: cost does not depend on them."""
+    ever lengthens one (a slow one had made chat's estimated speedup 49x at an acceptance of 0%).
+    Copies of the context's last token are decoded: cost does not depend on them."""
     fits = sorted({n for n in (1, *sizes) if target.n_past + n <= target.n_ctx and n <= target.n_batch})
     token = [context[-1]]
     decode_seconds = {n: min(target.time_decode(token * n, n_logit_rows=n) for _ in range(PROFILE_TIMINGS)) for n in fits}
