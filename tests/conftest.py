@@ -151,6 +151,21 @@ class MemoryBoundAutoK(AutoK):
             self.keys[draft.key].cost.token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
 
 
+def widest_verify_timings(monkeypatch: pytest.MonkeyPatch, target: Path) -> list[int]:
+    """A list that gets an entry for every timed decode of 25 rows of `target` from now on: a cost
+    profile's widest verify (`Model.time_decode`, the cost probe)."""
+    timings = []
+    time_decode = Model.time_decode
+
+    def counting(model, tokens, n_logit_rows):
+        if model.path == target and len(tokens) == 25:
+            timings.append(n_logit_rows)
+        return time_decode(model, tokens, n_logit_rows)
+
+    monkeypatch.setattr(Model, "time_decode", counting)
+    return timings
+
+
 @pytest.fixture(scope="module")
 def gemma_pair():
     """The bundled default pair, loaded: Gemma 3 270M F32 target, its Q4_K_M draft."""

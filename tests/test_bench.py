@@ -30,10 +30,10 @@ from speccli.core.generator import PROFILE_TIMINGS
 from speccli.drafting.policy import AutoK
 from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import DraftVerdict, verify_greedy
-from speccli.llama.model import Model
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
 from speccli.validation import K
+from tests.conftest import widest_verify_timings
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
 # The built-in prompts run to ~900 tokens of the tiny byte-level vocabulary: a 2048-token context holds them.
@@ -629,15 +629,7 @@ def test_auto_and_the_report_read_the_pairs_one_cost_profile(bench_pair, tmp_pat
     """Two `auto` configurations and a fixed K: every cost probe of the run is one of the profile's
     samples (the report's `reps`), each timing auto's widest verify PROFILE_TIMINGS times; no
     configuration profiles the pair again."""
-    timed_widest = []
-    time_decode = Model.time_decode
-
-    def counting(model, tokens, n_logit_rows):
-        if model.path == bench_pair[0] and len(tokens) == 25:
-            timed_widest.append(n_logit_rows)
-        return time_decode(model, tokens, n_logit_rows)
-
-    monkeypatch.setattr(Model, "time_decode", counting)
+    timed_widest = widest_verify_timings(monkeypatch, bench_pair[0])
     calibrated = []
     calibrate = AutoK.calibrate
     monkeypatch.setattr(AutoK, "calibrate", lambda policy, costs: (calibrated.append(costs), calibrate(policy, costs)))

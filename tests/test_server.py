@@ -42,6 +42,7 @@ from speccli.server.launch import ServeSettings, bind, build_service, exposure_w
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import SpeculationControl
 from speccli.server.worker import Speculation
+from tests.conftest import widest_verify_timings
 from tests.tiny_gguf import TinyConfig, poisoned_copy, spm_vocabulary, write_related_pair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -922,15 +923,7 @@ def test_serve_refuses_a_port_in_use_in_one_line(chat_pair):
 def test_every_configurations_auto_starts_from_the_pairs_one_cost_profile(chat_pair, monkeypatch):
     """Three configurations asked with `auto`: the pair is profiled once (its widest verify, 25 rows,
     timed PROFILE_TIMINGS times), not once per configuration."""
-    timed_widest = []
-    time_decode = Model.time_decode
-
-    def counting(model, tokens, n_logit_rows):
-        if model.path == chat_pair[0] and len(tokens) == 25:
-            timed_widest.append(n_logit_rows)
-        return time_decode(model, tokens, n_logit_rows)
-
-    monkeypatch.setattr(Model, "time_decode", counting)
+    timed_widest = widest_verify_timings(monkeypatch, chat_pair[0])
     with serving(chat_pair) as url:
         c = client(url)
         ask(c, "hello there")  # K = 3: nothing profiled
