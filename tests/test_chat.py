@@ -823,18 +823,20 @@ def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
 
 
 def test_auto_drafts_by_the_profile_the_session_timed_for_its_estimate(chat_pair, monkeypatch):
-    """The session times the pair once, as it starts: its estimated speedup's baseline and `auto`'s
-    costs are that one profile, so a reply (and a `/k auto` later) times nothing more."""
+    """The session times the pair as it starts: at a fixed K only what its estimated speedup needs;
+    `/k auto` adds auto's verify sizes to that one profile, and then a reply times nothing more."""
     options = LoadOptions(n_ctx=512, n_threads=1)
     with Model(chat_pair[0], options) as target, Model(chat_pair[1], options) as draft:
         display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=2,
                               max_tokens=8)
-        assert set(session.generator.costs.decode_seconds) == {1, 2, 4, 8, 16, 25}
-        assert session.generator.costs.draft_costs["model"].token_seconds > 0
-        probes = []
-        monkeypatch.setattr(Model, "time_decode", lambda *args, **kwargs: probes.append(args) or 0.0)
+        assert set(session.generator.costs.decode_seconds) == {1}
         session.send("hello there")
         session.command("/k auto")
+        costs = session.generator.costs
+        assert set(costs.decode_seconds) == {1, 2, 4, 8, 16, 25} and costs.draft_costs["model"].token_seconds > 0
+        assert session.target_token_seconds == costs.target_token_seconds
+        probes = []
+        monkeypatch.setattr(Model, "time_decode", lambda *args, **kwargs: probes.append(args) or 0.0)
         session.send("and again")
     assert probes == [] and session.generator.policy.name == "auto" and not session.generator.policy.needs_costs

@@ -71,21 +71,13 @@ class ChatSession:
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.draft = draft
-        drafter = make_drafter(spec, draft, target)
-        self.generator = Generator(target, drafter, sampling, make_policy(k), seed)
+        self.generator = Generator(target, make_drafter(spec, draft, target), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = shared_context(target, draft)
-        # The pair's one cost profile: what a token costs the target alone, against which chat estimates
-        # speculation's speedup (`stats_view.estimated_speedup`), and the costs `auto` (now or after a
-        # `/k auto`) drafts by; a one-shot reply at a fixed K needs only the first. Measured at position 0:
-        # it slightly underestimates a decode deep in a long context.
-        sizes = () if one_shot and k != AUTO_K else PROFILED_SIZES
-        with naming_non_finite_logits(target, draft):  # it samples from the target's logits
-            self.generator.costs = measure_costs(target, drafter, [max(target.tokenizer.bos_id, 0)], sizes, sampling)
-        self.target_token_seconds = self.generator.costs.target_token_seconds
+        self._profile(PROFILED_SIZES if k == AUTO_K else ())
         self.totals = RunStats()
         self.replies = 0
         self.finish_reason: str | None = None  # the last reply's ("stop", "max_tokens", "interrupted", ...)
@@ -229,6 +221,17 @@ class ChatSession:
                 f"the context holds {self.n_ctx}; shorten it or raise --ctx"
             )
 
+    def _profile(self, sizes: tuple[int, ...]) -> None:
+        """Time the pair's one cost profile at the caches' end: what a token costs the target alone, against
+        which chat estimates speculation's speedup (`stats_view.estimated_speedup`), and, with `sizes`, the
+        verify costs `auto` drafts by (a fixed K needs neither them nor their second). As a session starts
+        it is timed at position 0, slightly below what a decode costs deep in a long context."""
+        generator = self.generator
+        context = generator.tokens or [max(generator.target.tokenizer.bos_id, 0)]
+        with naming_non_finite_logits(generator.target, self.draft):  # it samples from the target's logits
+            generator.costs = measure_costs(generator.target, generator.drafter, context, sizes, generator.sampling)
+        self.target_token_seconds = generator.costs.target_token_seconds
+
     def command(self, line: str) -> bool:
         """Run one slash command; False means leave."""
         name, _, argument = line.partition(" ")
@@ -246,6 +249,8 @@ class ChatSession:
             self.display.notice("(conversation cleared)")
         elif name == "/k":
             self.generator.policy = make_policy(parse_k(argument, "/k"))
+            if self.generator.policy.needs_costs and not set(PROFILED_SIZES) <= self.generator.costs.decode_seconds.keys():
+                self._profile(PROFILED_SIZES)
             self.display.notice(f"(k = {self.generator.policy.name})")
         elif name == "/temp":
             sampling = replace(self.generator.sampling, temperature=check_temperature(_parse_float("/temp", argument), "/temp"))
