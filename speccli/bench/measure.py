@@ -83,7 +83,7 @@ class CostProfiler:
 
     def __init__(self, target: Model, draft: Model | None, prompt_tokens: Sequence[int], sizes: Iterable[int],
                  sampling: SamplingParams) -> None:
-        self.target, self.draft, self.sampling = target, draft, sampling
+        self.target, self.sampling = target, sampling
         self.models = [target] + ([draft] if draft is not None else [])
         self.held = list(prompt_tokens[:-1]) or list(prompt_tokens)  # what the caches hold while timed
         self.sizes = sorted(set(sizes))
