@@ -10,7 +10,7 @@ before its own, and a draft reporting unfiltered q while sampling the filtered o
 
 The policy and drafters are touched through their constructors and `Generator` only; the broken
 engines are monkeypatches of module-level names (`verify_sampled` as the generator calls it, `Model.
-truncate` of the target, the `probabilities` the draft model samples with) and of the generator's rng.
+truncate` of the target, the `distribution` and `sample` the draft model drafts with) and of the generator's rng.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pytest
 import speccli.drafting.model as model_drafting
 from speccli.core import generator as generator_module
 from speccli.core.generator import Generator
-from speccli.core.sampling import SamplingParams, probabilities
+from speccli.core.sampling import Distribution, SamplingParams, distribution, sample
 from speccli.core.stats import RunStats
 from speccli.core.verify import verify_sampled
 from speccli.drafting.model import ModelDrafter
@@ -144,12 +144,23 @@ def bonus_from_the_row_before(drafted, q, p, rng):
     return verify_sampled(drafted, q, BonusFromTheRowBefore(p, len(drafted)) if len(drafted) else p, rng)
 
 
+class ReportedUnfiltered(Distribution):
+    """The unfiltered distribution a broken draft reports as q, carrying the filtered one it draws from."""
+
+    __slots__ = ("drawn",)
+
+
 def unfiltered_q_reported(logits, params, out=None):
-    """The draft model samples from the filtered q, but the q rows it reports (written to `out`) are the
-    softmax at the temperature alone, without top-k, top-p or min-p."""
-    sampled = probabilities(logits, params)
-    probabilities(logits, SamplingParams(temperature=params.temperature), out=out)
-    return sampled
+    """The draft model samples from the filtered q (`drawn_from_the_filtered`), but the q it reports is
+    the softmax at the temperature alone, without top-k, top-p or min-p."""
+    reported = distribution(logits, SamplingParams(temperature=params.temperature), out=out)
+    unfiltered = ReportedUnfiltered(reported.ids, reported.weights, reported.size)
+    unfiltered.drawn = distribution(logits, params)
+    return unfiltered
+
+
+def drawn_from_the_filtered(q, rng) -> int:
+    return sample(q.drawn, rng)
 
 
 # ---- K per step with the production policy and real sources ---------------------------------------
@@ -352,7 +363,8 @@ def test_top_p_and_min_p_under_auto_give_the_targets_first_three_tokens(pair, fi
     generator = Generator(target, make_drafter("ngram+model", draft), sampling, MemoryBoundAutoK(), seed=11)
     with pytest.MonkeyPatch.context() as patch:
         if broken:
-            patch.setattr(model_drafting, "probabilities", unfiltered_q_reported)
+            patch.setattr(model_drafting, "distribution", unfiltered_q_reported)
+            patch.setattr(model_drafting, "sample", drawn_from_the_filtered)
         generations, _ = generate(generator, prompt, max_tokens=6)
     p_value = first_tokens_p_value(generations, expected)
     if broken:

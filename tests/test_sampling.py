@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speccli.core.sampling import SamplingParams, probabilities, sample
+from speccli.core.sampling import Distribution, SamplingParams, probabilities, sample
 from speccli.core.verify import verify_greedy
 from speccli.errors import NonFiniteLogitsError
 
@@ -97,20 +97,29 @@ def test_the_input_buffer_is_never_written() -> None:
     np.testing.assert_array_equal(logits, LOGITS)
 
 
+def dense(row: np.ndarray) -> Distribution:
+    return Distribution(None, row, len(row))
+
+
+FORMS = {"dense": dense, "support": Distribution.on_support}
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("size", [7, 5000, 262_144])
-def test_sample_draws_the_given_distribution(size: int) -> None:
+def test_sample_draws_the_given_distribution(size: int, form: str) -> None:
     rng = np.random.default_rng(size)
     probs = np.zeros(size, dtype=np.float32)
     support = rng.choice(size, 6, replace=False)
     weights = np.array([0.05, 0.1, 0.15, 0.2, 0.2, 0.3])
     probs[support] = weights
-    draws = np.array([sample(probs, rng) for _ in range(6000)])
+    draws = np.array([sample(FORMS[form](probs), rng) for _ in range(6000)])
     assert set(draws) <= set(support)
     counts = np.array([(draws == s).sum() for s in support])
     assert stats.chisquare(counts, weights * 6000).pvalue > 1e-3
 
 
-def test_sample_never_returns_a_zero_probability_token_at_the_edges() -> None:
+@pytest.mark.parametrize("form", FORMS)
+def test_sample_never_returns_a_zero_probability_token_at_the_edges(form: str) -> None:
     class Edge:
         def __init__(self, u: float) -> None:
             self.u = u
@@ -120,9 +129,9 @@ def test_sample_never_returns_a_zero_probability_token_at_the_edges() -> None:
 
     probs = np.zeros(3000, dtype=np.float32)
     probs[[10, 2047]] = 0.5
-    assert sample(probs, Edge(0.0)) == 10
-    assert sample(probs, Edge(np.nextafter(1.0, 0))) == 2047
-    assert sample(probs, Edge(0.5)) == 2047
+    assert sample(FORMS[form](probs), Edge(0.0)) == 10
+    assert sample(FORMS[form](probs), Edge(np.nextafter(1.0, 0))) == 2047
+    assert sample(FORMS[form](probs), Edge(0.5)) == 2047
 
 
 @pytest.mark.parametrize("seed", range(4))

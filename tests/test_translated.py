@@ -14,12 +14,12 @@ import pytest
 from speccli.core import generator as generator_module
 from speccli.core.generator import Generator
 from speccli.core.parting import find_parting
-from speccli.core.sampling import SamplingParams
+from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.verify import DraftVerdict, sample, verify_sampled, without_token
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter, vocabularies_differ
 from speccli.drafting import translated as translated_module
-from speccli.drafting.translated import TranslatedDrafter, on_shared_tokens
+from speccli.drafting.translated import SharedTokens, TranslatedDrafter, on_shared_tokens
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.vocab.info import read_vocab
@@ -143,34 +143,33 @@ def shared_token_step(shared, draft: TinyLanguageModel, draft_ids: list[int], ta
                       target_ids: list[int], k: int, verify=verify_sampled, restrict=on_shared_tokens):
     """The exact distribution of k+1 target tokens from one TLI step: the draft (over `draft_ids`, a few of
     its real vocabulary's ids, shared or not) restricted by the real `on_shared_tokens`, each sequence of k
-    tokens drawn from that, mapped to the target's ids through the real shared vocabulary, verified with its
-    q by the real rule, then topped up with the target alone. `target` is over positions in `target_ids`."""
-    drawable = [i for i, d in enumerate(shared.draft_ids) if d in draft_ids]
+    tokens drawn from that (on the target's ids, through the real shared vocabulary), verified with the
+    distribution it reports as q by the real rule, then topped up with the target alone. `target` is over
+    positions in `target_ids`."""
+    tokens = SharedTokens(shared, 512)
     joint: dict[tuple[int, ...], float] = {}
 
     def restricted_row(prefix: tuple[int, ...]):
-        full = np.zeros(max(int(shared.draft_ids.max()), *draft_ids) + 1, dtype=np.float32)
-        full[draft_ids] = draft(prefix)
-        row = restrict(full, shared)
-        drawn = np.zeros(len(shared.draft_ids)) if row is None else np.asarray(row, dtype=np.float64)
-        return drawn / drawn.sum(), row  # drawn from (sampling normalises), reported as q
+        """The draft's row after `prefix` (target ids drafted so far), restricted: drawn from and reported as q."""
+        full = np.zeros(max(int(shared.draft_ids.max()), *draft_ids) + 1)
+        full[draft_ids] = draft(tuple(draft_ids.index(tokens.draft_of_target[t]) for t in prefix))
+        return restrict(Distribution.on_support(full), tokens)
 
     def grow(prefix: tuple[int, ...], probability: float):
         if len(prefix) == k:
             yield prefix, probability
             return
-        drawn, _ = restricted_row(tuple(draft_ids.index(int(shared.draft_ids[i])) for i in prefix))
-        for i in drawable:
-            if drawn[i] > 0:
-                yield from grow(prefix + (i,), probability * drawn[i])
+        row = restricted_row(prefix)
+        for token, weight in zip(row.ids.tolist(), row.weights / row.weights.sum()):  # a draw normalises the weights
+            yield from grow(prefix + (token,), probability * weight)
 
     for chosen, probability in grow((), 1.0):
-        proposal = [target_ids.index(int(shared.target_ids[i])) for i in chosen]
+        proposal = [target_ids.index(token) for token in chosen]
         q_rows = np.zeros((k, len(target_ids)))
         for position in range(k):
-            _, reported = restricted_row(tuple(draft_ids.index(int(shared.draft_ids[i])) for i in chosen[:position]))
-            for i in drawable:
-                q_rows[position][target_ids.index(int(shared.target_ids[i]))] = reported[i]
+            reported = restricted_row(chosen[:position])
+            for token in reported.ids.tolist():
+                q_rows[position][target_ids.index(token)] = reported[token]
         p_rows = np.array([target(tuple(proposal[:i])) for i in range(k + 1)])
         for emitted, emitted_probability in step_distribution(proposal, q_rows, p_rows, verify).items():
             for completion, completion_probability in target_sequences(target, emitted, k + 1):
@@ -198,9 +197,9 @@ def test_a_step_of_shared_token_drafts_is_exact(two_vocabularies, k, seed) -> No
 
 
 def test_the_enumeration_catches_shared_tokens_left_unnormalised(two_vocabularies) -> None:
-    def unnormalised(draft_probabilities, shared):
-        restricted = draft_probabilities[shared.draft_ids]
-        return restricted if restricted.sum() > 0 else None
+    def unnormalised(q, shared):  # the restricted weights reported as probabilities, without their sum
+        restricted = on_shared_tokens(q, shared)
+        return Distribution(restricted.ids, restricted.weights, restricted.size, 1.0)
 
     try:
         worst = tli_error(two_vocabularies, 2, 1, restrict=unnormalised)
@@ -266,17 +265,15 @@ def keeping_every_certain_token(drafted, q, p, rng) -> DraftVerdict:
     return verify_sampled(drafted, q, p, rng)
 
 
-def q_at_twice_the_temperature(q_row, restricted, shared) -> None:
-    """Broken: the q reported is the drawn distribution flattened (as at twice its temperature), not the
-    one the token was drawn from (a temperature applied to sampling but not to the reported q)."""
-    flattened = np.sqrt(restricted)
-    q_row.fill(0.0)
-    q_row[shared.target_ids] = flattened / flattened.sum()
+def drawn_at_twice_the_temperature(q, rng) -> int:
+    """Broken: the token is drawn from its distribution flattened (as at twice its temperature), while the
+    distribution reported as its q is the unflattened one (a temperature applied to one and not the other)."""
+    return sample(Distribution(q.ids, np.sqrt(q.weights), q.size), rng)
 
 
 @pytest.mark.parametrize("mode, broken", [
     ("text", (generator_module, "verify_sampled", keeping_every_certain_token)),
-    ("shared tokens", (translated_module, "put_on_target_ids", q_at_twice_the_temperature)),
+    ("shared tokens", (translated_module, "sample", drawn_at_twice_the_temperature)),
 ], ids=["text: trusted", "shared tokens: q at another temperature"])
 def test_a_broken_translation_engine_is_detected(loaded, mode, broken) -> None:
     p_value, _, _ = first_three(*loaded, mode, samples=2000, broken=broken)

@@ -15,15 +15,17 @@ import numpy as np
 import pytest
 
 from speccli.core import verify as verify_module
+from speccli.core.sampling import Distribution
 from speccli.core.verify import DraftVerdict, verify_sampled, without_token
 from tests.test_verify_exact import (
-    ScriptedUniforms, TinyLanguageModel, random_distribution, residual_with_a_floor, step_distribution, target_sequences,
+    ScriptedUniforms, TinyLanguageModel, as_distributions, on_dense_rows, random_distribution, residual_with_a_floor,
+    step_distribution, target_sequences,
 )
 
 
 def deterministic_output_distribution(p: np.ndarray, token: int, residual=without_token) -> np.ndarray:
     """P(emitted = y) at one position when `token` is proposed with certainty."""
-    emitted = (1 - p[token]) * residual(p, token)
+    emitted = (1 - p[token]) * residual(Distribution.on_support(p), token).dense()
     emitted[token] += p[token]
     return emitted
 
@@ -47,13 +49,13 @@ def test_the_check_detects_a_residual_that_keeps_the_rejected_token() -> None:
 
 def test_a_certain_proposal_with_p_one_is_always_kept() -> None:
     p = np.array([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
-    verdict = verify_sampled(np.array([1]), None, p, ScriptedUniforms(np.array([0.999999]), 0.1))
+    verdict = verify_sampled(np.array([1]), None, as_distributions(p), ScriptedUniforms(np.array([0.999999]), 0.1))
     assert verdict == DraftVerdict(1, 0)  # kept; the bonus drawn from row 1 at uniform 0.1
 
 
 def test_rounding_that_leaves_no_mass_falls_back_to_p() -> None:
     p = np.array([1.0, 0.0, 0.0], dtype=np.float32)
-    np.testing.assert_array_equal(without_token(p, 0), p)
+    np.testing.assert_array_equal(without_token(Distribution.on_support(p), 0).dense(), p)
 
 
 def enumerate_step(target: TinyLanguageModel, prefix: tuple[int, ...], drafted: tuple[int, ...], q_rows):
@@ -151,10 +153,15 @@ def without_a_tenth_of_token(p: np.ndarray, token: int) -> np.ndarray:
     return residual / residual.sum()
 
 
+def on_a_dense_row(without):
+    """A lookup's residual written on dense rows (a broken one), called as the rule calls it."""
+    return lambda p, token: Distribution.on_support(without(p.dense(), token))
+
+
 CONTROLS = {
-    "lookup residual floored by 1e-3": ("without_token", without_token_floored),
-    "lookup token kept at a tenth": ("without_token", without_a_tenth_of_token),
-    "model residual floored by 1e-3": ("residual_distribution", residual_with_a_floor),
+    "lookup residual floored by 1e-3": ("without_token", on_a_dense_row(without_token_floored)),
+    "lookup token kept at a tenth": ("without_token", on_a_dense_row(without_a_tenth_of_token)),
+    "model residual floored by 1e-3": ("residual_distribution", on_dense_rows(residual_with_a_floor)),
 }
 # In two sparse cases every rejection of a model token that can happen has p > q on one token only: the
 # floored residual is the right one there.

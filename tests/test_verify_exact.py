@@ -21,7 +21,23 @@ import numpy as np
 import pytest
 
 from speccli.core import verify as verify_module
+from speccli.core.sampling import Distribution
 from speccli.core.verify import DraftVerdict, acceptance_probabilities, residual_distribution, verify_greedy, verify_sampled
+
+
+def as_distributions(rows):
+    """Probability rows as the engine holds a filtered row: its support and their weights."""
+    return None if rows is None else [Distribution.on_support(np.asarray(row, dtype=np.float64)) for row in rows]
+
+
+def on_dense_rows(residual):
+    """A residual written on dense rows (a broken one), called as the rule calls it: on distributions."""
+
+    def on_distributions(p: Distribution, q: Distribution) -> Distribution:
+        size = max(p.size, q.size)
+        return Distribution.on_support(residual(p.dense(size), q.dense(size)))
+
+    return on_distributions
 
 
 def output_distribution(p: np.ndarray, q: np.ndarray, residual=residual_distribution) -> np.ndarray:
@@ -32,7 +48,7 @@ def output_distribution(p: np.ndarray, q: np.ndarray, residual=residual_distribu
     rejection_mass = 1.0 - accept.sum()
     if rejection_mass <= 1e-15:
         return accept
-    return accept + rejection_mass * residual(p, q)
+    return accept + rejection_mass * residual(*as_distributions([p, q])).dense()
 
 
 def random_distribution(rng: np.random.Generator, size: int, sparsity: float = 0.0) -> np.ndarray:
@@ -99,7 +115,7 @@ def test_the_check_detects_a_biased_rule() -> None:
 
 def test_rounding_that_leaves_no_residual_falls_back_to_p() -> None:
     p = np.array([0.5, 0.5], dtype=np.float32)
-    np.testing.assert_array_equal(residual_distribution(p, p + np.float32(1e-8)), p)
+    np.testing.assert_array_equal(residual_distribution(*as_distributions([p, p + np.float32(1e-8)])).dense(), p)
 
 
 class ScriptedUniforms:
@@ -188,10 +204,11 @@ def step_distribution(drafted, q_rows, p_rows, verify=verify_sampled) -> dict[tu
     rule's edges are not where its definition puts them: a residual or acceptance of other widths), and the
     cell's probability goes to what that verdict emits, whatever the cell was expected to give."""
     chosen = np.array(drafted, dtype=np.int64)
+    q_distributions, p_distributions = as_distributions(q_rows), as_distributions(p_rows)
     emitted: dict[tuple[int, ...], float] = {}
     for cell, probability, accept_vectors, sample_uniforms in step_cells(drafted, q_rows, p_rows):
         verdicts = {
-            verify(chosen, q_rows, p_rows, ScriptedUniforms(uniforms, u))
+            verify(chosen, q_distributions, p_distributions, ScriptedUniforms(uniforms, u))
             for uniforms in accept_vectors for u in sample_uniforms
         }
         assert len(verdicts) == 1, f"the rule gives {sorted(verdicts, key=str)} within the cell of {cell}"
@@ -286,7 +303,7 @@ def test_the_enumeration_detects_a_residual_of_other_widths(broken, k, vocab, se
     """Negative controls: residuals that draw the right tokens (a point in the middle of each token's
     interval still gives it: the enumeration that probed only there passed both) with intervals of
     other widths. Probed just inside both edges of every interval, they give two verdicts in a cell."""
-    monkeypatch.setattr(verify_module, "residual_distribution", broken)
+    monkeypatch.setattr(verify_module, "residual_distribution", on_dense_rows(broken))
     with pytest.raises(AssertionError):
         assert_step_is_exact(k, vocab, seed, sparsity)
 
@@ -296,7 +313,7 @@ def test_the_enumeration_detects_a_bonus_drawn_from_a_row_a_little_off(k, vocab,
     """Negative control for the bonus token at k > 1: drawn from p_k mixed with 1e-3 of the uniform row."""
 
     def off_bonus(drafted, q, p, rng):
-        bonus = 0.999 * p[k] + 1e-3 / len(p[k])
+        bonus = Distribution.on_support(0.999 * p[k].dense() + 1e-3 / p[k].size)
         return verify_sampled(drafted, q, [*p[:k], bonus], rng)
 
     with pytest.raises(AssertionError):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import RowBuffer, RowProbabilities, SamplingParams, probabilities, sample
+from speccli.core.sampling import Distribution, RowBuffer, RowDistributions, SamplingParams, distribution, sample
 from speccli.core.seam import CostProfile, Draft, DraftRequest, Drafter, KPolicy
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
@@ -216,19 +216,14 @@ class Generator:
             self.drafter.observe(step)
         return new_tokens, sources, step
 
-    def _verify(self, proposed: list[int], q: np.ndarray | None, target_logits: np.ndarray) -> DraftVerdict:
-        """q: the rows the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
+    def _verify(self, proposed: list[int], q: list[Distribution] | None, target_logits: np.ndarray) -> DraftVerdict:
+        """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
         drafted = np.array(proposed, dtype=np.int64)
         if self.sampling.greedy:
             return verify_greedy(drafted, target_logits)
-        p = RowProbabilities(target_logits, self.sampling, self._target_row)
+        p = RowDistributions(target_logits, self.sampling, self._target_row)
         if not len(drafted):
             return DraftVerdict(0, sample(p[0], self.rng))
-        if q is not None and q.shape[1] != target_logits.shape[1]:
-            # Vocabularies of different sizes (a padded one): compare on the union.
-            width = max(q.shape[1], target_logits.shape[1])
-            q = np.pad(q, ((0, 0), (0, width - q.shape[1])))
-            p = [np.pad(p[i], (0, width - target_logits.shape[1])) for i in range(len(p))]
         return verify_sampled(drafted, q, p, self.rng)
 
 
@@ -251,7 +246,7 @@ def measure_costs(
         draws = []
         for _ in range(PROFILE_TIMINGS):
             started = time.perf_counter()
-            sample(probabilities(row, sampling)[0], rng)
+            sample(distribution(row[0], sampling), rng)
             draws.append(time.perf_counter() - started)
     finally:
         target.truncate(start)

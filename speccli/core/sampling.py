@@ -1,11 +1,12 @@
-"""Logits -> the distribution actually sampled from, for many rows at once.
+"""Logits -> the distribution actually sampled from, and draws from it.
 
 The same function turns the draft's rows into q and the target's rows into p, so the verification
 rule compares exactly the distributions each model samples from. (Comparing raw draft logits while
 sampling from processed ones is a known bug elsewhere, and it breaks exactness.)
 
 Order of the filters follows llama.cpp's default chain: top-k, top-p, min-p on the raw logits, then
-the temperature.
+the temperature. A filtered row is kept as its support (the few tokens that survive) and their
+weights, found without sorting or partitioning the whole row; a row no filter bounds is kept dense.
 """
 from __future__ import annotations
 
@@ -28,11 +29,67 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def filtered(self) -> bool:
+        return bool(self.top_k or self.top_p < 1 or self.min_p > 0)
+
     def validate(self) -> None:
         check_temperature(self.temperature, "temperature")
         check_top_k(self.top_k, "top-k")
         check_top_p(self.top_p, "top-p")
         check_min_p(self.min_p, "min-p")
+
+
+class Distribution:
+    """A distribution over a vocabulary of `size` tokens: token `ids[i]` has probability
+    `weights[i] / total` and every other token 0; where `ids` is None, token i has `weights[i] / total`
+    (a dense row: no filter bounded the support). `ids` ascend, so a draw by inverse CDF walks the
+    tokens in id order either way, and the same uniform gives the same token from both forms."""
+
+    __slots__ = ("ids", "weights", "size", "_total")
+
+    def __init__(self, ids: np.ndarray | None, weights: np.ndarray, size: int, total: float | None = None) -> None:
+        self.ids, self.weights, self.size, self._total = ids, weights, size, total
+
+    @staticmethod
+    def on_support(row: np.ndarray) -> Distribution:
+        """A probability row (V,) as its support: the tokens of positive probability."""
+        ids = np.flatnonzero(row > 0)
+        return Distribution(ids, row[ids], len(row))
+
+    @property
+    def total(self) -> float:
+        """The weights' sum (computed once, when first asked: a plain draw never needs it)."""
+        if self._total is None:
+            self._total = float(self.weights.sum(dtype=np.float64))
+        return self._total
+
+    def __getitem__(self, token: int) -> float:
+        """The probability of one token."""
+        if self.ids is None:
+            return self.weights[token] / self.total if token < self.size else 0.0
+        i = int(np.searchsorted(self.ids, token))
+        return self.weights[i] / self.total if i < len(self.ids) and self.ids[i] == token else 0.0
+
+    def at(self, tokens: np.ndarray) -> np.ndarray:
+        """The probabilities of many tokens (ascending), 0 for tokens past the vocabulary."""
+        if self.ids is None:
+            inside = tokens < self.size
+            return np.where(inside, self.weights[np.where(inside, tokens, 0)], 0) / self.total
+        i = np.minimum(np.searchsorted(self.ids, tokens), len(self.ids) - 1)
+        return np.where(self.ids[i] == tokens, self.weights[i], 0) / self.total
+
+    def max(self) -> float:
+        return float(self.weights.max() / self.total)
+
+    def dense(self, size: int | None = None) -> np.ndarray:
+        """As a probability row over `size` tokens (the vocabulary's, unless a wider one is asked for)."""
+        row = np.zeros(size or self.size, dtype=self.weights.dtype)
+        if self.ids is None:
+            row[: self.size] = self.weights
+        else:
+            row[self.ids] = self.weights
+        return row / self.total
 
 
 def top_probability(logits: np.ndarray, out: np.ndarray) -> float:
@@ -43,35 +100,42 @@ def top_probability(logits: np.ndarray, out: np.ndarray) -> float:
     return float(1 / out.sum())
 
 
-def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows of logits (R, V) -> rows of probabilities (R, V), float32, after every filter.
+def distribution(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> Distribution:
+    """One row of logits (V,) -> the distribution sampled from, after every filter.
 
-    The input (often a view of llama.cpp's buffer) is never written to. `out`, if given, receives
-    the result: the engine reuses one buffer rather than fault in fresh megabytes 2K+1 times a step.
-    The common case (no filters) is a few passes over the row: shift, scale, exp, normalize.
+    The input (often a view of llama.cpp's buffer) is never written to. `out` (float32, V), if given,
+    holds a dense row's weights: the engine reuses buffers rather than fault in fresh megabytes each step.
+    A dense row is left unnormalized: a draw scales its uniform by the weights' sum, which it adds up anyway.
     """
+    vocab = len(logits)
+    if params.greedy:
+        # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
+        top = int(greedy_choice(logits[None])[0])
+        return Distribution(np.array([top]), np.ones(1, dtype=np.float32), vocab, 1.0)
+    # The maximum, needed anyway, says whether the row is a distribution: it is NaN where one of the
+    # logits is, +inf where one is, -inf where all are.
+    top = logits.max()
+    if not np.isfinite(top):
+        raise NonFiniteLogitsError
+    if params.filtered:
+        return _filtered(logits, top, params)
+    out = np.empty(vocab, dtype=np.float32) if out is None else out
+    np.subtract(logits, top, out=out)
+    if params.temperature != 1:
+        with np.errstate(over="ignore"):  # a tiny temperature sends the gaps to -inf: probability 0
+            out *= _inverse_temperature(params)
+    np.exp(out, out=out)
+    return Distribution(None, out, vocab)
+
+
+def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows of logits (R, V) -> dense rows of probabilities (R, V), float32: `distribution` row by row,
+    for callers that compare whole rows (quant-check, the tests' exact distributions)."""
     logits = np.atleast_2d(logits)
     if out is None:
         out = np.empty(logits.shape, dtype=np.float32)
-    if params.greedy:
-        # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
-        out.fill(0)
-        out[np.arange(len(logits)), greedy_choice(logits)] = 1
-        return out
-    if params.top_k or params.top_p < 1 or params.min_p > 0:
-        for row, result in zip(logits, out):
-            result[:] = _filtered_probabilities(row, params)
-        return out
-    # The maxima, needed anyway, say whether each row is a distribution: a row's is NaN where one of its
-    # logits is, +inf where one is, -inf where all are.
-    maxima = logits.max(axis=1, keepdims=True)
-    if not np.isfinite(maxima).all():
-        raise NonFiniteLogitsError
-    np.subtract(logits, maxima, out=out)
-    with np.errstate(over="ignore"):  # a tiny temperature sends the gaps to -inf: probability 0
-        out *= _inverse_temperature(params)
-    np.exp(out, out=out)
-    out /= out.sum(axis=1, keepdims=True)
+    for row, result in zip(logits, out):
+        result[:] = distribution(row, params).dense()
     return out
 
 
@@ -94,42 +158,56 @@ def _inverse_temperature(params: SamplingParams) -> np.float32:
     return np.float32(min(1 / params.temperature, _MAX_INVERSE_TEMPERATURE))
 
 
-def _filtered_probabilities(row: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """One row through top-k, top-p and min-p, then the temperature.
+# Values of the row sampled (evenly spaced) to bound its k-th largest from below: the bound leaves
+# about k * V / SAMPLED_VALUES candidates, a few thousand at most, for the exact top-k.
+SAMPLED_VALUES = 4096
 
-    Works on the surviving candidates only: after top-k 40, sorting for top-p costs 40 values,
-    not 262,144.
+
+def _filtered(row: np.ndarray, top: np.float32, params: SamplingParams) -> Distribution:
+    """One row through top-k, top-p and min-p, then the temperature, given its (finite) maximum.
+
+    Only candidates are ever sorted: those at or above a floor that provably lies at or below every
+    survivor. Top-k's floor is the k-th largest of evenly spaced values of the row, which hold at
+    least k values at or above it, so the row does too. Min-p's is its own rule (below); it bounds
+    the candidates where no top-p needs the rest of top-k's tokens for its mass.
     """
     vocab = len(row)
-    if 0 < params.top_k < vocab:
+    floor = _top_k_floor(row, params.top_k) if 0 < params.top_k < vocab else -np.inf
+    # min-p: p >= min_p * p_top, i.e. logit >= top + ln(min_p) (llama.cpp's form of the rule).
+    min_logit = top + np.float32(np.log(params.min_p)) if params.min_p > 0 else -np.inf
+    if params.top_p == 1:
+        floor = max(floor, min_logit)
+    candidates = np.flatnonzero(row >= floor) if floor > -np.inf else np.arange(vocab)
+    values = row[candidates]
+    if 0 < params.top_k < len(values):
         # The k-th largest value; ties with it are kept, so the rule does not depend on tie order.
-        kth_largest = np.partition(row, vocab - params.top_k)[vocab - params.top_k]
-        candidates = np.flatnonzero(row >= kth_largest)
-    else:
-        candidates = np.arange(vocab)
-    values = row[candidates].astype(np.float32)
-    # A NaN compares false with everything: NaN logits leave no candidate, or a NaN or infinite top one.
-    top = values.max() if len(values) else np.nan
-    if not np.isfinite(top):
-        raise NonFiniteLogitsError
-    if params.top_p < 1 or params.min_p > 0:
-        untempered = _softmax(values, top)
-        keep = np.ones(len(values), dtype=bool)
-        if params.min_p > 0:
-            keep &= untempered >= params.min_p * untempered.max()
-        if params.top_p < 1:
-            head = _head_holding(untempered, params.top_p)
-            order = head[np.argsort(-untempered[head], kind="stable")]
-            mass_before = np.cumsum(untempered[order]) - untempered[order]
-            in_top_p = np.zeros(len(values), dtype=bool)
-            in_top_p[order[mass_before < params.top_p]] = True
-            in_top_p[order[0]] = True  # the top token always: a top_p below float32's least (1e-46) is 0 there
-            keep &= in_top_p
+        kth_largest = np.partition(values, len(values) - params.top_k)[len(values) - params.top_k]
+        keep = values >= kth_largest
         candidates, values = candidates[keep], values[keep]
-    probs = np.zeros(vocab, dtype=np.float32)
+    keep = values >= min_logit
+    if params.top_p < 1:
+        untempered = _softmax(values, top)
+        head = _head_holding(untempered, params.top_p)
+        order = head[np.argsort(-untempered[head], kind="stable")]
+        mass_before = np.cumsum(untempered[order]) - untempered[order]
+        in_top_p = np.zeros(len(values), dtype=bool)
+        in_top_p[order[mass_before < params.top_p]] = True
+        in_top_p[order[0]] = True  # the top token always: a top_p below float32's least (1e-46) is 0 there
+        keep &= in_top_p
+    candidates, values = candidates[keep], values[keep]
     with np.errstate(over="ignore"):
-        probs[candidates] = _softmax((values - top) * _inverse_temperature(params), 0)  # the top token is kept
-    return probs
+        weights = np.exp((values - top) * _inverse_temperature(params))  # the top token is kept: its weight is 1
+    return Distribution(candidates, weights, vocab)
+
+
+def _top_k_floor(row: np.ndarray, k: int) -> float:
+    """A value at or below the row's k-th largest: the k-th largest of evenly spaced values of the row
+    (-inf where the row is too short for that to save anything)."""
+    stride = len(row) // max(SAMPLED_VALUES, k)
+    if stride < 2:
+        return -np.inf
+    sampled = row[::stride]
+    return np.partition(sampled, len(sampled) - k)[len(sampled) - k]
 
 
 def _head_holding(probs: np.ndarray, mass: float) -> np.ndarray:
@@ -153,8 +231,8 @@ def _softmax(values: np.ndarray, top: float) -> np.ndarray:
 
 
 class RowBuffer:
-    """A float32 (rows, vocab) array kept between steps, grown when a step needs more rows: rows of
-    probabilities are rewritten every step, and fresh arrays of a 262k vocabulary cost page faults."""
+    """A float32 (rows, vocab) array kept between steps, grown when a step needs more rows: dense rows
+    are rewritten every step, and fresh arrays of a 262k vocabulary cost page faults."""
 
     def __init__(self) -> None:
         self._array = np.empty((0, 0), dtype=np.float32)
@@ -165,40 +243,48 @@ class RowBuffer:
         return self._array[:rows]
 
 
-class RowProbabilities:
-    """Rows of logits -> probability rows on demand, one row's memory at a time.
+class RowDistributions:
+    """Rows of logits -> their distributions on demand, one dense row's memory at a time.
 
     Verification reads rows in order and stops at the first rejection: a long n-gram draft rejected
-    early costs a few rows of work, not all of them, and no (K+1, vocab) array is ever held (1 MB a
-    row at Gemma's 262k tokens). `rows[i]` stays valid until another row is asked for.
+    early costs a few rows of work, not all of them. `rows[i]` stays valid until another row is asked for.
     """
 
     def __init__(self, logits: np.ndarray, params: SamplingParams, buffer: RowBuffer) -> None:
         self._logits, self._params = logits, params
-        self._row = buffer.take(1, logits.shape[1])
+        self._buffer = buffer
         self._index: int | None = None
+        self._row: Distribution | None = None
 
     def __len__(self) -> int:
         return len(self._logits)
 
-    def __getitem__(self, index: int) -> np.ndarray:
+    def __getitem__(self, index: int) -> Distribution:
         if index != self._index:
-            probabilities(self._logits[index : index + 1], self._params, out=self._row)
+            out = None if self._params.filtered else self._buffer.take(1, self._logits.shape[1])[0]
+            self._row = distribution(self._logits[index], self._params, out)
             self._index = index
-        return self._row[0]
+        return self._row
 
 
 _BLOCK = 1024
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One draw from a probability vector (need not sum exactly to 1), by inverse CDF.
+def sample(dist: Distribution, rng: np.random.Generator) -> int:
+    """One draw from a distribution (its weights need not sum to 1), by inverse CDF in token order.
 
-    Two levels (block totals, then one block) instead of a cumulative sum over the whole
-    vocabulary: the same draw, several times cheaper for 262k tokens.
+    A dense row is drawn in two levels (block totals, then one block) instead of a cumulative sum over
+    the whole vocabulary: the same draw, several times cheaper for 262k tokens.
     """
-    n_blocks = -(-len(probs) // _BLOCK)
-    padded = probs if len(probs) == n_blocks * _BLOCK else np.pad(probs, (0, n_blocks * _BLOCK - len(probs)))
+    weights = dist.weights
+    if dist.ids is not None and len(weights) <= _BLOCK:
+        cumulative = np.cumsum(weights, dtype=np.float64)
+        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+        # Rounding can put the point just past the last positive weight: take that token.
+        index = min(index, int(np.flatnonzero(cumulative < cumulative[-1]).size))
+        return int(dist.ids[index])
+    n_blocks = -(-len(weights) // _BLOCK)
+    padded = weights if len(weights) == n_blocks * _BLOCK else np.pad(weights, (0, n_blocks * _BLOCK - len(weights)))
     block_cumulative = np.cumsum(padded.reshape(n_blocks, _BLOCK).sum(axis=1, dtype=np.float64))
     target = rng.random() * block_cumulative[-1]
     block = min(int(np.searchsorted(block_cumulative, target, side="right")), n_blocks - 1)
@@ -206,5 +292,5 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     within = np.cumsum(padded[block * _BLOCK : (block + 1) * _BLOCK], dtype=np.float64)
     index = int(np.searchsorted(within, target - before, side="right"))
     # Rounding can put the point just past this block's last positive token: take that token.
-    index = min(index, int(np.flatnonzero(within < within[-1]).size))
-    return block * _BLOCK + index
+    index = block * _BLOCK + min(index, int(np.flatnonzero(within < within[-1]).size))
+    return index if dist.ids is None else int(dist.ids[index])

@@ -17,7 +17,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import SamplingParams
+from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.stats import StepEvent
 
 
@@ -42,7 +42,7 @@ class Draft:
     source: str  # "model" or "ngram", what statistics report; "" where it proposes no tokens
     key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same"); "" for none
     tokens: list[int]
-    q: np.ndarray | None  # (len(tokens), V): the rows the tokens were drawn from; None: proposed with certainty
+    q: list[Distribution] | None  # what each token was drawn from; None: proposed with certainty
     plan: Plan = NO_PLAN  # what the policy answered for `key` (the policy counts it as the key's ask)
     # A draft model's confidence in each token it drafted, where the policy asked for it, and whether it
     # then withheld the next token it decoded (unsure of it): the policy learns how unsure tokens fare.

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.core.sampling import greedy_choice, sample
+from speccli.core.sampling import Distribution, greedy_choice, sample
 
 
 @dataclass(frozen=True)
@@ -51,21 +51,33 @@ def acceptance_probabilities(p_of_drafted: np.ndarray, q_of_drafted: np.ndarray)
     return np.minimum(1.0, p_of_drafted / q_of_drafted)
 
 
-def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """norm(max(0, p - q)): what to draw from after a rejection. Its mass is positive whenever a
-    rejection is possible, since rejecting needs some x with q(x) > p(x), hence some y with p(y) > q(y).
-    Rounding can still leave none (p and q equal but for float32 noise): then p itself is the answer."""
-    residual = np.maximum(p - q, 0)
-    mass = residual.sum()
-    return residual / mass if mass > 0 else p / p.sum()
+def residual_distribution(p: Distribution, q: Distribution) -> Distribution:
+    """norm(max(0, p - q)): what to draw from after a rejection. It is positive only where p is, so it
+    lives on p's support, with q read there (q's own support may be another vocabulary's size). Its
+    mass is positive whenever a rejection is possible, since rejecting needs some x with q(x) > p(x),
+    hence some y with p(y) > q(y). Rounding can still leave none (p and q equal but for float32 noise):
+    then p itself is the answer."""
+    if p.ids is None:
+        residual = p.weights / p.total
+        if q.ids is None:
+            shared = min(p.size, q.size)
+            residual[:shared] -= q.weights[:shared] / q.total
+        else:
+            inside = q.ids < p.size
+            residual[q.ids[inside]] -= q.weights[inside] / q.total
+    else:
+        residual = p.weights / p.total - q.at(p.ids)
+    np.maximum(residual, 0, out=residual)
+    mass = float(residual.sum(dtype=np.float64))
+    return Distribution(p.ids, residual, p.size, mass) if mass > 0 else p
 
 
 def verify_sampled(
-    drafted: np.ndarray, q: np.ndarray | None, p: Sequence[np.ndarray], rng: np.random.Generator
+    drafted: np.ndarray, q: Sequence[Distribution] | None, p: Sequence[Distribution], rng: np.random.Generator
 ) -> DraftVerdict:
-    """drafted (K,) ids; q: the draft probability rows the first len(q) of them were drawn from (K rows
+    """drafted (K,) ids; q: the draft distributions the first len(q) of them were drawn from (K rows
     for a draft model's draft; None for a lookup's), the rest proposed with certainty; p: K+1 target
-    probability rows (p[i] is row i; rows after the first rejection are never read, so they need not
+    distributions (p[i] is row i; rows after the first rejection are never read, so they need not
     be computed)."""
     k, drawn = len(drafted), 0 if q is None else len(q)
     uniforms = rng.random(k)
@@ -78,13 +90,17 @@ def verify_sampled(
     return DraftVerdict(k, sample(p[k], rng))
 
 
-def without_token(p: np.ndarray, token: int) -> np.ndarray:
+def without_token(p: Distribution, token: int) -> Distribution:
     """norm(max(0, p - one-hot(token))): p with `token` removed. A rejection of `token` needs
     p(token) < 1, so some other token has mass; rounding aside, where none is left, p is returned."""
-    residual = p.copy()
-    residual[token] = 0
-    mass = residual.sum()
-    return residual / mass if mass > 0 else p / p.sum()
+    residual = p.weights.copy()
+    if p.ids is None:
+        if token < p.size:
+            residual[token] = 0
+    else:
+        residual[p.ids == token] = 0
+    mass = float(residual.sum(dtype=np.float64))
+    return Distribution(p.ids, residual, p.size, mass) if mass > 0 else p
 
 
 def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> DraftVerdict:

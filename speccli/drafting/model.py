@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from speccli.core.sampling import RowBuffer, greedy_choice, probabilities, sample, top_probability
+from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_choice, sample, top_probability
 from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -49,7 +49,8 @@ class ModelDrafter(DraftSource):
         plan = policy.plan(self.name, available, catch_up)
         if plan.k <= 0:  # not drafted: the policy still counts what it was asked
             return Draft("", self.name, [], None, plan)
-        q_rows = self._q_rows.take(plan.k, model.n_vocab)
+        q_rows = self._q_rows.take(plan.k, model.n_vocab)  # dense rows' weights (no filter bounds them)
+        drawn_from: list[Distribution] = []
         drafted: list[int] = []
         confidences: list[float] = []  # each drafted token's, where the policy read it
         withheld = False
@@ -66,8 +67,9 @@ class ModelDrafter(DraftSource):
             if request.sampling.greedy:
                 token = int(greedy_choice(logits)[0])  # refused where the row is NaN: a broken draft is named
             else:
-                q = probabilities(logits, request.sampling, out=q_rows[i : i + 1])[0]
+                q = distribution(logits[0], request.sampling, out=q_rows[i])
                 token = sample(q, request.rng)
+                drawn_from.append(q)
 
             def confidence() -> float:  # computed only where the policy asks (a fixed K never does)
                 greedy = request.sampling.greedy
@@ -87,7 +89,7 @@ class ModelDrafter(DraftSource):
                     break
         # The last draft token is decoded here only where the draft stopped short after it (its next
         # token unsure): otherwise, if all pass, the next step catches up.
-        q_drawn = None if request.sampling.greedy or not drafted else q_rows[: len(drafted)]
+        q_drawn = None if request.sampling.greedy or not drafted else drawn_from[: len(drafted)]
         return Draft(
             self.name if drafted else "", self.name, drafted, q_drawn, plan, tuple(confidences), withheld,
             catch_up_seconds, catch_up, continuation if continuation.tokens else None,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import RowBuffer, greedy_choice, probabilities, sample
+from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_choice, sample
 from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 from speccli.drafting.model import CATCH_UP_SIZES
 
@@ -49,10 +49,10 @@ class TranslatedDrafter(DraftSource):
         self.target = target_vocabulary
         # Given: token-level intersection (below); None: the drafted text, re-tokenized.
         self.shared = shared
+        self._shared_tokens = None if shared is None else SharedTokens(shared, target_vocabulary.n_vocab)
         self.mode = "text" if shared is None else "shared tokens"
         self._held: list[int] = []  # the draft ids its cache holds
         self._q_row = RowBuffer()
-        self._q_rows = RowBuffer()
 
     def propose(self, request: DraftRequest) -> Draft:
         model, policy = self.model, request.policy
@@ -76,8 +76,7 @@ class TranslatedDrafter(DraftSource):
             if request.sampling.greedy:
                 token = int(greedy_choice(logits)[0])
             else:
-                q = probabilities(logits, request.sampling, out=self._q_row.take(1, model.n_vocab))[0]
-                token = sample(q, request.rng)
+                token = sample(distribution(logits[0], request.sampling, out=self._q_row.take(1, model.n_vocab)[0]), request.rng)
             if model.tokenizer.is_end_of_generation(token):
                 break
             drafted.append(token)
@@ -88,26 +87,26 @@ class TranslatedDrafter(DraftSource):
         return Draft(self.name if proposal else "", self.name, proposal, None, plan,
                      catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
 
-    def _draft_shared_tokens(self, logits: np.ndarray, k: int, request: DraftRequest) -> tuple[list[int], np.ndarray | None]:
+    def _draft_shared_tokens(self, logits: np.ndarray, k: int, request: DraftRequest) -> tuple[list[int], list[Distribution] | None]:
         """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution
-        restricted to the tokens both vocabularies spell alike, renormalised; proposed as the target's token
-        of that text, with that distribution, on the target's ids, as its q."""
-        model, shared = self.model, self.shared
-        q_rows = self._q_rows.take(k, self.target.n_vocab)
+        restricted to the tokens both vocabularies spell alike, renormalised, on the target's ids; the
+        distribution it was drawn from is its q."""
+        model, shared = self.model, self._shared_tokens
         proposal: list[int] = []
+        drawn_from: list[Distribution] = []
         for i in range(k):
-            restricted = on_shared_tokens(probabilities(logits, request.sampling, out=self._q_row.take(1, model.n_vocab))[0],
+            restricted = on_shared_tokens(distribution(logits[0], request.sampling, out=self._q_row.take(1, model.n_vocab)[0]),
                                           shared)
             if restricted is None:  # the draft gives the shared tokens nothing: no proposal to make
                 break
             chosen = sample(restricted, request.rng)
-            put_on_target_ids(q_rows[i], restricted, shared)
-            proposal.append(int(shared.target_ids[chosen]))
+            proposal.append(chosen)
+            drawn_from.append(restricted)
             if i + 1 < k:
-                token = int(shared.draft_ids[chosen])
+                token = shared.draft_of_target[chosen]
                 logits = model.decode([token], n_logit_rows=1)
                 self._held.append(token)
-        return proposal, q_rows[:len(proposal)] if proposal else None
+        return proposal, drawn_from or None
 
     def _read(self, context: Sequence[int]) -> tuple[np.ndarray, int] | None:
         """The draft's logits after the context, read as text, and how many draft tokens it took in;
@@ -146,7 +145,7 @@ class TranslatedDrafter(DraftSource):
     def reset(self) -> None:
         self.model.reset()
         self._held = []
-        self._q_rows = RowBuffer()  # k rows of the target's vocabulary: not kept idle
+        self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""
@@ -171,15 +170,27 @@ def _in_word(byte: int) -> bool:
     return byte >= 0x80 or chr(byte).isalnum() or byte == ord("_")  # UTF-8 beyond ASCII counts as letters
 
 
-def on_shared_tokens(draft_probabilities: np.ndarray, shared: SharedVocabulary) -> np.ndarray | None:
-    """The draft's distribution restricted to the shared tokens and renormalised, indexed as
-    `shared.draft_ids` (so also as `shared.target_ids`); None where the shared tokens have no mass."""
-    restricted = draft_probabilities[shared.draft_ids]
-    mass = restricted.sum(dtype=np.float64)
-    return (restricted / mass).astype(np.float32) if mass > 0 else None  # drawn from and verified as one array
+class SharedTokens:
+    """The tokens both vocabularies spell alike (a `SharedVocabulary`), looked up either way."""
+
+    def __init__(self, shared: SharedVocabulary, target_vocab: int) -> None:
+        by_target = np.argsort(shared.target_ids, kind="stable")
+        self.draft_ids, self.target_ids = shared.draft_ids[by_target], shared.target_ids[by_target]
+        self.target_of_draft = np.full(int(shared.draft_ids.max(initial=-1)) + 1, -1, dtype=np.int64)
+        self.target_of_draft[shared.draft_ids] = shared.target_ids
+        self.draft_of_target = dict(zip(shared.target_ids.tolist(), shared.draft_ids.tolist()))
+        self.target_vocab = target_vocab
 
 
-def put_on_target_ids(q_row: np.ndarray, restricted: np.ndarray, shared: SharedVocabulary) -> None:
-    """A q row over the target's vocabulary: each shared token's probability at the target's id of it."""
-    q_row.fill(0.0)
-    q_row[shared.target_ids] = restricted
+def on_shared_tokens(q: Distribution, shared: SharedTokens) -> Distribution | None:
+    """The draft's distribution restricted to the shared tokens and renormalised, each token's probability
+    at the target's id of the same text; None where the shared tokens have no mass."""
+    if q.ids is None:
+        target_ids, weights = shared.target_ids, q.weights[shared.draft_ids]
+    else:
+        mapped = shared.target_of_draft[np.minimum(q.ids, len(shared.target_of_draft) - 1)]
+        keep = (mapped >= 0) & (q.ids < len(shared.target_of_draft))
+        order = np.argsort(mapped[keep])
+        target_ids, weights = mapped[keep][order], q.weights[keep][order]
+    mass = float(weights.sum(dtype=np.float64))
+    return Distribution(target_ids, weights, shared.target_vocab, mass) if mass > 0 else None
