@@ -118,7 +118,7 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     assert [(r["spec"], r["k"], r["label"]) for r in report["results"]] == [("model", 3, "model K=3")]
     assert report["command"].startswith("speccli bench --target ")
     assert "--spec model --k 3 --n-predict 12 --temp 0 --top-k 0 --top-p 1 --min-p 0" in report["command"]
-    assert report["best"] is None and report["schema_version"] == 5
+    assert report["best"] is None and report["schema_version"] == 6
     result_k = report["results"][0]
     assert_complete(result_k["overall"], 3)
     assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == BUILTIN_TASKS

@@ -163,8 +163,9 @@ def load_report(path: Path) -> BenchReport:
         raise SpeccliError(f"{path}: not a speccli bench JSON report ({error})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
-    if data.get("schema_version") == 4:  # version 5's report, before a run could be stopped early
-        data.update(schema_version=5, stopped=None)
+    if data.get("schema_version") in (4, 5):  # before a run could be stopped early (4), before host time (5)
+        data.setdefault("stopped", None)
+        data.update(schema_version=SCHEMA_VERSION)
         text = json.dumps(data)
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:

@@ -164,6 +164,8 @@ def _split_text(split: TimeSplit, with_draft: bool) -> str:
         parts.append(f"draft {split.draft_fraction:.0%}{catch_up}")
     parts += [f"target {split.target_fraction:.0%}", f"other {split.other_fraction:.0%}"]
     parts.append(f"between steps {split.between_steps_fraction:.0%}")
+    if split.host_us_per_row is not None:
+        parts.append(f"host {split.host_us_per_row:.0f} µs/row, {split.host_us_per_step:.0f} µs/step")
     return " · ".join(parts)
 
 

@@ -21,8 +21,9 @@ from speccli.validation import AUTO_K, K
 # 1: reports before the typed report (no `stats`, wall and timer times mixed); 2: one model draft source,
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
 # catch-up time and the steps a source took another's draft over; 5: `stopped`, a run an interrupt ended
-# early, reported from the rounds it finished (a version-4 report reads as one that ran to its end).
-SCHEMA_VERSION = 5
+# early, reported from the rounds it finished (a version-4 report reads as one that ran to its end); 6: the
+# host's time per target row and per step (a version-5 report reads as one that did not measure it).
+SCHEMA_VERSION = 6
 KIND = "speccli-bench"
 
 
@@ -101,6 +102,10 @@ class TimeSplit(Part):
     target_fraction: float
     other_fraction: float
     between_steps_fraction: float
+    # The host's own time: the wall-clock time less what llama.cpp's decode took (both models), per row of
+    # the target's logits the steps asked for and per step, in µs. None in a report from before they were measured.
+    host_us_per_row: float | None = None
+    host_us_per_step: float | None = None
 
 
 class SideSummary(Part):
@@ -317,7 +322,7 @@ NOTES = {
 class BenchReport(Part):
     """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
 
-    schema_version: Literal[5]
+    schema_version: Literal[6]
     kind: Literal["speccli-bench"]
     created: str  # ISO 8601, UTC
     command: str  # the command line that repeats the measurement

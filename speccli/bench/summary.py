@@ -135,6 +135,7 @@ def _side(measurements: Sequence[Measurement], stats: RunStats) -> SideSummary:
 def _time_split(stats: RunStats, wall_seconds: float) -> TimeSplit:
     between = max(wall_seconds - stats.decode_seconds, 0.0)
     total = max(wall_seconds, stats.decode_seconds)
+    host = max(total - stats.compute_seconds, 0.0)
 
     def fraction(seconds: float) -> float:
         return seconds / total if total else 0.0
@@ -150,4 +151,6 @@ def _time_split(stats: RunStats, wall_seconds: float) -> TimeSplit:
         target_fraction=fraction(stats.target_seconds),
         other_fraction=fraction(stats.other_seconds),
         between_steps_fraction=fraction(between),
+        host_us_per_row=host / stats.target_rows * 1e6 if stats.target_rows else None,
+        host_us_per_step=host / stats.steps * 1e6 if stats.steps else None,
     )

@@ -18,7 +18,7 @@ import numpy as np
 
 from speccli.core.sampling import Distribution, RowBuffer, RowDistributions, SamplingParams, distribution, sample
 from speccli.core.seam import CostProfile, Draft, DraftRequest, Drafter, KPolicy
-from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
+from speccli.core.stats import COMPUTE_CLOCK, DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.core.verify import DraftVerdict, verify_greedy, verify_sampled
 from speccli.errors import SpeccliError
@@ -188,7 +188,7 @@ class Generator:
 
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft up to `limit` tokens, verify them in one target decode, keep the accepted prefix and one more."""
-        started = time.perf_counter()
+        started, computed_before = time.perf_counter(), COMPUTE_CLOCK.seconds
         draft = Draft.nothing()
         if self.drafter is not None and limit > 0:
             draft = self.drafter.propose(DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy))
@@ -209,6 +209,7 @@ class Generator:
         step = StepEvent(
             drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds, target_seconds=target_seconds,
             other_seconds=other_seconds, source=draft.source or None, catch_up_seconds=draft.catch_up_seconds,
+            compute_seconds=COMPUTE_CLOCK.seconds - computed_before,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:

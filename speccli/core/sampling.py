@@ -10,6 +10,7 @@ weights, found without sorting or partitioning the whole row; a row no filter bo
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,13 +113,9 @@ def distribution(logits: np.ndarray, params: SamplingParams, out: np.ndarray | N
         # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
         top = int(greedy_choice(logits[None])[0])
         return Distribution(np.array([top]), np.ones(1, dtype=np.float32), vocab, 1.0)
-    # The maximum, needed anyway, says whether the row is a distribution: it is NaN where one of the
-    # logits is, +inf where one is, -inf where all are.
-    top = logits.max()
-    if not np.isfinite(top):
-        raise NonFiniteLogitsError
     if params.filtered:
-        return _filtered(logits, top, params)
+        return _filtered(logits, params)
+    top = _checked(logits.max())
     out = np.empty(vocab, dtype=np.float32) if out is None else out
     np.subtract(logits, top, out=out)
     if params.temperature != 1:
@@ -158,76 +155,99 @@ def _inverse_temperature(params: SamplingParams) -> np.float32:
     return np.float32(min(1 / params.temperature, _MAX_INVERSE_TEMPERATURE))
 
 
-# Values of the row sampled (evenly spaced) to bound its k-th largest from below: the bound leaves
-# about k * V / SAMPLED_VALUES candidates, a few thousand at most, for the exact top-k.
-SAMPLED_VALUES = 4096
+def _checked(top: np.float32) -> np.float32:
+    """A row's maximum, which says whether the row is a distribution: it is NaN where one of the logits
+    is, +inf where one is, -inf where all are."""
+    if not np.isfinite(top):
+        raise NonFiniteLogitsError
+    return top
 
 
-def _filtered(row: np.ndarray, top: np.float32, params: SamplingParams) -> Distribution:
-    """One row through top-k, top-p and min-p, then the temperature, given its (finite) maximum.
+# A row is read as a (_STRIPES, vocab // _STRIPES) matrix: column j holds tokens j, j + width, j + 2 width...
+# One pass (numpy's fastest: the maximum of 64 contiguous slices) gives each column's maximum; a column
+# whose maximum is below a floor holds no survivor, so only the others' 64 tokens each are candidates.
+_STRIPES = 64
+# Candidates up to this many are sorted whole for top-p; more (no top-k) only a head holding its mass.
+_SORTED_WHOLE = 1024
 
-    Only candidates are ever sorted: those at or above a floor that provably lies at or below every
-    survivor. Top-k's floor is the k-th largest of evenly spaced values of the row, which hold at
-    least k values at or above it, so the row does too. Min-p's is its own rule (below); it bounds
-    the candidates where no top-p needs the rest of top-k's tokens for its mass.
+
+def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
+    """One row through top-k, top-p and min-p, then the temperature.
+
+    Only candidates are sorted: the tokens of the columns whose maximum reaches a floor that provably
+    lies at or below every survivor (and the few tokens past the last whole column). Top-k's floor is
+    the k-th largest column maximum: k columns hold a token at or above it, so the row's k-th largest
+    is too. Min-p's is its own rule (below); it bounds the candidates where no top-p needs the rest of
+    top-k's tokens for its mass.
     """
     vocab = len(row)
-    floor = _top_k_floor(row, params.top_k) if 0 < params.top_k < vocab else -np.inf
+    width = vocab // _STRIPES
+    grid, tail = row[: _STRIPES * width].reshape(_STRIPES, width), row[_STRIPES * width :]
+    column_max = grid.max(axis=0) if width else tail[:0]
+    top = column_max.max(initial=-np.inf)
+    if len(tail):
+        top = np.maximum(top, tail.max())  # NaN wins, as in the columns' maxima
+    if not math.isfinite(top):  # NaN where a logit is, +inf where one is, -inf where all are
+        raise NonFiniteLogitsError
+    floor = _top_k_floor(column_max, params.top_k) if 0 < params.top_k < vocab else -np.inf
     # min-p: p >= min_p * p_top, i.e. logit >= top + ln(min_p) (llama.cpp's form of the rule).
-    min_logit = top + np.float32(np.log(params.min_p)) if params.min_p > 0 else -np.inf
+    min_logit = top + np.float32(math.log(params.min_p)) if params.min_p > 0 else -np.inf
     if params.top_p == 1:
         floor = max(floor, min_logit)
-    candidates = np.flatnonzero(row >= floor) if floor > -np.inf else np.arange(vocab)
-    values = row[candidates]
+    if floor > -np.inf:
+        columns = np.flatnonzero(column_max >= floor)
+        candidates = (_ROW_STARTS * width + columns).ravel()
+        values = grid[:, columns].ravel()
+        if len(tail):
+            candidates = np.concatenate([candidates, np.arange(_STRIPES * width, vocab)])
+            values = np.concatenate([values, tail])
+    else:
+        candidates, values = np.arange(vocab), row
     if 0 < params.top_k < len(values):
         # The k-th largest value; ties with it are kept, so the rule does not depend on tie order.
-        kth_largest = np.partition(values, len(values) - params.top_k)[len(values) - params.top_k]
-        keep = values >= kth_largest
-        candidates, values = candidates[keep], values[keep]
-    keep = values >= min_logit
+        kept = np.flatnonzero(values >= np.partition(values, len(values) - params.top_k)[len(values) - params.top_k])
+        candidates, values = candidates[kept], values[kept]
     if params.top_p < 1:
-        untempered = _softmax(values, top)
-        head = _head_holding(untempered, params.top_p)
-        order = head[np.argsort(-untempered[head], kind="stable")]
-        mass_before = np.cumsum(untempered[order]) - untempered[order]
-        in_top_p = np.zeros(len(values), dtype=bool)
-        in_top_p[order[mass_before < params.top_p]] = True
-        in_top_p[order[0]] = True  # the top token always: a top_p below float32's least (1e-46) is 0 there
-        keep &= in_top_p
-    candidates, values = candidates[keep], values[keep]
+        # The most likely tokens in order (by logit; ties by id) while the mass before each is under top_p.
+        untempered = np.exp(values - top)
+        untempered /= untempered.sum()
+        head = _head_holding(values, untempered, top, params.top_p) if len(values) > _SORTED_WHOLE else slice(None)
+        candidates, values, untempered = candidates[head], values[head], untempered[head]
+        order = np.argsort(-values, kind="stable")
+        candidates, values, untempered = candidates[order], values[order], untempered[order]
+        mass_before = np.cumsum(untempered) - untempered  # non-decreasing: the tokens kept are a prefix
+        kept = max(1, int(np.searchsorted(mass_before, params.top_p)))  # the top token always (a tiny top_p)
+        order = np.argsort(candidates[:kept])  # back to ascending ids
+        candidates, values = candidates[order], values[order]
+    if params.min_p > 0:
+        kept = np.flatnonzero(values >= min_logit)
+        candidates, values = candidates[kept], values[kept]
     with np.errstate(over="ignore"):
         weights = np.exp((values - top) * _inverse_temperature(params))  # the top token is kept: its weight is 1
     return Distribution(candidates, weights, vocab)
 
 
-def _top_k_floor(row: np.ndarray, k: int) -> float:
-    """A value at or below the row's k-th largest: the k-th largest of evenly spaced values of the row
-    (-inf where the row is too short for that to save anything)."""
-    stride = len(row) // max(SAMPLED_VALUES, k)
-    if stride < 2:
+_ROW_STARTS = np.arange(_STRIPES)[:, None]
+
+
+def _top_k_floor(column_max: np.ndarray, k: int) -> float:
+    """A value at or below the row's k-th largest: the k-th largest column maximum (-inf where there
+    are fewer than k columns)."""
+    if len(column_max) < k:
         return -np.inf
-    sampled = row[::stride]
-    return np.partition(sampled, len(sampled) - k)[len(sampled) - k]
+    return np.partition(column_max, len(column_max) - k)[len(column_max) - k]
 
 
-def _head_holding(probs: np.ndarray, mass: float) -> np.ndarray:
-    """Indices (ascending) of every token above some probability threshold, the threshold chosen
-    so that they hold more than `mass`. The top-p set is a prefix of the tokens sorted by
-    probability, so it lies within them: only they need sorting (a few hundred, not 262,144).
-    The margin keeps float32 rounding in the sorted cumulative sum from stopping short."""
-    threshold = probs.max()
-    while threshold > 1e-30:
-        threshold *= 1e-3
-        head = np.flatnonzero(probs >= threshold)
-        if probs[head].sum() >= mass + 1e-3:
+def _head_holding(values: np.ndarray, untempered: np.ndarray, top: float, mass: float) -> np.ndarray:
+    """Indices (ascending) of every token above some logit, chosen so that their probabilities
+    (`untempered`) hold more than `mass`. The top-p set is a prefix of the tokens sorted by logit, so it
+    lies within them: only they need sorting (a few hundred, not 262,144). The margin keeps float32
+    rounding in the sorted cumulative sum from stopping short."""
+    for gap in (7.0, 14.0, 28.0, 56.0):
+        head = np.flatnonzero(values >= top - gap)
+        if untempered[head].sum() >= mass + 1e-3:
             return head
-    return np.flatnonzero(probs > 0)
-
-
-def _softmax(values: np.ndarray, top: float) -> np.ndarray:
-    """softmax(values), given their largest."""
-    exp = np.exp(values - top)
-    return exp / exp.sum()
+    return np.flatnonzero(untempered > 0)
 
 
 class RowBuffer:

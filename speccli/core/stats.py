@@ -12,6 +12,17 @@ class Source(Enum):
     TARGET = "target"  # target-only generation
 
 
+class ComputeClock:
+    """Seconds this process has spent inside llama.cpp's decode, every model's (speccli.llama.model adds
+    each call's): the rest of a step's time is the host's own work (sampling, verifying, bookkeeping)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+COMPUTE_CLOCK = ComputeClock()
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     token: int
@@ -30,6 +41,7 @@ class StepEvent:
     other_seconds: float
     source: str | None = None  # the draft source ("model", "ngram"); None when nothing was drafted
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
+    compute_seconds: float = 0.0  # of the step's time: inside llama.cpp's decode (both models)
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
     # Where the reply ended inside this step's kept drafts (an end of generation, a stop string): how
@@ -141,6 +153,7 @@ class RunStats:
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in tokens it skipped
     target_seconds: float = 0.0  # target decodes (verification)
     other_seconds: float = 0.0  # the rest of each step: probabilities, verification rule, bookkeeping
+    compute_seconds: float = 0.0  # of the three above: inside llama.cpp's decode; the rest is the host's
     positions: PositionCounts = field(default_factory=PositionCounts)  # all sources together
     by_source: dict[str, PositionCounts] = field(default_factory=dict)
     draft_lengths: dict[int, int] = field(default_factory=dict)  # steps by tokens drafted (the K chosen), 0 included
@@ -159,6 +172,7 @@ class RunStats:
         self.catch_up_seconds += step.catch_up_seconds
         self.target_seconds += step.target_seconds
         self.other_seconds += step.other_seconds
+        self.compute_seconds += step.compute_seconds
 
     def __add__(self, other: RunStats) -> RunStats:
         lengths = dict(self.draft_lengths)
@@ -177,6 +191,7 @@ class RunStats:
             catch_up_seconds=self.catch_up_seconds + other.catch_up_seconds,
             target_seconds=self.target_seconds + other.target_seconds,
             other_seconds=self.other_seconds + other.other_seconds,
+            compute_seconds=self.compute_seconds + other.compute_seconds,
             positions=self.positions + other.positions,
             by_source=sources,
             draft_lengths=dict(sorted(lengths.items())),
@@ -205,6 +220,11 @@ class RunStats:
     @property
     def acceptance_rate(self) -> float:
         return self.positions.acceptance_rate
+
+    @property
+    def target_rows(self) -> int:
+        """Rows of the target's logits the steps asked for: each step's drafts and one more."""
+        return self.steps + self.drafted_whole
 
     @property
     def tokens_per_target_decode(self) -> float:

@@ -23,6 +23,7 @@ import numpy as np
 
 import llama_cpp
 
+from speccli.core.stats import COMPUTE_CLOCK
 from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama import rpc
@@ -169,6 +170,7 @@ class Model:
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_with_logits
         clear_errors()
+        began = time.perf_counter()
         status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:
             # On failure llama.cpp may keep part of the batch: drop it, so n_past stays true.
@@ -181,6 +183,7 @@ class Model:
         llama_cpp.llama_synchronize(self._ctx)
         if self.options.rpc and self.options.n_gpu_layers != 0 and not n_logit_rows:
             rpc.wait_for(self.options.rpc)
+        COMPUTE_CLOCK.seconds += time.perf_counter() - began
         self.n_past += len(chunk)
         self.decoded_tokens += len(chunk)
 

@@ -1,0 +1,249 @@
+"""Benchmark (not a test): the host loop alone, speccli against llama.cpp's own tools, on a model whose
+decode is nearly free, so what is measured is everything around llama_decode.
+
+    flock /tmp/ggml.lock .venv/bin/python tests/benchmarks/loop_overhead.py --rounds 3
+    .venv/bin/python tests/benchmarks/loop_overhead.py --vocab 151936 --only speccli --profile greedy-k4
+
+Models: the project's own GGUF writer (tests/tiny_gguf.py) writes a one-layer model of width 16 at each
+`--vocab` size (default 151,936, Qwen's, and 262,144, Gemma's) into `--workdir`. The same file is target
+and draft. Each round runs, per vocabulary and sampling setting (greedy, and chat's defaults: temperature
+0.8, top-k 40, top-p 0.95, min-p 0.05), in turn (odd rounds in reverse order):
+
+  speccli target    `Generator` without a drafter, as chat and bench run it
+  speccli K=4       `Generator` with the same file as a `ModelDrafter`, `FixedK(4)`
+  llama-completion  the target alone (-no-cnv --ignore-eos)
+  llama-spec-simple llama-speculative-simple, --spec-type draft-simple, 4 drafts (greedy only: it samples
+                    greedily whatever --temp says)
+  llama-spec        llama-speculative, --spec-draft-n-max 4 (chat's defaults only; its greedy path is the
+                    simple tool's)
+
+each generating `--n-predict` (256) tokens after the same prompt, 2 threads, seed fixed; llama.cpp ignores the
+end token, and a speccli run that meets it (it never did on these files) stops the benchmark.
+
+Figures: tok/s over the generation (prompt apart); for speccli also the host time, i.e. the generation's
+wall time minus the time inside llama_decode (timed by wrapping it), per target logit row and per step, in
+µs; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling time`, the
+target's sampler, over the tokens generated). llama-completion's tok/s is over its total time less the
+prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over rounds, with each speccli row's ratio to its llama.cpp counterpart.
+
+`--profile NAME` runs one speccli configuration (greedy-target, greedy-k4, chat-target, chat-k4) under
+cProfile instead and prints its top functions by own time.
+
+llama.cpp's tools, built from the vendored tree of llama-cpp-python 0.3.36 with .ci/setup.py's flags
+(this CPU's instruction sets, never native), e.g.
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B /work/llama.cpp-tools -DGGML_NATIVE=OFF -DGGML_AVX=ON
+        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DLLAMA_CURL=OFF
+        -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
+    nice -n 19 cmake --build /work/llama.cpp-tools -j2 --target llama-completion llama-speculative-simple llama-speculative
+`--tools` (default /work/llama.cpp-tools/bin) is where they are; rows whose tool is missing are left out.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import llama_cpp  # noqa: E402
+
+from speccli.core.generator import GenerationLimits, Generator  # noqa: E402
+from speccli.core.sampling import SamplingParams  # noqa: E402
+from speccli.core.stats import DoneEvent, StepEvent  # noqa: E402
+from speccli.drafting.model import ModelDrafter  # noqa: E402
+from speccli.drafting.policy import FixedK  # noqa: E402
+from speccli.llama.model import LoadOptions, Model  # noqa: E402
+from tests.tiny_gguf import TinyConfig, write_tiny_gguf  # noqa: E402
+
+PROMPT = "the quick brown fox jumps over the lazy dog and then it runs far away into the woods"
+SETTINGS = {
+    "greedy": SamplingParams(temperature=0),
+    "chat": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+}
+K = 4
+THREADS = 2
+SEED = 42
+
+
+@dataclass
+class Run:
+    tokens_per_second: float
+    host_us_per_row: float | None = None
+    host_us_per_step: float | None = None
+
+
+def write_model(directory: Path, vocab: int) -> Path:
+    path = directory / f"loop-{vocab}.gguf"
+    if not path.exists():
+        write_tiny_gguf(path, TinyConfig(vocab_size=vocab, n_embd=16, n_layer=1, n_head=2, n_head_kv=1, n_ff=32,
+                                         context_length=2048, seed=3))
+    return path
+
+
+class DecodeClock:
+    """Wraps llama_cpp.llama_decode (speccli.llama.model calls it through the module) to time each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []  # (start, seconds)
+        self._real = llama_cpp.llama_decode
+
+    def __enter__(self) -> DecodeClock:
+        def timed(ctx, batch):
+            began = time.perf_counter()
+            status = self._real(ctx, batch)
+            self.calls.append((began, time.perf_counter() - began))
+            return status
+
+        llama_cpp.llama_decode = timed
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        llama_cpp.llama_decode = self._real
+
+    def seconds_after(self, moment: float) -> float:
+        return sum(seconds for began, seconds in self.calls if began >= moment)
+
+
+def speccli_run(target: Model, draft: Model | None, sampling: SamplingParams, n_predict: int) -> Run:
+    drafter = None if draft is None else ModelDrafter(draft)
+    generator = Generator(target, drafter, sampling, None if draft is None else FixedK(K), seed=SEED)
+    prompt = target.tokenizer.tokenize(PROMPT.encode())
+    steps = rows = 0
+    with DecodeClock() as clock:
+        started = time.perf_counter()
+        for event in generator.generate(prompt, GenerationLimits(max_tokens=n_predict)):
+            if isinstance(event, StepEvent):
+                steps += 1
+                rows += event.drafted + 1
+            elif isinstance(event, DoneEvent):
+                done = event
+        ended = time.perf_counter()
+    generator.reset()
+    if done.stats.generated != n_predict:
+        raise RuntimeError(f"speccli stopped after {done.stats.generated} of {n_predict} tokens ({done.reason})")
+    generating = ended - started - done.stats.prefill_seconds
+    host = generating - clock.seconds_after(started + done.stats.prefill_seconds)
+    return Run(done.stats.generated / generating, host / rows * 1e6, host / steps * 1e6)
+
+
+def tool_command(tool: str, model: Path, sampling: SamplingParams, n_predict: int) -> list[str]:
+    common = ["-m", str(model), "-p", PROMPT, "-n", str(n_predict), "-t", str(THREADS), "-c", "2048",
+              "--seed", str(SEED), "--ignore-eos", "-ngl", "0"]
+    if sampling.greedy:
+        common += ["--temp", "0"]
+    else:
+        common += ["--temp", str(sampling.temperature), "--top-k", str(sampling.top_k), "--top-p", str(sampling.top_p),
+                   "--min-p", str(sampling.min_p)]
+    if tool == "llama-completion":
+        return [tool, *common, "-no-cnv"]
+    spec = ["-md", str(model), "-devd", "none", "-ngld", "0", "--spec-type", "draft-simple", "--spec-draft-n-max", str(K)]
+    return [tool, *common, *spec]
+
+
+def tool_run(tools: Path, tool: str, model: Path, sampling: SamplingParams, n_predict: int) -> Run:
+    command = tool_command(tool, model, sampling, n_predict)
+    command[0] = str(tools / tool)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    log = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"{tool} failed ({result.returncode}): {log[-2000:]}")
+    sampling_ms = float(re.search(r"sampling time =\s*([\d.]+) ms", log).group(1))
+    decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+    if decoded:  # the speculative tools time their own decode loop
+        tokens, seconds = int(decoded.group(1)), float(decoded.group(2))
+    else:  # llama-completion: its whole time less the prompt's
+        total = float(re.search(r"total time =\s*([\d.]+) ms", log).group(1))
+        prompt = float(re.search(r"prompt eval time =\s*([\d.]+) ms", log).group(1))
+        tokens, seconds = n_predict, (total - prompt) / 1e3
+    return Run(tokens / seconds, sampling_ms / tokens * 1e3)
+
+
+def configurations(tools: Path, only: set[str]) -> list[tuple[str, str]]:
+    """(setting, configuration) pairs to run, in round order."""
+    rows = []
+    for setting in SETTINGS:
+        if "speccli" in only:
+            rows += [(setting, "speccli target"), (setting, "speccli K=4")]
+        if "llama" in only:
+            rows.append((setting, "llama-completion"))
+            rows.append((setting, "llama-speculative-simple" if setting == "greedy" else "llama-speculative"))
+    return [(setting, name) for setting, name in rows
+            if name.startswith("speccli") or (tools / name).exists()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", default="151936,262144")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n-predict", type=int, default=256)
+    parser.add_argument("--only", default="speccli,llama")
+    parser.add_argument("--tools", type=Path, default=Path("/work/llama.cpp-tools/bin"))
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "speccli-loop-overhead")
+    parser.add_argument("--profile", choices=["greedy-target", "greedy-k4", "chat-target", "chat-k4"])
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    only = set(args.only.split(","))
+    options = LoadOptions(n_ctx=2048, n_threads=THREADS)
+    for vocab in map(int, args.vocab.split(",")):
+        path = write_model(args.workdir, vocab)
+        target, draft = Model(path, options), Model(path, options)
+        if args.profile:
+            setting, config = args.profile.split("-")
+            run = lambda: speccli_run(target, draft if config == "k4" else None, SETTINGS[setting], args.n_predict)
+            run()  # warm
+            profile = cProfile.Profile()
+            profile.runcall(run)
+            print(f"--- vocab {vocab}, {args.profile}")
+            pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+            continue
+        order = configurations(args.tools, only)
+        results: dict[tuple[str, str], list[Run]] = {key: [] for key in order}
+        speccli_run(target, None, SETTINGS["chat"], 16)  # warm the caches and pages
+        for round_index in range(args.rounds):
+            for setting, name in order if round_index % 2 == 0 else order[::-1]:
+                if name.startswith("speccli"):
+                    run = speccli_run(target, draft if name == "speccli K=4" else None, SETTINGS[setting], args.n_predict)
+                else:
+                    run = tool_run(args.tools, name, path, SETTINGS[setting], args.n_predict)
+                results[(setting, name)].append(run)
+        target.close(), draft.close()
+        report(vocab, results, args.rounds)
+
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def report(vocab: int, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
+    print(f"\nvocabulary {vocab:,}: medians of {rounds} interleaved rounds")
+    print(f"{'setting':8} {'configuration':26} {'tok/s':>8} {'ratio':>7} {'host µs/row':>12} {'host µs/step':>13}")
+    peer = {"speccli target": "llama-completion", "speccli K=4": None}
+    for (setting, name), runs in results.items():
+        tps = median([r.tokens_per_second for r in runs])
+        ratio = ""
+        counterpart = peer.get(name, "") or ("llama-speculative-simple" if setting == "greedy" else "llama-speculative")
+        if name.startswith("speccli") and (setting, counterpart) in results:
+            ratios = [a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[(setting, counterpart)])]
+            ratio = f"{statistics.median(ratios):.2f}x"
+        row = median([r.host_us_per_row for r in runs])
+        step = median([r.host_us_per_step for r in runs])
+        print(f"{setting:8} {name:26} {tps:8.1f} {ratio:>7} {'' if row is None else f'{row:.0f}':>12} "
+              f"{'' if step is None else f'{step:.0f}':>13}")
+    print("host µs/row: speccli, wall minus llama_decode per target logit row; llama.cpp, its sampler's time per token")
+
+
+if __name__ == "__main__":
+    main()
