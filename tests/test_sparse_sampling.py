@@ -30,20 +30,22 @@ def reference_row(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         keep &= values >= np.sort(values)[-params.top_k]
     if params.top_p < 1:
         kept = np.flatnonzero(keep)
-        untempered = np.exp(values[kept] - top)
-        untempered /= untempered.sum()
+        untempered = np.exp(values[kept].astype(np.float64) - float(top))
         order = np.argsort(-values[kept], kind="stable")
-        mass_before = np.cumsum(untempered[order]) - untempered[order]
+        mass_before = np.concatenate(([0.0], np.cumsum(untempered[order])[:-1]))
         in_top_p = np.zeros(len(values), dtype=bool)
-        in_top_p[kept[order[mass_before < params.top_p]]] = True
+        in_top_p[kept[order[mass_before < params.top_p * sum(untempered.tolist())]]] = True
         in_top_p[kept[order[0]]] = True
         keep &= in_top_p
     if params.min_p > 0:
         keep &= values >= top + np.float32(np.log(params.min_p))
-    inverse_temperature = np.float32(min(1 / params.temperature, 1e30))
+    # The weights in the engine's precision: float64 for a filter's few survivors, float32 for a dense row
+    # (a draw's intervals there are so narrow that the precision moves some of their edges).
+    precision = np.float64 if params.filtered else np.float32
+    inverse_temperature = precision(min(1 / params.temperature, 1e30))
     row = np.zeros(len(values), dtype=np.float64)
     with np.errstate(over="ignore"):
-        row[keep] = np.exp((values[keep] - top) * inverse_temperature)
+        row[keep] = np.exp((values[keep].astype(precision) - precision(top)) * inverse_temperature)
     return row / row.sum()
 
 

@@ -219,13 +219,12 @@ class Generator:
 
     def _verify(self, proposed: list[int], q: list[Distribution] | None, target_logits: np.ndarray) -> DraftVerdict:
         """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
-        drafted = np.array(proposed, dtype=np.int64)
         if self.sampling.greedy:
-            return verify_greedy(drafted, target_logits)
+            return verify_greedy(proposed, target_logits)
         p = RowDistributions(target_logits, self.sampling, self._target_row)
-        if not len(drafted):
+        if not proposed:
             return DraftVerdict(0, sample(p[0], self.rng))
-        return verify_sampled(drafted, q, p, self.rng)
+        return verify_sampled(proposed, q, p, self.rng)
 
 
 def measure_costs(

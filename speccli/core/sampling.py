@@ -10,6 +10,8 @@ weights, found without sorting or partitioning the whole row; a row no filter bo
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -111,8 +113,7 @@ def distribution(logits: np.ndarray, params: SamplingParams, out: np.ndarray | N
     vocab = len(logits)
     if params.greedy:
         # Temperature 0 is the limit: all mass on the most likely token (the first, on a tie).
-        top = int(greedy_choice(logits[None])[0])
-        return Distribution(np.array([top]), np.ones(1, dtype=np.float32), vocab, 1.0)
+        return Distribution(np.array([greedy_token(logits)]), np.ones(1, dtype=np.float32), vocab, 1.0)
     if params.filtered:
         return _filtered(logits, params)
     top = _checked(logits.max())
@@ -142,11 +143,11 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
 _MAX_INVERSE_TEMPERATURE = 1e30
 
 
-def greedy_choice(logits: np.ndarray) -> np.ndarray:
-    """Each row's most likely token (the first, on a tie), refused where the row is no distribution:
-    argmax takes the first NaN for the largest value, so reading the values it chose is the whole check."""
-    top = logits.argmax(axis=1)
-    if not np.isfinite(logits[np.arange(len(logits)), top]).all():
+def greedy_token(logits: np.ndarray) -> int:
+    """One row's most likely token (the first, on a tie), refused where the row is no distribution:
+    argmax takes the first NaN for the largest value, so reading the value it chose is the whole check."""
+    top = int(logits.argmax())
+    if not math.isfinite(logits[top]):
         raise NonFiniteLogitsError
     return top
 
@@ -167,8 +168,8 @@ def _checked(top: np.float32) -> np.float32:
 # One pass (numpy's fastest: the maximum of 64 contiguous slices) gives each column's maximum; a column
 # whose maximum is below a floor holds no survivor, so only the others' 64 tokens each are candidates.
 _STRIPES = 64
-# Candidates up to this many are sorted whole for top-p; more (no top-k) only a head holding its mass.
-_SORTED_WHOLE = 1024
+# Candidates left after top-k up to this many are filtered in plain Python (`_few_survivors`).
+_FEW = 256
 
 
 def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
@@ -207,24 +208,46 @@ def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
         # The k-th largest value; ties with it are kept, so the rule does not depend on tie order.
         kept = np.flatnonzero(values >= np.partition(values, len(values) - params.top_k)[len(values) - params.top_k])
         candidates, values = candidates[kept], values[kept]
+    top = float(top)
+    if len(values) <= _FEW:
+        return _few_survivors(candidates.tolist(), values.tolist(), top, float(min_logit), params, vocab)
+    # Top-p: the most likely tokens in order (by logit, ties by id) while the mass before each is under
+    # top_p of the mass of all those left; a prefix of that order, the top token always (a tiny top_p).
     if params.top_p < 1:
-        # The most likely tokens in order (by logit; ties by id) while the mass before each is under top_p.
-        untempered = np.exp(values - top)
-        untempered /= untempered.sum()
-        head = _head_holding(values, untempered, top, params.top_p) if len(values) > _SORTED_WHOLE else slice(None)
+        untempered = np.exp(values.astype(np.float64) - top)
+        total = untempered.sum()
+        head = _head_holding(values, untempered, top, params.top_p * total)
         candidates, values, untempered = candidates[head], values[head], untempered[head]
         order = np.argsort(-values, kind="stable")
-        candidates, values, untempered = candidates[order], values[order], untempered[order]
-        mass_before = np.cumsum(untempered) - untempered  # non-decreasing: the tokens kept are a prefix
-        kept = max(1, int(np.searchsorted(mass_before, params.top_p)))  # the top token always (a tiny top_p)
-        order = np.argsort(candidates[:kept])  # back to ascending ids
-        candidates, values = candidates[order], values[order]
+        mass_before = np.concatenate(([0.0], np.cumsum(untempered[order])[:-1]))
+        kept = np.sort(order[: max(1, int(np.searchsorted(mass_before, params.top_p * total)))])
+        candidates, values = candidates[kept], values[kept]
     if params.min_p > 0:
         kept = np.flatnonzero(values >= min_logit)
         candidates, values = candidates[kept], values[kept]
     with np.errstate(over="ignore"):
-        weights = np.exp((values - top) * _inverse_temperature(params))  # the top token is kept: its weight is 1
+        weights = np.exp((values.astype(np.float64) - top) * _inverse_temperature(params))  # the top token's is 1
     return Distribution(candidates, weights, vocab)
+
+
+def _few_survivors(ids: list[int], logits: list[float], top: float, min_logit: float, params: SamplingParams,
+                   vocab: int) -> Distribution:
+    """`_filtered`'s top-p, min-p and temperature on a few candidates (top-k's), in plain Python: right
+    after a decode has flushed the caches, each numpy call costs more than this whole loop."""
+    ranked = sorted(range(len(ids)), key=logits.__getitem__, reverse=True)  # by logit, ties by id (stable)
+    untempered = [math.exp(logit - top) for logit in logits]
+    limit = params.top_p * sum(untempered) if params.top_p < 1 else math.inf
+    kept: list[int] = []
+    mass_before = 0.0
+    for i in ranked:
+        if kept and (mass_before >= limit or logits[i] < min_logit):  # the top token passes both
+            break
+        kept.append(i)
+        mass_before += untempered[i]
+    kept.sort()
+    inverse_temperature = float(_inverse_temperature(params))
+    weights = [math.exp((logits[i] - top) * inverse_temperature) for i in kept]
+    return Distribution(np.array([ids[i] for i in kept]), np.array(weights), vocab)
 
 
 _ROW_STARTS = np.arange(_STRIPES)[:, None]
@@ -238,16 +261,15 @@ def _top_k_floor(column_max: np.ndarray, k: int) -> float:
     return np.partition(column_max, len(column_max) - k)[len(column_max) - k]
 
 
-def _head_holding(values: np.ndarray, untempered: np.ndarray, top: float, mass: float) -> np.ndarray:
-    """Indices (ascending) of every token above some logit, chosen so that their probabilities
-    (`untempered`) hold more than `mass`. The top-p set is a prefix of the tokens sorted by logit, so it
-    lies within them: only they need sorting (a few hundred, not 262,144). The margin keeps float32
-    rounding in the sorted cumulative sum from stopping short."""
+def _head_holding(values: np.ndarray, untempered: np.ndarray, top: float, mass: float) -> np.ndarray | slice:
+    """Indices (ascending) of every token above some logit, chosen so that their weights (`untempered`)
+    hold more than `mass`. The top-p set is a prefix of the tokens sorted by logit, so it lies within
+    them: only they need sorting (a few hundred, not 262,144)."""
     for gap in (7.0, 14.0, 28.0, 56.0):
         head = np.flatnonzero(values >= top - gap)
-        if untempered[head].sum() >= mass + 1e-3:
+        if untempered[head].sum() > mass * (1 + 1e-9):  # a margin for the sums' rounding
             return head
-    return np.flatnonzero(untempered > 0)
+    return slice(None)
 
 
 class RowBuffer:
@@ -297,11 +319,11 @@ def sample(dist: Distribution, rng: np.random.Generator) -> int:
     the whole vocabulary: the same draw, several times cheaper for 262k tokens.
     """
     weights = dist.weights
-    if dist.ids is not None and len(weights) <= _BLOCK:
-        cumulative = np.cumsum(weights, dtype=np.float64)
-        index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    if dist.ids is not None and len(weights) <= _BLOCK:  # a few survivors: plain Python beats numpy's calls
+        cumulative = list(itertools.accumulate(weights.tolist()))
+        index = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
         # Rounding can put the point just past the last positive weight: take that token.
-        index = min(index, int(np.flatnonzero(cumulative < cumulative[-1]).size))
+        index = min(index, bisect.bisect_left(cumulative, cumulative[-1]))
         return int(dist.ids[index])
     n_blocks = -(-len(weights) // _BLOCK)
     padded = weights if len(weights) == n_blocks * _BLOCK else np.pad(weights, (0, n_blocks * _BLOCK - len(weights)))

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.core.sampling import Distribution, greedy_choice, sample
+from speccli.core.sampling import Distribution, greedy_token, sample
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,9 @@ def residual_distribution(p: Distribution, q: Distribution) -> Distribution:
 
 
 def verify_sampled(
-    drafted: np.ndarray, q: Sequence[Distribution] | None, p: Sequence[Distribution], rng: np.random.Generator
+    drafted: Sequence[int], q: Sequence[Distribution] | None, p: Sequence[Distribution], rng: np.random.Generator
 ) -> DraftVerdict:
-    """drafted (K,) ids; q: the draft distributions the first len(q) of them were drawn from (K rows
+    """drafted: K ids; q: the draft distributions the first len(q) of them were drawn from (K rows
     for a draft model's draft; None for a lookup's), the rest proposed with certainty; p: K+1 target
     distributions (p[i] is row i; rows after the first rejection are never read, so they need not
     be computed)."""
@@ -103,9 +103,11 @@ def without_token(p: Distribution, token: int) -> Distribution:
     return Distribution(p.ids, residual, p.size, mass) if mass > 0 else p
 
 
-def verify_greedy(drafted: np.ndarray, target_logits: np.ndarray) -> DraftVerdict:
-    """Keep drafts while they equal the target's argmax; then emit the target's argmax."""
-    target_choice = greedy_choice(target_logits)
-    matches = drafted == target_choice[: len(drafted)]
-    n_accepted = len(drafted) if matches.all() else int(np.argmin(matches))
-    return DraftVerdict(n_accepted, int(target_choice[n_accepted]))
+def verify_greedy(drafted: Sequence[int], target_logits: np.ndarray) -> DraftVerdict:
+    """Keep drafts while they equal the target's argmax; then emit the target's argmax. Rows after the
+    first mismatch are never read."""
+    for i, row in enumerate(target_logits):
+        choice = greedy_token(row)
+        if i == len(drafted) or drafted[i] != choice:
+            return DraftVerdict(i, choice)
+    raise ValueError(f"{len(drafted)} drafts need {len(drafted) + 1} rows of logits, got {len(target_logits)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_choice, sample, top_probability
+from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample, top_probability
 from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -65,7 +65,7 @@ class ModelDrafter(DraftSource):
         for i in range(plan.k):
             logits = model.decode(pending, n_logit_rows=1)
             if request.sampling.greedy:
-                token = int(greedy_choice(logits)[0])  # refused where the row is NaN: a broken draft is named
+                token = greedy_token(logits[0])  # refused where the row is NaN: a broken draft is named
             else:
                 q = distribution(logits[0], request.sampling, out=q_rows[i])
                 token = sample(q, request.rng)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_choice, sample
+from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample
 from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
 from speccli.drafting.model import CATCH_UP_SIZES
 
@@ -74,7 +74,7 @@ class TranslatedDrafter(DraftSource):
         drafted: list[int] = []
         for i in range(k):
             if request.sampling.greedy:
-                token = int(greedy_choice(logits)[0])
+                token = greedy_token(logits[0])
             else:
                 token = sample(distribution(logits[0], request.sampling, out=self._q_row.take(1, model.n_vocab)[0]), request.rng)
             if model.tokenizer.is_end_of_generation(token):

@@ -140,6 +140,7 @@ class Model:
         self.n_past = 0  # tokens held in the KV cache, at positions 0 .. n_past-1
         self.decoded_tokens = 0
         self._last_logits: np.ndarray | None = None  # what the last decode returned (see gave_non_finite_logits)
+        self._view_of: tuple = (None, 0, None)  # (address, rows, a numpy view of them in llama.cpp's buffer)
 
     def decode(self, tokens: Sequence[int], n_logit_rows: int = 1) -> np.ndarray:
         """Append `tokens` to the sequence; return logits for its last `n_logit_rows` tokens.
@@ -197,7 +198,10 @@ class Model:
         row_bytes = self.n_vocab * ctypes.sizeof(ctypes.c_float)
         first_address = ctypes.cast(first, ctypes.c_void_p).value
         if ctypes.cast(last, ctypes.c_void_p).value == first_address + (n_rows - 1) * row_bytes:
-            return np.ctypeslib.as_array(first, shape=(n_rows, self.n_vocab))
+            # llama.cpp keeps one output buffer: the view of the last decode's rows is most often this one.
+            if self._view_of[:2] != (first_address, n_rows):
+                self._view_of = (first_address, n_rows, np.ctypeslib.as_array(first, shape=(n_rows, self.n_vocab)))
+            return self._view_of[2]
         # llama.cpp kept the rows apart (e.g. split across micro-batches): gather them.
         return np.stack([
             np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self.n_vocab,))
@@ -241,7 +245,7 @@ class Model:
         ctx, self._ctx = getattr(self, "_ctx", None), None
         if not ctx or rpc.lost():  # freeing would wait on the lost server's parked thread
             return
-        self._last_logits = None  # a view of the context's buffer, freed below
+        self._last_logits = self._view_of = None  # views of the context's buffer, freed below
         batch, self._batch = getattr(self, "_batch", None), None
         model, self._model = self._model, None
         if batch is not None:
