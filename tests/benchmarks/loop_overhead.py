@@ -63,7 +63,8 @@ from speccli.core.generator import GenerationLimits, Generator  # noqa: E402
 from speccli.core.sampling import SamplingParams  # noqa: E402
 from speccli.core.stats import DoneEvent, StepEvent  # noqa: E402
 from speccli.drafting.model import ModelDrafter  # noqa: E402
-from speccli.drafting.policy import FixedK  # noqa: E402
+from speccli.drafting.policy import AutoK, FixedK  # noqa: E402
+from speccli.drafting.specs import make_drafter  # noqa: E402
 from speccli.llama.model import LoadOptions, Model  # noqa: E402
 from tests.tiny_gguf import TinyConfig, write_tiny_gguf  # noqa: E402
 
@@ -116,110 +117,129 @@ class DecodeClock:
         return sum(seconds for began, seconds in self.calls if began >= moment)
 
 
-def speccli_run(target: Model, draft: Model | None, sampling: SamplingParams, n_predict: int) -> Run:
-    drafter = None if draft is None else ModelDrafter(draft)
-    generator = Generator(target, drafter, sampling, None if draft is None else FixedK(K), seed=SEED)
-    prompt = target.tokenizer.tokenize(PROMPT.encode())
-    steps = rows = 0
-    with DecodeClock() as clock:
-        started = time.perf_counter()
-        for event in generator.generate(prompt, GenerationLimits(max_tokens=n_predict)):
-            if isinstance(event, StepEvent):
-                steps += 1
-                rows += event.drafted + 1
-            elif isinstance(event, DoneEvent):
-                done = event
-        ended = time.perf_counter()
-    generator.reset()
-    if done.stats.generated != n_predict:
-        raise RuntimeError(f"speccli stopped after {done.stats.generated} of {n_predict} tokens ({done.reason})")
-    generating = ended - started - done.stats.prefill_seconds
-    host = generating - clock.seconds_after(started + done.stats.prefill_seconds)
-    return Run(done.stats.generated / generating, host / rows * 1e6, host / steps * 1e6)
+@dataclass
+class Bench:
+    target: Model
+    draft: Model
+    prompt: str
+    n_predict: int
+    tools: Path
+    target_path: Path
+    draft_path: Path
+
+    seed: int = SEED  # each round's own: sampled text, and so what drafts it allows, varies with it
+
+    def speccli(self, sampling: SamplingParams, name: str, n_predict: int | None = None) -> Run:
+        """speccli's target alone, K=4 with the draft model, or its defaults (--spec ngram+model --k auto)."""
+        n_predict = n_predict or self.n_predict
+        drafter = {"speccli target": None, "speccli K=4": lambda: ModelDrafter(self.draft),
+                   "speccli auto": lambda: make_drafter("ngram+model", self.draft, self.target)}[name]
+        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": AutoK()}[name]
+        generator = Generator(self.target, drafter and drafter(), sampling, policy, seed=self.seed)
+        prompt = self.target.tokenizer.tokenize(self.prompt.encode())
+        steps = rows = 0
+        with DecodeClock() as clock:
+            started = time.perf_counter()
+            for event in generator.generate(prompt, GenerationLimits(max_tokens=n_predict)):
+                if isinstance(event, StepEvent):
+                    steps += 1
+                    rows += event.drafted + 1
+                elif isinstance(event, DoneEvent):
+                    done = event
+            ended = time.perf_counter()
+        generator.reset()
+        if done.stats.generated != n_predict:
+            raise RuntimeError(f"speccli stopped after {done.stats.generated} of {n_predict} tokens ({done.reason})")
+        generating = ended - started - done.stats.prefill_seconds
+        host = generating - clock.seconds_after(started + done.stats.prefill_seconds)
+        return Run(done.stats.generated / generating, host / rows * 1e6, host / steps * 1e6)
+
+    def tool(self, sampling: SamplingParams, name: str) -> Run:
+        tool, *draft_max = name.replace("n-max ", "").split()
+        common = [str(self.tools / tool), "-m", str(self.target_path), "-p", self.prompt, "-n", str(self.n_predict),
+                  "-t", str(THREADS), "-c", "2048", "--seed", str(self.seed), "--ignore-eos", "-ngl", "0"]
+        if sampling.greedy:
+            common += ["--temp", "0"]
+        else:
+            common += ["--temp", str(sampling.temperature), "--top-k", str(sampling.top_k),
+                       "--top-p", str(sampling.top_p), "--min-p", str(sampling.min_p)]
+        if tool == "llama-completion":
+            command = [*common, "-no-cnv"]
+        else:
+            command = [*common, "-md", str(self.draft_path), "-devd", "none", "-ngld", "0",
+                       "--spec-type", "draft-simple", "--spec-draft-n-max", draft_max[0]]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        log = result.stdout + result.stderr
+        if result.returncode != 0:
+            raise RuntimeError(f"{tool} failed ({result.returncode}): {log[-2000:]}")
+        sampling_ms = float(re.search(r"sampling time =\s*([\d.]+) ms", log).group(1))
+        decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
+        if decoded:  # the speculative tools time their own decode loop
+            tokens, seconds = int(decoded.group(1)), float(decoded.group(2))
+        else:  # llama-completion: its whole time less the prompt's
+            total = float(re.search(r"total time =\s*([\d.]+) ms", log).group(1))
+            prompt = float(re.search(r"prompt eval time =\s*([\d.]+) ms", log).group(1))
+            tokens, seconds = self.n_predict, (total - prompt) / 1e3
+        return Run(tokens / seconds, sampling_ms / tokens * 1e3)
 
 
-def tool_command(tool: str, model: Path, sampling: SamplingParams, n_predict: int) -> list[str]:
-    common = ["-m", str(model), "-p", PROMPT, "-n", str(n_predict), "-t", str(THREADS), "-c", "2048",
-              "--seed", str(SEED), "--ignore-eos", "-ngl", "0"]
-    if sampling.greedy:
-        common += ["--temp", "0"]
-    else:
-        common += ["--temp", str(sampling.temperature), "--top-k", str(sampling.top_k), "--top-p", str(sampling.top_p),
-                   "--min-p", str(sampling.min_p)]
-    if tool == "llama-completion":
-        return [tool, *common, "-no-cnv"]
-    spec = ["-md", str(model), "-devd", "none", "-ngld", "0", "--spec-type", "draft-simple", "--spec-draft-n-max", str(K)]
-    return [tool, *common, *spec]
-
-
-def tool_run(tools: Path, tool: str, model: Path, sampling: SamplingParams, n_predict: int) -> Run:
-    command = tool_command(tool, model, sampling, n_predict)
-    command[0] = str(tools / tool)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise RuntimeError(f"{tool} failed ({result.returncode}): {log[-2000:]}")
-    sampling_ms = float(re.search(r"sampling time =\s*([\d.]+) ms", log).group(1))
-    decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-    if decoded:  # the speculative tools time their own decode loop
-        tokens, seconds = int(decoded.group(1)), float(decoded.group(2))
-    else:  # llama-completion: its whole time less the prompt's
-        total = float(re.search(r"total time =\s*([\d.]+) ms", log).group(1))
-        prompt = float(re.search(r"prompt eval time =\s*([\d.]+) ms", log).group(1))
-        tokens, seconds = n_predict, (total - prompt) / 1e3
-    return Run(tokens / seconds, sampling_ms / tokens * 1e3)
-
-
-def configurations(tools: Path, only: set[str]) -> list[tuple[str, str]]:
+def configurations(tools: Path, only: set[str], draft_max: list[int]) -> list[tuple[str, str]]:
     """(setting, configuration) pairs to run, in round order."""
     rows = []
     for setting in SETTINGS:
         if "speccli" in only:
-            rows += [(setting, "speccli target"), (setting, "speccli K=4")]
+            rows += [(setting, "speccli target"), (setting, "speccli K=4"), (setting, "speccli auto")]
         if "llama" in only:
             rows.append((setting, "llama-completion"))
-            rows.append((setting, "llama-speculative-simple" if setting == "greedy" else "llama-speculative"))
+            tool = "llama-speculative-simple" if setting == "greedy" else "llama-speculative"
+            rows += [(setting, f"{tool} n-max {n}") for n in draft_max]
     return [(setting, name) for setting, name in rows
-            if name.startswith("speccli") or (tools / name).exists()]
+            if name.startswith("speccli") or (tools / name.split()[0]).exists()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", default="151936,262144")
+    parser.add_argument("--files", help="TARGET,DRAFT: real GGUF files instead of the written ones")
+    parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n-predict", type=int, default=256)
+    parser.add_argument("--draft-max", default="4", help="llama.cpp's --spec-draft-n-max values to run")
     parser.add_argument("--only", default="speccli,llama")
     parser.add_argument("--tools", type=Path, default=Path("/work/llama.cpp-tools/bin"))
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "speccli-loop-overhead")
     parser.add_argument("--profile", choices=["greedy-target", "greedy-k4", "chat-target", "chat-k4"])
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    only = set(args.only.split(","))
+    only, draft_max = set(args.only.split(",")), [int(n) for n in args.draft_max.split(",")]
     options = LoadOptions(n_ctx=2048, n_threads=THREADS)
-    for vocab in map(int, args.vocab.split(",")):
-        path = write_model(args.workdir, vocab)
-        target, draft = Model(path, options), Model(path, options)
+    if args.files:
+        target_path, draft_path = map(Path, args.files.split(","))
+        pairs = [(target_path.name, target_path, draft_path)]
+    else:
+        pairs = [(f"vocabulary {vocab:,}", path, path) for vocab in map(int, args.vocab.split(","))
+                 for path in [write_model(args.workdir, vocab)]]
+    for title, target_path, draft_path in pairs:
+        target, draft = Model(target_path, options), Model(draft_path, options)
+        bench = Bench(target, draft, args.prompt, args.n_predict, args.tools, target_path, draft_path)
         if args.profile:
             setting, config = args.profile.split("-")
-            run = lambda: speccli_run(target, draft if config == "k4" else None, SETTINGS[setting], args.n_predict)
-            run()  # warm
+            bench.speccli(SETTINGS[setting], "speccli K=4" if config == "k4" else "speccli target")  # warm
             profile = cProfile.Profile()
-            profile.runcall(run)
-            print(f"--- vocab {vocab}, {args.profile}")
+            profile.runcall(bench.speccli, SETTINGS[setting], "speccli K=4" if config == "k4" else "speccli target")
+            print(f"--- {title}, {args.profile}")
             pstats.Stats(profile).sort_stats("tottime").print_stats(18)
             continue
-        order = configurations(args.tools, only)
+        order = configurations(args.tools, only, draft_max)
         results: dict[tuple[str, str], list[Run]] = {key: [] for key in order}
-        speccli_run(target, None, SETTINGS["chat"], 16)  # warm the caches and pages
+        bench.speccli(SETTINGS["chat"], "speccli target", n_predict=16)  # warm the caches and pages
         for round_index in range(args.rounds):
+            bench.seed = SEED + round_index
             for setting, name in order if round_index % 2 == 0 else order[::-1]:
-                if name.startswith("speccli"):
-                    run = speccli_run(target, draft if name == "speccli K=4" else None, SETTINGS[setting], args.n_predict)
-                else:
-                    run = tool_run(args.tools, name, path, SETTINGS[setting], args.n_predict)
+                run = bench.speccli(SETTINGS[setting], name) if name.startswith("speccli") else bench.tool(SETTINGS[setting], name)
                 results[(setting, name)].append(run)
         target.close(), draft.close()
-        report(vocab, results, args.rounds)
+        report(title, results, args.rounds)
 
 
 def median(values: list[float | None]) -> float | None:
@@ -227,21 +247,25 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def report(vocab: int, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
-    print(f"\nvocabulary {vocab:,}: medians of {rounds} interleaved rounds")
-    print(f"{'setting':8} {'configuration':26} {'tok/s':>8} {'ratio':>7} {'host µs/row':>12} {'host µs/step':>13}")
-    peer = {"speccli target": "llama-completion", "speccli K=4": None}
+def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
+    """Each speccli row's ratio (median of per-round ratios) to: llama-completion for the target alone,
+    llama.cpp's speculative tool at n-max 4 for K=4, and that tool at its best n-max (by median) for auto."""
+    print(f"\n{title}: medians of {rounds} interleaved rounds")
+    print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'ratio':>7} {'host µs/row':>12} {'host µs/step':>13}")
     for (setting, name), runs in results.items():
-        tps = median([r.tokens_per_second for r in runs])
+        peers = {key: peer_runs for key, peer_runs in results.items() if key[0] == setting and not key[1].startswith("speccli")}
+        spec = {key: peer_runs for key, peer_runs in peers.items() if "speculative" in key[1]}
+        peer = {"speccli target": next((k for k in peers if k[1] == "llama-completion"), None),
+                "speccli K=4": next((k for k in spec if k[1].endswith(f"n-max {K}")), None),
+                "speccli auto": max(spec, key=lambda k: median([r.tokens_per_second for r in spec[k]]), default=None),
+                }.get(name)
         ratio = ""
-        counterpart = peer.get(name, "") or ("llama-speculative-simple" if setting == "greedy" else "llama-speculative")
-        if name.startswith("speccli") and (setting, counterpart) in results:
-            ratios = [a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[(setting, counterpart)])]
+        if peer is not None:
+            ratios = [a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[peer])]
             ratio = f"{statistics.median(ratios):.2f}x"
-        row = median([r.host_us_per_row for r in runs])
-        step = median([r.host_us_per_step for r in runs])
-        print(f"{setting:8} {name:26} {tps:8.1f} {ratio:>7} {'' if row is None else f'{row:.0f}':>12} "
-              f"{'' if step is None else f'{step:.0f}':>13}")
+        row, step = median([r.host_us_per_row for r in runs]), median([r.host_us_per_step for r in runs])
+        print(f"{setting:8} {name:32} {median([r.tokens_per_second for r in runs]):8.1f} {ratio:>7} "
+              f"{'' if row is None else f'{row:.0f}':>12} {'' if step is None else f'{step:.0f}':>13}")
     print("host µs/row: speccli, wall minus llama_decode per target logit row; llama.cpp, its sampler's time per token")
 
 

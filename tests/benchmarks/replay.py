@@ -195,10 +195,15 @@ def replay(
     trace: Sequence[str] = (),
     catch_up: tuple[float, float] = (0.0, 0.0),
     warmup: int = 0,
+    host: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
     after `warmup` unmeasured replays of the first reply; K chosen per step where `k` is 'auto'. A draft
-    model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B)."""
+    model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B). The host's own work,
+    `host` = (per row, per step) in target 1-token decodes, is added to each step (a row for each row
+    the target verifies and each token a draft model draws), as to the target alone's tokens: the
+    speedup is over the target alone with its host time."""
+    host_row, host_step = host
     replies, n_vocab = compact(replies)
     model = RecordedDraftModel(n_vocab)
 
@@ -233,22 +238,25 @@ def replay(
             new_tokens = truth[: accepted + 1]
             catch_up_cost = catch_up_decodes(model.caught_up)
             step = StepEvent(
-                drafted=len(proposed), accepted=accepted, draft_seconds=(model.decodes + catch_up_cost) * c * UNIT,
-                target_seconds=verify.decode(len(proposed) + 1) * UNIT, other_seconds=0.0, source=draft.source or None,
+                drafted=len(proposed), accepted=accepted,
+                draft_seconds=((model.decodes + catch_up_cost) * c + model.decodes * host_row) * UNIT,
+                target_seconds=verify.decode(len(proposed) + 1) * UNIT,
+                other_seconds=((len(proposed) + 1) * host_row + host_step) * UNIT, source=draft.source or None,
                 catch_up_seconds=catch_up_cost * c * UNIT,
                 continuation=(draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
             )
             policy.observe(draft, step, new_tokens)
             drafter.observe(step)
-            cost += (step.draft_seconds + step.target_seconds) / UNIT
+            cost += (step.draft_seconds + step.target_seconds + step.other_seconds) / UNIT
             steps.append(step_text(step))
             context += new_tokens
             drafter.forget(len(context) - 1)
             t += len(new_tokens)
         if measured:
-            speedups.setdefault(reply.task, []).append(len(reply.tokens) / cost)
+            speedup = len(reply.tokens) * (1 + host_row + host_step) / cost
+            speedups.setdefault(reply.task, []).append(speedup)
             if reply.task in trace:
-                print(f"{spec} {k} {reply.task} {len(reply.tokens) / cost:.2f}x: {' '.join(steps)}")
+                print(f"{spec} {k} {reply.task} {speedup:.2f}x: {' '.join(steps)}")
     return speedups
 
 
@@ -298,6 +306,10 @@ def main() -> None:
     parser.add_argument(
         "--catch-up", required=True, help="A,B: a draft model taking in m tokens it skipped costs A + B*m draft decodes"
     )
+    parser.add_argument(
+        "--host", default="0,0", help="ROW,STEP: the host's own work per target or draft row and per step, in "
+        "target 1-token decodes (tests/benchmarks/loop_overhead.py measures it in µs)"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--warmup", type=int, default=0, help="unmeasured replays of the first prompt first, as bench's warm-up"
@@ -329,7 +341,8 @@ def main() -> None:
     results = {}
     for spec, k in configurations:
         results[f"{spec} {k}"] = replay(
-            replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup
+            replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup,
+            tuple(map(float, args.host.split(","))),
         )
     labels = list(results)
     tasks = list(results[labels[0]])
