@@ -16,7 +16,7 @@ from scipy import stats
 
 from speccli.llama.model import Model
 from speccli.core.generator import Generator
-from speccli.core.sampling import SamplingParams, probabilities
+from speccli.core.sampling import SamplingParams, distribution, probabilities
 from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
 from speccli.core.seam import Draft, Plan
@@ -77,8 +77,8 @@ class RawLogitsDraftBug(ModelDrafter):
         raw = []
         for token in [request.context[-1]] + draft.tokens[:-1]:
             logits = self.model.decode([token])
-            raw.append(probabilities(logits, SamplingParams(temperature=1.0))[0])
-        return Draft(draft.source, draft.key, draft.tokens, np.stack(raw))
+            raw.append(distribution(logits[0], SamplingParams(temperature=1.0)))
+        return Draft(draft.source, draft.key, draft.tokens, raw)
 
 
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:

@@ -113,7 +113,7 @@ def test_sparse_and_dense_rows_give_the_same_verdicts_from_the_same_uniforms(nam
     q_rows = [distribution(row, params) for row in q_logits]
     q_dense = [Distribution(None, reference_row(row, params), size) for row in q_logits]
     verdicts = 0
-    for seed in range(40):
+    for seed in range(20):
         drafted = np.array([sample(q, np.random.default_rng([seed, i])) for i, q in enumerate(q_rows)])
         lookup = np.array([int(np.argsort(row)[-1 - seed % 3]) for row in rows[:3]])
         for chosen, q, q_ref in [(drafted, q_rows, q_dense), (lookup, None, None)]:

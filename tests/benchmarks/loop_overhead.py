@@ -5,26 +5,29 @@ decode is nearly free, so what is measured is everything around llama_decode.
     .venv/bin/python tests/benchmarks/loop_overhead.py --vocab 151936 --only speccli --profile greedy-k4
 
 Models: the project's own GGUF writer (tests/tiny_gguf.py) writes a one-layer model of width 16 at each
-`--vocab` size (default 151,936, Qwen's, and 262,144, Gemma's) into `--workdir`. The same file is target
-and draft. Each round runs, per vocabulary and sampling setting (greedy, and chat's defaults: temperature
-0.8, top-k 40, top-p 0.95, min-p 0.05), in turn (odd rounds in reverse order):
+`--vocab` size (default 151,936, Qwen's, and 262,144, Gemma's) into `--workdir`; the same file is target
+and draft. `--files TARGET,DRAFT` runs real files instead (with `--prompt`). Each round runs, per sampling
+setting (greedy, and chat's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), in turn (odd
+rounds in reverse order), with the round's own seed (42, 43, ...: sampled text, so what the drafts get
+right, moves with it):
 
-  speccli target    `Generator` without a drafter, as chat and bench run it
-  speccli K=4       `Generator` with the same file as a `ModelDrafter`, `FixedK(4)`
-  llama-completion  the target alone (-no-cnv --ignore-eos)
-  llama-spec-simple llama-speculative-simple, --spec-type draft-simple, 4 drafts (greedy only: it samples
-                    greedily whatever --temp says)
-  llama-spec        llama-speculative, --spec-draft-n-max 4 (chat's defaults only; its greedy path is the
-                    simple tool's)
+  speccli target      `Generator` without a drafter, as chat and bench run it
+  speccli K=4         `Generator` with a `ModelDrafter`, `FixedK(4)`
+  speccli auto        speccli's defaults: `--spec ngram+model --k auto` (a fresh policy each run)
+  llama-completion    the target alone (-no-cnv --ignore-eos)
+  llama-speculative-simple n-max N   greedy only, --spec-type draft-simple, N from `--draft-max` (default 4)
+  llama-speculative n-max N          at chat's defaults, the same
 
-each generating `--n-predict` (256) tokens after the same prompt, 2 threads, seed fixed; llama.cpp ignores the
-end token, and a speccli run that meets it (it never did on these files) stops the benchmark.
+each generating `--n-predict` (256) tokens after the same prompt, 2 threads; llama.cpp ignores the end
+token, and a speccli run that meets it stops the benchmark.
 
 Figures: tok/s over the generation (prompt apart); for speccli also the host time, i.e. the generation's
-wall time minus the time inside llama_decode (timed by wrapping it), per target logit row and per step, in
-µs; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling time`, the
-target's sampler, over the tokens generated). llama-completion's tok/s is over its total time less the
-prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over rounds, with each speccli row's ratio to its llama.cpp counterpart.
+wall time minus the time inside llama_decode (timed by wrapping it), per target logit row and per step,
+in µs; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling
+time`, the target's sampler, over the tokens generated). llama-completion's tok/s is over its total time
+less the prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over
+rounds; each speccli row's ratio (median of per-round ratios) is to llama-completion (target alone), to
+llama.cpp's speculative tool at n-max 4 (K=4), and to that tool at its best n-max (auto).
 
 `--profile NAME` runs one speccli configuration (greedy-target, greedy-k4, chat-target, chat-k4) under
 cProfile instead and prints its top functions by own time.
