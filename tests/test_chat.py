@@ -480,6 +480,17 @@ def test_stats_panel_is_a_pure_rendering_of_run_stats():
     assert "██████████ 100%" in text and "█████" + " " * 5 + "  50%" in text
 
 
+def test_the_panel_shows_the_hosts_time_per_row_where_the_decodes_were_timed():
+    """Two steps of 0.5 s each, 0.4 s of it in llama.cpp's decode: 0.2 s of the host's own over 6 target rows."""
+    stats = RunStats(generated=4)
+    for accepted in (2, 1):
+        stats.add(StepEvent(drafted=2, accepted=accepted, draft_seconds=0.1, target_seconds=0.3, other_seconds=0.1,
+                            source="model", compute_seconds=0.4))
+    text = stats_panel(stats, target_token_seconds=0.2, title="t").renderable.plain
+    assert "other 0.20 s · host 33333 µs/row" in text
+    assert "host" not in stats_panel(_stats(), target_token_seconds=0.2, title="t").renderable.plain  # untimed
+
+
 def test_the_panel_pools_draft_positions_past_its_rows():
     """A 24-token draft shows 11 positions and one row for positions 12-24, pooled."""
     stats = _stats(k=24)  # two steps: one kept all 24, one kept 1

@@ -66,7 +66,7 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
             (
                 "time",
                 f"draft {stats.draft_seconds:.2f} s{_catch_up_text(stats)} · target {stats.target_seconds:.2f} s"
-                f" · other {stats.other_seconds:.2f} s",
+                f" · other {stats.other_seconds:.2f} s{_host_text(stats)}",
             ),
         ]
     speedup = estimated_speedup(stats, target_token_seconds)
@@ -118,6 +118,13 @@ def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
     if speedup:
         parts.append(f"~{speedup:.2f}x vs target alone")
     return " · ".join(parts)
+
+
+def _host_text(stats: RunStats) -> str:
+    """The host's own time per target row, where llama.cpp's decode time was counted (real models)."""
+    if not stats.compute_seconds or not stats.target_rows:
+        return ""
+    return f" · host {stats.host_seconds / stats.target_rows * 1e6:.0f} µs/row"
 
 
 def stats_record(stats: RunStats, target_token_seconds: float | None) -> dict:

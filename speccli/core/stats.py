@@ -222,6 +222,11 @@ class RunStats:
         return self.positions.acceptance_rate
 
     @property
+    def host_seconds(self) -> float:
+        """The steps' time outside llama.cpp's decode: sampling, verifying, drafting's own work, bookkeeping."""
+        return max(self.decode_seconds - self.compute_seconds, 0.0)
+
+    @property
     def target_rows(self) -> int:
         """Rows of the target's logits the steps asked for: each step's drafts and one more."""
         return self.steps + self.drafted_whole
