@@ -42,7 +42,7 @@ def reference_row(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     # The weights in the engine's precision: float64 for a filter's few survivors, float32 for a dense row
     # (a draw's intervals there are so narrow that the precision moves some of their edges).
     precision = np.float64 if params.filtered else np.float32
-    inverse_temperature = precision(min(1 / params.temperature, 1e30))
+    inverse_temperature = precision(min(max(1 / params.temperature, 1e-45), 1e30))  # the limits in float32's range
     row = np.zeros(len(values), dtype=np.float64)
     with np.errstate(over="ignore"):
         row[keep] = np.exp((values[keep].astype(precision) - precision(top)) * inverse_temperature)
@@ -60,6 +60,8 @@ PARAMS = {
     "temperature only": SamplingParams(0.8),
     "tiny temperature": SamplingParams(1e-39, top_k=40, top_p=0.95),
     "tiny temperature, no filter": SamplingParams(1e-30),
+    "huge temperature": SamplingParams(1e50, top_k=40, min_p=0.05),
+    "huge temperature, no filter": SamplingParams(1e50),
 }
 
 
@@ -71,14 +73,17 @@ def random_logits(rng: np.random.Generator, size: int, kind: str) -> np.ndarray:
         logits = np.round(logits * 2) / 2
     elif kind == "-inf":  # masked tokens
         logits[rng.random(size) < 0.3] = -np.inf
+    elif kind == "10 unmasked":  # fewer tokens left than top-k keeps
+        logits[np.argsort(rng.random(size))[10:]] = -np.inf
     elif kind == "clustered":  # the likely tokens side by side: many in one column, or in one stripe
-        start = rng.integers(size - 100)
-        logits[start:start + 100] += 12
+        width = min(100, size // 2)
+        start = rng.integers(size - width)
+        logits[start:start + width] += 12
     return logits.astype(np.float32)
 
 
-KINDS = ["plain", "ties", "-inf", "clustered"]
-SIZES = [500, 40_000, 151_936]
+KINDS = ["plain", "ties", "-inf", "10 unmasked", "clustered"]
+SIZES = [50, 500, 40_000, 151_936]  # 50: no whole column, and top-k 200 past the vocabulary
 
 
 def rows_of(params: SamplingParams, size: int, kind: str, seed: int, count: int) -> list[np.ndarray]:

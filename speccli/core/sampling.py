@@ -79,6 +79,8 @@ class Distribution:
         if self.ids is None:
             inside = tokens < self.size
             return np.where(inside, self.weights[np.where(inside, tokens, 0)], 0) / self.total
+        if not len(self.ids):
+            return np.zeros(len(tokens))
         i = np.minimum(np.searchsorted(self.ids, tokens), len(self.ids) - 1)
         return np.where(self.ids[i] == tokens, self.weights[i], 0) / self.total
 
@@ -137,10 +139,12 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
     return out
 
 
-# Past this, scaling logit gaps changes nothing: float32 logits that differ at all differ by far more
-# than 1e-30, so every gap becomes -inf either way. The cap keeps 1/temperature finite (1e-39 is a
+# Past this, scaling logit gaps changes nothing: logits as models give them differ by far more than
+# 1e-30 where they differ, so every gap becomes -inf either way. The cap keeps 1/temperature finite (1e-39 is a
 # valid temperature), where infinity would make the top token's 0 gap times it NaN.
 _MAX_INVERSE_TEMPERATURE = 1e30
+_LEAST_INVERSE_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)
+_LOWEST = np.finfo(np.float32).min  # the least finite logit
 
 
 def greedy_token(logits: np.ndarray) -> int:
@@ -153,7 +157,9 @@ def greedy_token(logits: np.ndarray) -> int:
 
 
 def _inverse_temperature(params: SamplingParams) -> np.float32:
-    return np.float32(min(1 / params.temperature, _MAX_INVERSE_TEMPERATURE))
+    """1/temperature, kept within float32's positive range: at 0 a masked token's -inf gap times it is NaN
+    (a temperature of 1e46 or more); the smallest positive value gives the limit, every token alike."""
+    return np.float32(min(max(1 / params.temperature, _LEAST_INVERSE_TEMPERATURE), _MAX_INVERSE_TEMPERATURE))
 
 
 def _checked(top: np.float32) -> np.float32:
@@ -205,8 +211,10 @@ def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
     else:
         candidates, values = np.arange(vocab), row
     if 0 < params.top_k < len(values):
-        # The k-th largest value; ties with it are kept, so the rule does not depend on tie order.
-        kept = np.flatnonzero(values >= np.partition(values, len(values) - params.top_k)[len(values) - params.top_k])
+        # The k-th largest value; ties with it are kept, so the rule does not depend on tie order. Masked
+        # tokens (-inf) are left out where fewer than k are not: their probability is 0 anyway.
+        kth_largest = np.partition(values, len(values) - params.top_k)[len(values) - params.top_k]
+        kept = np.flatnonzero(values >= max(kth_largest, _LOWEST))
         candidates, values = candidates[kept], values[kept]
     top = float(top)
     if len(values) <= _FEW:
