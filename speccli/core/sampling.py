@@ -140,8 +140,8 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
 
 
 # Past this, scaling logit gaps changes nothing: logits as models give them differ by far more than
-# 1e-30 where they differ, so every gap becomes -inf either way. The cap keeps 1/temperature finite (1e-39 is a
-# valid temperature), where infinity would make the top token's 0 gap times it NaN.
+# 1e-30 where they differ, so every gap becomes -inf either way. The cap keeps 1/temperature finite
+# (1e-39 is a valid temperature), where infinity would make the top token's 0 gap times it NaN.
 _MAX_INVERSE_TEMPERATURE = 1e30
 _LEAST_INVERSE_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)
 _LOWEST = np.finfo(np.float32).min  # the least finite logit
@@ -165,7 +165,7 @@ def _inverse_temperature(params: SamplingParams) -> np.float32:
 def _checked(top: np.float32) -> np.float32:
     """A row's maximum, which says whether the row is a distribution: it is NaN where one of the logits
     is, +inf where one is, -inf where all are."""
-    if not np.isfinite(top):
+    if not math.isfinite(top):
         raise NonFiniteLogitsError
     return top
 
@@ -174,6 +174,7 @@ def _checked(top: np.float32) -> np.float32:
 # One pass (numpy's fastest: the maximum of 64 contiguous slices) gives each column's maximum; a column
 # whose maximum is below a floor holds no survivor, so only the others' 64 tokens each are candidates.
 _STRIPES = 64
+_ROW_STARTS = np.arange(_STRIPES)[:, None]  # stripe i starts at token i * width
 # Candidates left after top-k up to this many are filtered in plain Python (`_few_survivors`).
 _FEW = 256
 
@@ -194,8 +195,7 @@ def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
     top = column_max.max(initial=-np.inf)
     if len(tail):
         top = np.maximum(top, tail.max())  # NaN wins, as in the columns' maxima
-    if not math.isfinite(top):  # NaN where a logit is, +inf where one is, -inf where all are
-        raise NonFiniteLogitsError
+    top = _checked(top)
     floor = _top_k_floor(column_max, params.top_k) if 0 < params.top_k < vocab else -np.inf
     # min-p: p >= min_p * p_top, i.e. logit >= top + ln(min_p) (llama.cpp's form of the rule).
     min_logit = top + np.float32(math.log(params.min_p)) if params.min_p > 0 else -np.inf
@@ -257,8 +257,6 @@ def _few_survivors(ids: list[int], logits: list[float], top: float, min_logit: f
     weights = [math.exp((logits[i] - top) * inverse_temperature) for i in kept]
     return Distribution(np.array([ids[i] for i in kept]), np.array(weights), vocab)
 
-
-_ROW_STARTS = np.arange(_STRIPES)[:, None]
 
 
 def _top_k_floor(column_max: np.ndarray, k: int) -> float:

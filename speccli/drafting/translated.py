@@ -48,8 +48,7 @@ class TranslatedDrafter(DraftSource):
         self.model = model
         self.target = target_vocabulary
         # Given: token-level intersection (below); None: the drafted text, re-tokenized.
-        self.shared = shared
-        self._shared_tokens = None if shared is None else SharedTokens(shared, target_vocabulary.n_vocab)
+        self.shared = None if shared is None else SharedTokens(shared, target_vocabulary.n_vocab)
         self.mode = "text" if shared is None else "shared tokens"
         self._held: list[int] = []  # the draft ids its cache holds
         self._q_row = RowBuffer()
@@ -91,7 +90,7 @@ class TranslatedDrafter(DraftSource):
         """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution
         restricted to the tokens both vocabularies spell alike, renormalised, on the target's ids; the
         distribution it was drawn from is its q."""
-        model, shared = self.model, self._shared_tokens
+        model, shared = self.model, self.shared
         proposal: list[int] = []
         drawn_from: list[Distribution] = []
         for i in range(k):
