@@ -124,7 +124,7 @@ def measure_candidate(candidate: Candidate, target: Model, draft: Model | None, 
     kept = proposed = positions = proposed_tokens = 0
     seconds = 0.0
     for tokens, chosen in zip(sequences, choices):
-        drafter.reset()
+        drafter.new_conversation()
         for end in range(1, min(len(tokens), MAX_POSITIONS)):
             context = tokens[:end + 1]  # its last token is pending, as in a step
             began = time.perf_counter()

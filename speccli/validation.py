@@ -17,6 +17,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
+from speccli.drafting.registry import SPECS
+from speccli.drafting.registry import uses_draft_model as needs_draft_model
 from speccli.errors import SpeccliError, UsageError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
@@ -25,7 +27,6 @@ AUTO_K: Final = "auto"  # K chosen per step from measured costs (speccli.draftin
 # or AUTO_K. `K | None` is a K that may not have been given (None: "not given", never auto), resolved to
 # the pair's or the command's default where it was read.
 K: TypeAlias = int | Literal["auto"]
-SPECS = ("model", "ngram", "ngram+model")  # draft sources: a draft model, n-gram lookup, lookup then model
 MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; tiny ones leave no room to speak
 # --ctx when not given, each lowered to the models' training context where that is less: a chat keeps
 # turns; bench's and quant-check's texts are short, and a smaller KV cache loads sooner.
@@ -86,14 +87,10 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[K]:
 
 
 def check_spec(text: str, name: str = "--spec") -> str:
-    """A draft source: model, ngram or ngram+model."""
+    """A draft source or a chain of them (speccli.drafting.registry)."""
     if text not in SPECS:
         raise SpeccliError(f"{name} must be one of {', '.join(SPECS)}, got {text!r}")
     return text
-
-
-def needs_draft_model(spec: str) -> bool:
-    return "model" in spec.split("+")
 
 
 def require_draft_model(spec: str, draft: object | None) -> None:

@@ -169,7 +169,7 @@ def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_h
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
         behind = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
-        drafter.reset()
+        drafter.new_conversation()
         drafter.sync(grown)
         kept_up = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
     assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
@@ -349,10 +349,13 @@ class Fixed:
     def forget(self, n_tokens: int) -> None:
         self.forgotten.append(n_tokens)
 
-    def observe(self, step: StepEvent) -> None:
+    def observe(self, step: StepEvent, kept) -> None:
         self.observed.append(step)
 
-    def reset(self) -> None:
+    def new_conversation(self) -> None:
+        pass
+
+    def forget_all(self) -> None:
         pass
 
     def catch_up_tokens(self, context) -> int:
@@ -373,7 +376,7 @@ def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None
 
 def realized_steps(chain: ChainDrafter, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
     for _ in range(steps):
-        chain.observe(StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source))
+        chain.observe(StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source), [0] * tokens)
 
 
 def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> None:
@@ -849,8 +852,11 @@ def test_verify_cost_curve_is_never_lower_for_more_rows() -> None:
 def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     assert check_spec("ngram+model") == "ngram+model" and needs_draft_model("ngram+model")
     assert not needs_draft_model("ngram")
-    with pytest.raises(SpeccliError, match=r"--spec must be one of model, ngram, ngram\+model, got 'tree'"):
+    with pytest.raises(SpeccliError, match=r"--spec must be one of ngram, suffix, model, ngram\+model, suffix\+model, got 'tree'"):
         check_spec("tree")
+    with pytest.raises(SpeccliError, match="got 'ngram\\+suffix'"):  # suffix does the lookup's work already
+        check_spec("ngram+suffix")
+    assert check_spec("suffix+model") == "suffix+model" and needs_draft_model("suffix+model") and not needs_draft_model("suffix")
     assert parse_spec_list("ngram, model,ngram") == ["ngram", "model"]
     assert parse_k("auto") == "auto" and parse_k("8") == 8 and parse_k(3) == 3
     for bad in ["0", "65", "-1"]:
@@ -869,8 +875,8 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
             parse_k_sweep(out_of_range)
         assert raised.value.exit_code == 1, out_of_range
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
-        make_drafter("model", None)
-    assert make_drafter("ngram", None).name == "ngram"
+        make_drafter("model", None, None)
+    assert make_drafter("ngram", None, None).name == "ngram"
 
 
 def test_the_engine_and_the_drafters_do_not_import_llama_cpp():

@@ -165,7 +165,7 @@ def test_ngram_and_model_under_auto_k_match_the_target_distribution(pair) -> Non
     prompt = repeating_prompt(target)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     policy = MemoryBoundAutoK()
-    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=22)
+    generator = Generator(target, make_drafter("ngram+model", draft, target), SETTINGS, policy, seed=22)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset(), draft.reset()
     lengths = stats.draft_lengths
@@ -218,7 +218,7 @@ def test_model_drafts_a_lookup_takes_over_match_the_target_distribution(pair) ->
     prompt = prompt_the_lookup_continues(target, draft)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     policy = LookupFavouredK()
-    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, policy, seed=24)
+    generator = Generator(target, make_drafter("ngram+model", draft, target), SETTINGS, policy, seed=24)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset(), draft.reset()
     assert policy.taken_over >= SAMPLES, f"the lookup should take over every first draft: {policy.taken_over}"
@@ -233,7 +233,7 @@ def test_a_taken_over_draft_verified_without_removing_a_rejected_lookup_token_is
     prompt = prompt_the_lookup_continues(target, draft)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     monkeypatch.setattr(verify_module, "without_token", lambda p, token: p)
-    generator = Generator(target, make_drafter("ngram+model", draft), SETTINGS, LookupFavouredK(), seed=25)
+    generator = Generator(target, make_drafter("ngram+model", draft, target), SETTINGS, LookupFavouredK(), seed=25)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"

@@ -190,7 +190,7 @@ def test_auto_k_over_real_sources_gives_the_targets_first_three_tokens(pair, cop
     tokens compared (up to 6), and most take two or three steps to make them."""
     target, draft = pair
     prompt, expected = copying
-    generator = Generator(target, make_drafter(spec, draft), SETTINGS, MemoryBoundAutoK(), seed=5)
+    generator = Generator(target, make_drafter(spec, draft, target), SETTINGS, MemoryBoundAutoK(), seed=5)
     generations, stats = generate(generator, prompt, max_tokens=6)
     lengths = {length for length, steps in stats.draft_lengths.items() if length and steps >= 20}
     assert len(lengths) >= 2, f"auto should vary its draft length: {stats.draft_lengths}"
@@ -209,7 +209,7 @@ def test_auto_k_with_a_length_cut_where_the_target_would_reject_is_detected(pair
     for the control to fail. Three times the samples: a cut removes little of each draft here."""
     target, draft = pair
     prompt, expected = copying
-    generator = Generator(target, make_drafter("model", draft), SETTINGS, MemoryBoundAutoK(), seed=5)
+    generator = Generator(target, make_drafter("model", draft, target), SETTINGS, MemoryBoundAutoK(), seed=5)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(generator_module, "verify_sampled", cut_before_a_token_the_target_likes_less)
         generations, _ = generate(generator, prompt, max_tokens=6, samples=3 * SAMPLES)
@@ -360,7 +360,7 @@ def test_top_p_and_min_p_under_auto_give_the_targets_first_three_tokens(pair, fi
     sampling = FILTERS[filters]
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_distribution(target, prompt, sampling, LENGTH)
-    generator = Generator(target, make_drafter("ngram+model", draft), sampling, MemoryBoundAutoK(), seed=11)
+    generator = Generator(target, make_drafter("ngram+model", draft, target), sampling, MemoryBoundAutoK(), seed=11)
     with pytest.MonkeyPatch.context() as patch:
         if broken:
             patch.setattr(model_drafting, "distribution", unfiltered_q_reported)

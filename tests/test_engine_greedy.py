@@ -99,7 +99,7 @@ def test_tiny_pair_greedy_equals_target_alone_with_ngram_drafts(tiny_pair, spec:
     target, draft = tiny_pair
     policy = MemoryBoundAutoK() if k == "auto" else FixedK(int(k))
     # Random tiny models seldom copy their prompt, so few n-gram drafts are kept: some must be.
-    check_greedy_equality(target, make_drafter(spec, draft), policy, max_tokens=40, min_draft_share=0.01, prompts=REPEATING_PROMPTS)
+    check_greedy_equality(target, make_drafter(spec, draft, target), policy, max_tokens=40, min_draft_share=0.01, prompts=REPEATING_PROMPTS)
 
 
 def test_tiny_pair_greedy_equals_target_alone_with_auto_k(tiny_pair) -> None:
@@ -126,7 +126,7 @@ def test_gemma_pair_greedy_equals_target_alone(gemma_pair) -> None:
 def test_gemma_greedy_equals_target_alone_with_ngram_and_auto_k(gemma_pair) -> None:
     target, draft = gemma_pair
     check_greedy_equality(
-        target, make_drafter("ngram+model", draft), AutoK(), max_tokens=24, min_draft_share=0.5, prompts=REPEATING_PROMPTS[:10]
+        target, make_drafter("ngram+model", draft, target), AutoK(), max_tokens=24, min_draft_share=0.5, prompts=REPEATING_PROMPTS[:10]
     )
 
 

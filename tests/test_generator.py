@@ -21,7 +21,6 @@ from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
-from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError
 from tests.conftest import MemoryBoundAutoK
 from tests.standin import EOG, StandInModel, exact_two_token_distribution, related_draft, stand_in, stand_in_pair
@@ -69,8 +68,8 @@ class TakeOverFavouredK(FixedK):
 DRAFTING = {
     "model-k4": lambda draft: (ModelDrafter(draft), FixedK(4)),
     "ngram-k3": lambda draft: (NgramDrafter(), FixedK(3)),
-    "ngram+model-auto": lambda draft: (make_drafter("ngram+model", draft), MemoryBoundAutoK()),
-    "ngram+model-take-overs": lambda draft: (make_drafter("ngram+model", draft), TakeOverFavouredK()),
+    "ngram+model-auto": lambda draft: (ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), MemoryBoundAutoK()),
+    "ngram+model-take-overs": lambda draft: (ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), TakeOverFavouredK()),
 }
 
 

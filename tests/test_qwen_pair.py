@@ -78,8 +78,8 @@ def test_greedy_with_ngram_and_auto_k_equals_target_alone(qwen_pair):
     and under `auto` only that it drafted at all."""
     target, draft = qwen_pair
     prompts = [f"Repeat this line exactly, three times:\n{text}\n" for text in PROMPTS[:6]]
-    check_greedy_equality(target, make_drafter("ngram+model", draft), FixedK(4), max_tokens=24, min_draft_share=0.2, prompts=prompts)
-    check_greedy_equality(target, make_drafter("ngram+model", draft), AutoK(), max_tokens=24, min_draft_share=0.01, prompts=prompts)
+    check_greedy_equality(target, make_drafter("ngram+model", draft, target), FixedK(4), max_tokens=24, min_draft_share=0.2, prompts=prompts)
+    check_greedy_equality(target, make_drafter("ngram+model", draft, target), AutoK(), max_tokens=24, min_draft_share=0.01, prompts=prompts)
 
 
 def test_multi_turn_chat_through_the_template_reuses_the_kv_cache(qwen_pair):

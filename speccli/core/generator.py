@@ -78,9 +78,10 @@ class Generator:
         return min(common_prefix_length(self.tokens, prompt[:-1]), self.target.n_past)
 
     def reset(self) -> None:
+        """Another conversation: empty the caches. What a drafter keeps across conversations stays."""
         self.target.reset()
         if self.drafter is not None:
-            self.drafter.reset()
+            self.drafter.new_conversation()
         self.tokens = []
 
     def generate(
@@ -214,7 +215,7 @@ class Generator:
         )
         if self.drafter is not None:
             self.policy.observe(draft, step, new_tokens)
-            self.drafter.observe(step)
+            self.drafter.observe(step, new_tokens)
         return new_tokens, sources, step
 
     def _verify(self, proposed: list[int], q: list[Distribution] | None, target_logits: np.ndarray) -> DraftVerdict:

@@ -156,10 +156,15 @@ class Drafter(Protocol):
     def forget(self, n_tokens: int) -> None:
         """The context was cut back to its first `n_tokens` tokens (rejected drafts, a new prompt)."""
 
-    def observe(self, step: StepEvent) -> None:
-        """What the step just verified yielded and cost, whichever source drafted it."""
+    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
+        """What the step just verified yielded and cost, whichever source drafted it, and the tokens it
+        kept: the accepted drafts, then the target's own."""
 
-    def reset(self) -> None: ...
+    def new_conversation(self) -> None:
+        """Another conversation starts: forget this one's context, keep what was learnt across them."""
+
+    def forget_all(self) -> None:
+        """Forget everything, what was learnt across conversations too."""
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         """Tokens of `context` this source must take in before it can draft at its end."""
@@ -169,14 +174,18 @@ class Drafter(Protocol):
 
 
 class DraftSource:
-    """Defaults for a source that needs no catch-up, costs nothing to weigh and learns nothing from a
-    step (a lookup): subclass it and write `propose`, `forget` and `reset`."""
+    """Defaults for a source that needs no catch-up, costs nothing to weigh, learns nothing from a step
+    and keeps nothing across conversations (a lookup in the context): subclass it and write `propose`,
+    `forget` and `new_conversation`."""
 
     def sync(self, context: Sequence[int]) -> None:
         pass
 
-    def observe(self, step: StepEvent) -> None:
+    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
         pass
+
+    def forget_all(self) -> None:
+        self.new_conversation()
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         return 0

@@ -109,11 +109,11 @@ class ChainDrafter:
 
         return replace(request, take_over=take_over)
 
-    def observe(self, step: StepEvent) -> None:
+    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
         source = step.source if step.source in self._realized else self.drafters[0].name
         self._realized[source].add(step.accepted + 1, step.draft_seconds + step.target_seconds + step.other_seconds)
         for drafter in self.drafters:
-            drafter.observe(step)
+            drafter.observe(step, kept)
 
     def _did_no_better(self, following: Drafter, position: int) -> bool:
         """Have `following`'s steps yielded no more tokens per second than the steps of the sources
@@ -141,9 +141,13 @@ class ChainDrafter:
         for drafter in self.drafters:
             drafter.forget(n_tokens)
 
-    def reset(self) -> None:
+    def new_conversation(self) -> None:
         for drafter in self.drafters:
-            drafter.reset()
+            drafter.new_conversation()
+
+    def forget_all(self) -> None:
+        for drafter in self.drafters:
+            drafter.forget_all()
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         return max(drafter.catch_up_tokens(context) for drafter in self.drafters)  # whichever source drafts

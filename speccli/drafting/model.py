@@ -104,7 +104,7 @@ class ModelDrafter(DraftSource):
     def forget(self, n_tokens: int) -> None:
         self.model.truncate(min(self.model.n_past, n_tokens))
 
-    def reset(self) -> None:
+    def new_conversation(self) -> None:
         self.model.reset()
         self._q_rows = RowBuffer()  # K rows of the vocabulary (64 MiB at K=64, 262k tokens): not kept idle
 

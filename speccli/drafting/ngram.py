@@ -20,14 +20,15 @@ word whose earlier occurrences went on differently.
 from __future__ import annotations
 
 from array import array
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from speccli.core.seam import Draft, DraftRequest, DraftSource
+from speccli.validation import MAX_K
 
-MATCH_LENGTH_KEYS = ((12, "ngram:12+"), (6, "ngram:6-11"), (3, "ngram:3-5"), (1, "ngram:1-2"))
+MATCH_LENGTHS = ((12, "12+"), (6, "6-11"), (3, "3-5"), (1, "1-2"))  # a key's match length, from the shortest of each
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
@@ -36,13 +37,61 @@ MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
 SHADOW_TOKENS = 25
 
 
+@dataclass(frozen=True)
+class Match:
+    """A lookup's find: how long the match of the context's end is, how the matched text went on where it
+    occurred before ("once", "same", "varied": see `NgramDrafter._match`), and what followed it."""
+
+    length: int
+    went_on: str
+    following: list[int]  # as many tokens as a step may draft
+
+    def draft(self, source: str, request: DraftRequest) -> Draft:
+        """The proposal, of the length the policy plans for this kind of match; where that is none, the
+        proposal judged all the same (see `Draft.shadow`)."""
+        key = f"{source}:{next(name for shortest, name in MATCH_LENGTHS if self.length >= shortest)}/{self.went_on}"
+        plan = request.policy.plan(key, len(self.following))
+        if plan.k <= 0:
+            return replace(Draft.nothing(), shadow=Draft(source, key, self.following[:SHADOW_TOKENS], None, plan))
+        return Draft(source, key, self.following[: plan.k], None, plan)
+
+
+def longest_matches(tokens: np.ndarray, candidates: np.ndarray, backwards: np.ndarray) -> tuple[np.ndarray, int]:
+    """Of `candidates`, positions in `tokens` holding backwards[0], those whose text up to them matches
+    `backwards` (a text's end, backwards[m] the token m places before its last) longest, and that length."""
+    length = 1  # every candidate matches the last token
+    # A frequent token has thousands of earlier positions, most of which one comparison rules out:
+    # while they are many, compare one position back per pass...
+    while len(candidates) > MANY_CANDIDATES and length < len(backwards):
+        kept = candidates[(candidates >= length) & (tokens[candidates - length] == backwards[length])]
+        if not len(kept):
+            return candidates, length
+        candidates, length = kept, length + 1
+    # ...then several per pass, keeping those that match longest.
+    while length < len(backwards):
+        offsets = np.arange(length, min(length + NARROWING_STEP, len(backwards)))
+        compared = candidates[:, None] - offsets  # (candidate, offset) -> position compared
+        same = (compared >= 0) & (tokens[np.maximum(compared, 0)] == backwards[offsets])
+        extra = np.where(same.all(axis=1), len(offsets), same.argmin(axis=1))  # matched before the first miss
+        longest = int(extra.max())
+        candidates = candidates[extra == longest]
+        length += longest
+        if longest < len(offsets):
+            break
+    return candidates, length
+
+
 class NgramDrafter(DraftSource):
     name = "ngram"
 
     def __init__(self) -> None:
-        self.reset()
+        self.new_conversation()
 
-    def reset(self) -> None:
+    @classmethod
+    def from_inputs(cls, inputs: object) -> NgramDrafter:
+        return cls()
+
+    def new_conversation(self) -> None:
         self._tokens = array("i")  # the indexed prefix of the context
         self._positions: dict[int, array] = {}  # token id -> ascending positions of it in _tokens
 
@@ -50,28 +99,23 @@ class NgramDrafter(DraftSource):
         self._index(context)
 
     def propose(self, request: DraftRequest) -> Draft:
+        match = self.context_match(request)
+        return Draft.nothing() if match is None else match.draft(self.name, request)
+
+    def context_match(self, request: DraftRequest) -> Match | None:
         context = request.context
         self._index(context)
         match = self._longest_match()
         if match is None:
-            return Draft.nothing()
+            return None
         end, length, went_on = match
-        key = next(name for shortest, name in MATCH_LENGTH_KEYS if length >= shortest) + "/" + went_on
         period = len(context) - end  # what followed the match runs up to the context's end
         # A match at least that long covers a whole period: the text just before the end has repeated
         # itself (at least twice in a row), so the proposal repeats it on past the context's end. (A
         # reply caught in a loop, "la la la", had one token to draft a step: its most recent match ends
         # one token before the end; a longer loop had at most one period's tokens.)
-        available = request.limit if length >= period else min(period, request.limit)
-
-        def following(n: int) -> list[int]:
-            return [context[end + i % period] for i in range(n)]
-
-        plan = request.policy.plan(key, available)
-        if plan.k <= 0:  # not drafted, but judged all the same (see `Draft.shadow`)
-            proposal = following(min(available, SHADOW_TOKENS))
-            return replace(Draft.nothing(), shadow=Draft(self.name, key, proposal, None, plan))
-        return Draft(self.name, key, following(plan.k), None, plan)
+        available = min(request.limit, MAX_K) if length >= period else min(period, request.limit, MAX_K)
+        return Match(length, went_on, [context[end + i % period] for i in range(available)])
 
     def forget(self, n_tokens: int) -> None:
         # Positions were appended in order, so each dropped position is the last of its token's array.
@@ -104,27 +148,7 @@ class NgramDrafter(DraftSource):
         candidates = np.frombuffer(self._positions[int(tokens[-1])], dtype=np.int32)[:-1]
         if not len(candidates):
             return None
-        backwards = tokens[::-1][:MAX_MATCH]  # backwards[m]: the token m places before the last
-        length = 1  # every candidate matches the last token
-        # A frequent token has thousands of earlier positions, most of which one comparison rules out:
-        # while they are many, compare one position back per pass...
-        while len(candidates) > MANY_CANDIDATES and length < len(backwards):
-            kept = candidates[(candidates >= length) & (tokens[candidates - length] == backwards[length])]
-            if not len(kept):
-                return self._match(tokens, candidates, length)
-            candidates, length = kept, length + 1
-        # ...then several per pass, keeping those that match longest.
-        while length < len(backwards):
-            offsets = np.arange(length, min(length + NARROWING_STEP, len(backwards)))
-            compared = candidates[:, None] - offsets  # (candidate, offset) -> position compared
-            same = (compared >= 0) & (tokens[np.maximum(compared, 0)] == backwards[offsets])
-            extra = np.where(same.all(axis=1), len(offsets), same.argmin(axis=1))  # matched before the first miss
-            longest = int(extra.max())
-            candidates = candidates[extra == longest]
-            length += longest
-            if longest < len(offsets):
-                break
-        return self._match(tokens, candidates, length)
+        return self._match(tokens, *longest_matches(tokens, candidates, tokens[::-1][:MAX_MATCH]))
 
     @staticmethod
     def _match(tokens: np.ndarray, candidates: np.ndarray, length: int) -> tuple[int, int, str]:

@@ -1,4 +1,4 @@
-"""A draft source's name (`--spec`) and K (`--k`) -> the drafter and K policy that implement them."""
+"""A `--spec` (speccli.drafting.registry) and K (`--k`) -> the drafter and K policy that implement them."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 from speccli.core.seam import Drafter, DraftSource, KPolicy
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AutoK, FixedK
+from speccli.drafting.registry import DraftInputs, make_source
 from speccli.drafting.translated import TranslatedDrafter
 from speccli.validation import AUTO_K, K, check_spec, require_draft_model
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
+    from speccli.drafting.suffix import SuffixStore
     from speccli.llama.model import Model
     from speccli.vocab.report import VocabReport
     from speccli.vocab.shared import SharedVocabulary
@@ -23,18 +24,22 @@ def make_policy(k: K) -> KPolicy:
     return AutoK() if k == AUTO_K else FixedK(k)
 
 
-def make_drafter(spec: str, draft_model: Model | None, target: Model | None = None) -> Drafter:
-    """`target`: where given, a draft model whose vocabulary is not the target's drafts translated tokens
-    (speccli/drafting/translated.py); without it, a draft model proposes its own ids."""
+def make_drafter(spec: str, draft_model: Model | None, target: Model, store: SuffixStore | None = None) -> Drafter:
+    """`store`: the earlier replies a `suffix` source drafts from, shared with other drafters for this
+    target (None: its own)."""
     require_draft_model(check_spec(spec), draft_model)
-
-    def model_source() -> DraftSource:
-        if target is not None and draft_model is not None and vocabularies_differ(draft_model.path, target.path):
-            return TranslatedDrafter(draft_model, target.tokenizer, shared_tokens(draft_model.path, target.path))
-        return ModelDrafter(draft_model)
-
-    sources = [NgramDrafter() if name == "ngram" else model_source() for name in spec.split("+")]
+    inputs = DraftInputs(draft_model, target, store)
+    sources = [make_source(name, inputs) for name in spec.split("+")]
     return sources[0] if len(sources) == 1 else ChainDrafter(sources)
+
+
+def model_source(inputs: DraftInputs) -> DraftSource:
+    """The draft model: its own ids where its vocabulary is the target's, else translated tokens
+    (speccli/drafting/translated.py)."""
+    draft, target = inputs.draft_model, inputs.target
+    if vocabularies_differ(draft.path, target.path):
+        return TranslatedDrafter(draft, target.tokenizer, shared_tokens(draft.path, target.path))
+    return ModelDrafter(draft)
 
 
 def shared_tokens(draft: Path, target: Path) -> SharedVocabulary | None:

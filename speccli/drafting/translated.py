@@ -141,7 +141,7 @@ class TranslatedDrafter(DraftSource):
     def forget(self, n_tokens: int) -> None:
         pass  # the next proposal reads the context again, keeping what still matches
 
-    def reset(self) -> None:
+    def new_conversation(self) -> None:
         self.model.reset()
         self._held = []
         self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle

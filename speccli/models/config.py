@@ -23,10 +23,10 @@ from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
 from speccli.util.cache import user_config_path
 from speccli.util.files import read_text_input
+from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.validation import AUTO_K, Endpoint, K, needs_draft_model
 
 DEFAULT_K: K = AUTO_K  # K chosen per step from measured costs
-DEFAULT_SPEC = "ngram+model"  # n-gram lookup where the text repeats, the draft model elsewhere
 # llama.cpp's n_gpu_layers: -1 offloads every layer where the backend can; CPU-only builds ignore it.
 DEFAULT_N_GPU_LAYERS = -1
 

@@ -97,7 +97,7 @@ def resolve_pair(
     K, ngram+model, full GPU offload). A draft source without a model (ngram) resolves no draft; one
     given is refused."""
     pair: PairEntry | None = None
-    ad_hoc = pair_name is None and target is not None and (draft is not None or spec == "ngram")
+    ad_hoc = pair_name is None and target is not None and (draft is not None or (spec is not None and not needs_draft_model(spec)))
     if not ad_hoc:
         name = registry.default_pair if pair_name is None else pair_name
         if pair_name is None and target is not None:
@@ -116,7 +116,7 @@ def resolve_pair(
         if draft_name is None:
             raise SpeccliError(f"pair {pair.name} drafts by lookup and names no draft model; --spec {spec} needs one: give --draft")
     elif draft is not None:
-        raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec ngram+model")
+        raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec {spec}+model")
     else:
         draft_name = None
     paths = resolve_models([target_name, *([draft_name] if draft_name is not None else [])], registry, fetch=fetch, quiet=quiet)

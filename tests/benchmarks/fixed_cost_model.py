@@ -68,7 +68,7 @@ def main() -> None:
         speedups: dict[tuple[str, str], list[float]] = {}
         for spec in specs:
             target.reset(), draft.reset()
-            generator = Generator(target, make_drafter(spec, draft if "model" in spec else None), GREEDY, AutoK())
+            generator = Generator(target, make_drafter(spec, draft if "model" in spec else None, target), GREEDY, AutoK())
             catch_up = step_time = 0.0
             for _ in range(args.rounds):
                 for task, prompt in prompts:

@@ -72,8 +72,8 @@ def main() -> None:
         auto = AutoK()  # one policy across rounds, as bench keeps one across its runs
         configurations = {
             "target alone": lambda: Generator(target, None, GREEDY),
-            "model, never": lambda: Generator(target, make_drafter("model", draft), GREEDY, NeverDraft()),
-            "model, auto": lambda: Generator(target, make_drafter("model", draft), GREEDY, auto),
+            "model, never": lambda: Generator(target, make_drafter("model", draft, target), GREEDY, NeverDraft()),
+            "model, auto": lambda: Generator(target, make_drafter("model", draft, target), GREEDY, auto),
         }
         generate(configurations["model, auto"](), prompt, 16)  # warm-up: auto profiles its costs here
         rates: dict[str, list[float]] = {name: [] for name in configurations}

@@ -246,7 +246,7 @@ def replay(
                 continuation=(draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
             )
             policy.observe(draft, step, new_tokens)
-            drafter.observe(step)
+            drafter.observe(step, new_tokens)
             cost += (step.draft_seconds + step.target_seconds + step.other_seconds) / UNIT
             steps.append(step_text(step))
             context += new_tokens

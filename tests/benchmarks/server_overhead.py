@@ -66,7 +66,7 @@ def main() -> None:
             stack.enter_context(Model(path, options)) for path in (target_path, draft_path, target_path, draft_path)
         )
         greedy = SamplingParams(temperature=0)
-        generator = Generator(direct_target, make_drafter("model", direct_draft), greedy, FixedK(k))
+        generator = Generator(direct_target, make_drafter("model", direct_draft, direct_target), greedy, FixedK(k))
         prompt = direct_target.tokenizer.tokenize(PROMPT, True, True)
         limits = GenerationLimits(args.tokens)
         service = build_service("bench", served_target, served_draft, ServeSettings(spec="model", k=k, max_waiting=8))

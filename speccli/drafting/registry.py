@@ -1,0 +1,82 @@
+"""Every draft source by name: what `--spec` accepts, its help, and how each is made.
+
+A new source is one file in this folder (a `DraftSource` with a `from_inputs` constructor) and one line
+in SOURCES. The `--spec` values follow from SOURCES: each source alone, or a chain of them joined by
+"+", lookups first in this order, the draft model last (cheapest first: speccli/drafting/chain.py).
+Light on imports: the command line checks `--spec` against it before numpy or llama.cpp load; each
+source's module is imported only when a drafter is made.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from speccli.core.seam import DraftSource
+    from speccli.drafting.suffix import SuffixStore
+    from speccli.llama.model import Model
+
+
+@dataclass(frozen=True)
+class RegisteredSource:
+    name: str  # as `--spec` and the statistics name it
+    uses_draft_model: bool  # decodes the draft model (at most one such source in a chain, and last)
+    summary: str  # a few words for --help
+    make: str  # "module:callable", the callable taking `DraftInputs`
+    includes: tuple[str, ...] = ()  # sources it does the work of: never chained with it
+
+
+SOURCES = (
+    RegisteredSource("ngram", False, "a lookup in the context", "speccli.drafting.ngram:NgramDrafter.from_inputs"),
+    RegisteredSource("suffix", False, "the lookup, and in earlier replies", "speccli.drafting.suffix:SuffixDrafter.from_inputs", ("ngram",)),
+    RegisteredSource("model", True, "the draft model", "speccli.drafting.specs:model_source"),
+)
+DEFAULT_SPEC = "suffix+model"  # a lookup where the text repeats (the context, earlier replies), the model elsewhere
+
+
+@dataclass(frozen=True)
+class DraftInputs:
+    """What a source may be made from: the loaded models, and the store of earlier replies it shares
+    with other drafters of this target (None: its own, for this drafter's life)."""
+
+    draft_model: Model | None
+    target: Model
+    store: SuffixStore | None = None
+
+
+def source_named(name: str) -> RegisteredSource:
+    return next(source for source in SOURCES if source.name == name)
+
+
+def _chains() -> tuple[str, ...]:
+    lookups = [source.name for source in SOURCES if not source.uses_draft_model]
+    models = [source.name for source in SOURCES if source.uses_draft_model]
+    chains = []
+    for size in range(1, len(lookups) + 1):
+        chains += ["+".join(names) for names in combinations(lookups, size) if not _overlap(names)]
+    return (*chains, *models, *(f"{chain}+{model}" for chain in chains for model in models))
+
+
+def _overlap(names: tuple[str, ...]) -> bool:
+    return any(other in source_named(name).includes for name in names for other in names)
+
+
+SPECS = _chains()  # every --spec value: each source alone, then chains
+
+
+def spec_help() -> str:
+    sources = ", ".join(f"{source.name} ({source.summary})" for source in SOURCES)
+    return f"{sources}, or a chain of them joined by + (lookups first, the model last), such as {DEFAULT_SPEC}"
+
+
+def uses_draft_model(spec: str) -> bool:
+    return any(source_named(name).uses_draft_model for name in spec.split("+"))
+
+
+def make_source(name: str, inputs: DraftInputs) -> DraftSource:
+    from functools import reduce
+    from importlib import import_module
+
+    module, attributes = source_named(name).make.split(":")
+    return reduce(getattr, attributes.split("."), import_module(module))(inputs)
