@@ -1,0 +1,234 @@
+"""Drafts from earlier replies as well as the context: the lookup (speccli/drafting/ngram.py), and the
+same lookup in a store of what the target said before, in other requests and other sessions.
+
+Much of what people run locally repeats across requests rather than within one: the same JSON keys
+over many inputs, one action format in an agent's every step, a reply regenerated. The store keeps
+each reply with the few prompt tokens before it (so that a reply's first tokens match too), one token
+array with a separator between replies, indexed as the lookup indexes the context. A step looks up the
+context's end in both; the longer match drafts (the context's on a tie: it is this text's own). In the
+store, a match's continuation is walked as in a suffix tree (SuffixDecoding, Oliaro et al. 2024): of
+the earlier occurrences that match, the token that followed most of them is proposed, the occurrences
+narrowed to those it followed, and so on while the share of them that went on that way, multiplied
+along the walk, stays at least MIN_SHARE. The K policy learns each kind of store match apart
+(`suffix:12+/same`, ...), as it learns the lookup's.
+
+The store is filled only with tokens the target kept, after they were kept, so a draft depends on the
+past alone; its tokens are proposed with certainty and verified by the lookup's rule. Where it lives:
+one per chat session, one per target in serve, and, with `--remember`, a file per target vocabulary in
+speccli's cache (docs/drafting.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from speccli.core.seam import Draft, DraftRequest
+from speccli.core.stats import StepEvent
+from speccli.drafting.ngram import MAX_MATCH, Match, NgramDrafter, longest_matches
+from speccli.validation import MAX_K
+
+if TYPE_CHECKING:
+    from speccli.drafting.registry import DraftInputs
+    from speccli.llama.tokenizer import Tokenizer
+
+SEPARATOR = -1  # between replies in the store: no token matches it, so no match spans two replies
+HEAD_TOKENS = 16  # prompt tokens kept before each reply
+MIN_SHARE = 0.1  # a walk stops where fewer than this share of the matching occurrences went on its way
+MAX_CANDIDATES = 4096  # the most recent occurrences of a token a match starts from: a lookup's cost is bounded
+DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
+FORMAT = 1
+
+
+class SuffixStore:
+    """Earlier replies of one target vocabulary, oldest first, at most `cap_tokens` of them."""
+
+    def __init__(self, cap_tokens: int = DEFAULT_CAP_MB * 2**20 // 8, vocabulary: str = "") -> None:
+        self.cap_tokens = cap_tokens
+        self.vocabulary = vocabulary  # a fingerprint of the target's vocabulary (`vocabulary_fingerprint`)
+        self.clear()
+
+    def clear(self) -> None:
+        self._tokens = array("i")
+        self._positions: dict[int, array] = {}
+        self._starts: list[int] = []  # where each reply's entry (its separator) starts
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    def begin(self, head: Sequence[int]) -> None:
+        """A new reply, after these prompt tokens."""
+        self._starts.append(len(self._tokens))
+        self._tokens.append(SEPARATOR)
+        self.extend(head)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            self._positions.setdefault(token, array("i")).append(len(self._tokens))
+            self._tokens.append(token)
+        if len(self._tokens) > self.cap_tokens:
+            self._evict()
+
+    def match(self, context: Sequence[int], limit: int) -> Match | None:
+        """The longest match of the context's end among the replies, and up to `limit` tokens of what
+        followed it, walked as the docstring says; None where nothing followed."""
+        if context[-1] not in self._positions:
+            return None
+        tokens = np.frombuffer(self._tokens, dtype=np.int32)
+        # The most recent occurrences of the last token that something followed.
+        candidates = np.frombuffer(self._positions[context[-1]], dtype=np.int32)[-MAX_CANDIDATES:]
+        candidates = candidates[candidates + 1 < len(tokens)]
+        candidates = candidates[tokens[candidates + 1] != SEPARATOR]
+        if not len(candidates):
+            return None
+        backwards = np.asarray(context[-MAX_MATCH:][::-1], dtype=np.int32)
+        candidates, length = longest_matches(tokens, candidates, backwards)
+        occurrences = len(candidates)
+        following: list[int] = []
+        share = 1.0
+        while len(following) < limit:
+            if len(candidates) == 1:  # one way on: the rest of that reply
+                rest = tokens[candidates[0] + 1 : candidates[0] + 1 + limit - len(following)]
+                ends = np.flatnonzero(rest == SEPARATOR)
+                following += rest[: ends[0] if len(ends) else len(rest)].tolist()
+                break
+            after = candidates + 1
+            after = after[after < len(tokens)]
+            # The most frequent next token, of equals the most recent (`latest`: places from the end).
+            values, latest, counts = np.unique(tokens[after][::-1], return_index=True, return_counts=True)
+            best = int(np.lexsort((latest, -np.where(values == SEPARATOR, 0, counts)))[0])
+            share *= counts[best] / len(candidates)
+            if values[best] == SEPARATOR or share < MIN_SHARE:
+                break
+            following.append(int(values[best]))
+            candidates = after[tokens[after] == values[best]]
+        if not following:
+            return None
+        went_on = "once" if occurrences == 1 else "same" if len(candidates) == occurrences else "varied"
+        return Match(length, went_on, following)
+
+    def _evict(self) -> None:
+        """Drop the oldest replies, down to three quarters of the cap (so eviction is rare), and re-index."""
+        keep_from = next((start for start in self._starts if len(self._tokens) - start <= self.cap_tokens * 3 // 4), len(self._tokens))
+        kept = np.frombuffer(self._tokens, dtype=np.int32)[keep_from:].copy()
+        self._load_tokens(kept)
+
+    def _load_tokens(self, tokens: np.ndarray) -> None:
+        self._tokens = array("i", tokens.astype(np.int32).tobytes())
+        self._starts = np.flatnonzero(tokens == SEPARATOR).tolist()
+        order = np.argsort(tokens, kind="stable")
+        ordered = tokens[order]
+        bounds = np.flatnonzero(np.diff(ordered)) + 1
+        self._positions = {
+            int(token): array("i", group.astype(np.int32).tobytes())
+            for token, group in zip(ordered[np.r_[0, bounds]] if len(ordered) else [], np.split(order, bounds))
+            if token != SEPARATOR
+        }
+
+    # --- the file (`--remember`) ---------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """Written whole or not at all, readable by the user alone: it holds the user's replies."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary}).encode()
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(len(header).to_bytes(4, "little") + header)
+                file.write(self._tokens.tobytes())
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path, vocabulary: str, n_vocab: int, cap_tokens: int) -> tuple[SuffixStore, str | None]:
+        """The store in `path`, or a fresh one and why (a file that is not a store of this vocabulary is
+        never read as one: a wrong store could only draft wrong tokens, but it would draft nothing useful)."""
+        store = cls(cap_tokens, vocabulary)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return store, None
+        except OSError as error:
+            return store, f"{path}: unreadable ({error.strerror}); starting a new store"
+        problem = _problem(data, vocabulary, n_vocab)
+        if problem is not None:
+            return store, f"{path}: {problem}; starting a new store"
+        size = int.from_bytes(data[:4], "little")
+        tokens = np.frombuffer(data, dtype=np.int32, offset=4 + size)
+        store._load_tokens(tokens[-cap_tokens:] if len(tokens) > cap_tokens else tokens)
+        if len(tokens) > cap_tokens:
+            store._evict()
+        return store, None
+
+
+def _problem(data: bytes, vocabulary: str, n_vocab: int) -> str | None:
+    if len(data) < 4:
+        return "not a speccli store"
+    size = int.from_bytes(data[:4], "little")
+    try:
+        header = json.loads(data[4 : 4 + size])
+    except (ValueError, UnicodeDecodeError):
+        return "not a speccli store"
+    if not isinstance(header, dict) or header.get("format") != FORMAT or (len(data) - 4 - size) % 4:
+        return "not a speccli store of this version"
+    if header.get("vocabulary") != vocabulary:
+        return "a store of another vocabulary"
+    tokens = np.frombuffer(data, dtype=np.int32, offset=4 + size)
+    if len(tokens) and (tokens.min() < SEPARATOR or tokens.max() >= n_vocab):
+        return "holds token ids outside this vocabulary"
+    return None
+
+
+def vocabulary_fingerprint(tokenizer: Tokenizer) -> str:
+    """What a store file is keyed by: the target's token texts, in order."""
+    digest = hashlib.sha256()
+    for token in range(tokenizer.n_vocab):
+        digest.update(tokenizer.token_bytes(token, special=True) + b"\0")
+    return digest.hexdigest()[:32]
+
+
+class SuffixDrafter(NgramDrafter):
+    name = "suffix"
+
+    def __init__(self, store: SuffixStore | None = None) -> None:
+        super().__init__()
+        self.store = SuffixStore() if store is None else store
+        self._head: list[int] = []  # the prompt's last tokens, until the reply's first kept token begins an entry
+        self._in_reply = False
+
+    @classmethod
+    def from_inputs(cls, inputs: DraftInputs) -> SuffixDrafter:
+        return cls(inputs.store)
+
+    def sync(self, context: Sequence[int]) -> None:
+        super().sync(context)
+        self._head, self._in_reply = list(context[-HEAD_TOKENS:]), False
+
+    def propose(self, request: DraftRequest) -> Draft:
+        here = self.context_match(request)
+        earlier = self.store.match(request.context, min(request.limit, MAX_K))
+        if earlier is not None and (here is None or earlier.length > here.length):
+            return earlier.draft(self.name, request)
+        return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
+
+    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
+        if not self._in_reply:
+            self.store.begin(self._head)
+            self._in_reply = True
+        self.store.extend(kept)
+
+    def forget_all(self) -> None:
+        self.new_conversation()
+        self.store.clear()

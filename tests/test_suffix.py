@@ -1,0 +1,206 @@
+"""The `suffix` source: its store of earlier replies (matching, walking, eviction, the file), and proof
+that drafting from it keeps the target's output: greedy identity and a chi-square test on tiny llama.cpp
+models, each beside a broken engine that fails it.
+
+Its drafts are the proof's hardest case for a lookup: what they propose depends on what was sampled in
+earlier generations of the same prompt (a regenerated reply), so a rule that let a draft bias the next
+sample would show up as the distribution drifting toward the earlier samples.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from speccli.core import generator as generator_module
+from speccli.core import verify as verify_module
+from speccli.core.generator import Generator
+from speccli.core.verify import DraftVerdict
+from speccli.drafting.policy import FixedK
+from speccli.drafting.specs import make_drafter
+from speccli.drafting.suffix import SEPARATOR, SuffixDrafter, SuffixStore
+from tests.conftest import loaded_related_pair
+from tests.test_drafting import request
+from tests.test_engine_distribution import SAMPLES, SETTINGS, chi_square_p_value
+from tests.test_engine_greedy import PROMPTS, check_greedy_equality
+from tests.two_token_distribution import exact_two_token_distribution, sampled_pairs_and_stats
+
+
+def store_of(*replies: tuple[list[int], list[int]], cap_tokens: int = 10_000) -> SuffixStore:
+    store = SuffixStore(cap_tokens)
+    for head, reply in replies:
+        store.begin(head)
+        store.extend(reply)
+    return store
+
+
+# --- the store --------------------------------------------------------------------------------------
+
+
+def test_the_longest_match_drafts_what_most_of_its_occurrences_went_on_with() -> None:
+    store = store_of(([1, 2, 3], [10, 11, 12, 13]), ([1, 2, 3], [10, 11, 12, 20]), ([7, 2, 3], [10, 11, 12, 20, 21]))
+    match = store.match([5, 1, 2, 3], limit=10)  # "1 2 3" twice: 10 11 12, then 13 and 20 once each
+    assert (match.length, match.following[:3]) == (3, [10, 11, 12]) and match.went_on == "varied"
+    match = store.match([9, 2, 3], limit=10)  # "2 3" three times: 20 followed two of them
+    assert match.following == [10, 11, 12, 20, 21] and match.length == 2
+    assert store.match([9, 2, 3], limit=2).following == [10, 11]
+    assert store.match([99], limit=10) is None  # never seen
+    assert store.match([21], limit=10) is None  # seen, but nothing followed it: no match spans two replies
+    once = store_of(([1], [4, 5, 6]))
+    assert once.match([1], limit=10).went_on == "once"
+    same = store_of(([1], [4, 5]), ([1], [4, 5]))
+    assert same.match([1], limit=10).went_on == "same"
+
+
+def test_a_walk_stops_where_too_few_occurrences_went_its_way() -> None:
+    # After 8, twelve replies go twelve ways: no next token is followed by a tenth of them.
+    store = store_of(*[([8], [100 + i]) for i in range(12)])
+    assert store.match([8], limit=5) is None
+
+
+def test_the_oldest_replies_go_first_when_the_store_is_full() -> None:
+    store = store_of(*[([1], [2, 3, 100 + i]) for i in range(10)], cap_tokens=20)
+    assert store.n_tokens <= 20
+    assert store.match([3], limit=1).following == [109]  # of equals, the most recent
+    assert store.match([1, 2, 3], limit=1).length == 3 and store.match([2, 3, 100], limit=1) is None  # gone
+    tokens = np.frombuffer(store._tokens, dtype=np.int32)
+    assert tokens[0] == SEPARATOR  # whole replies were dropped, none cut
+
+
+def test_the_store_file_round_trips_readable_by_the_user_alone(tmp_path) -> None:
+    store = store_of(([1, 2], [3, 4, 5]), ([1, 2], [3, 4, 6]))
+    store.vocabulary = "v1"
+    path = tmp_path / "stores" / "v1.suffix"
+    store.save(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert [p.name for p in path.parent.iterdir()] == ["v1.suffix"]  # no temporary file left
+    loaded, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    assert problem is None and loaded.n_tokens == store.n_tokens
+    assert loaded.match([1, 2], limit=5) == store.match([1, 2], limit=5)
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"", "not a speccli store"),
+    (b"\x05\x00\x00\x00{nope", "not a speccli store"),
+    (b"garbage that is not a store at all", "not a speccli store"),
+])
+def test_a_corrupt_store_file_is_one_line_and_a_fresh_store(tmp_path, content, says) -> None:
+    path = tmp_path / "v1.suffix"
+    path.write_bytes(content)
+    store, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    assert store.n_tokens == 0 and problem == f"{path}: {says}; starting a new store"
+
+
+def test_a_store_of_another_vocabulary_or_with_foreign_ids_is_not_read(tmp_path) -> None:
+    store = store_of(([1, 2], [3, 40]))
+    store.vocabulary = "v1"
+    path = tmp_path / "v1.suffix"
+    store.save(path)
+    assert SuffixStore.load(path, "v2", n_vocab=100, cap_tokens=1000)[1].endswith("a store of another vocabulary; starting a new store")
+    fresh, problem = SuffixStore.load(path, "v1", n_vocab=20, cap_tokens=1000)  # id 40 is past 20 tokens
+    assert fresh.n_tokens == 0 and "outside this vocabulary" in problem
+    assert SuffixStore.load(tmp_path / "missing.suffix", "v1", 20, 1000)[1] is None  # none yet: no complaint
+
+
+def test_a_large_store_loads_within_a_second(tmp_path) -> None:
+    """1M tokens of text-like ids (the docs state this size's memory and load time)."""
+    rng = np.random.default_rng(0)
+    tokens = rng.zipf(1.2, 1_000_000).clip(max=150_000).astype(np.int32)
+    tokens[:: 500] = SEPARATOR
+    store = SuffixStore(2_000_000, "v")
+    store._load_tokens(tokens)
+    store.save(tmp_path / "big.suffix")
+    import time
+
+    started = time.perf_counter()
+    loaded, problem = SuffixStore.load(tmp_path / "big.suffix", "v", n_vocab=150_001, cap_tokens=2_000_000)
+    assert problem is None and loaded.n_tokens == 1_000_000
+    assert time.perf_counter() - started < 5  # a bound a loaded CI machine meets; the benchmark measures it
+
+
+# --- the source -------------------------------------------------------------------------------------
+
+
+def test_the_source_drafts_the_longer_of_the_context_and_the_store_match() -> None:
+    store = store_of(([1, 2, 3, 4], [5, 6, 7]))
+    drafter = SuffixDrafter(store)
+    drafted = drafter.propose(request([9, 1, 2, 3, 4], limit=3))
+    assert (drafted.source, drafted.tokens, drafted.key) == ("suffix", [5, 6, 7], "suffix:3-5/once")
+    # The context repeats its own text as long as the store knows it: the context's match drafts.
+    drafter = SuffixDrafter(store)
+    drafted = drafter.propose(request([2, 3, 4, 8, 8, 9, 2, 3, 4], limit=2))
+    assert (drafted.source, drafted.tokens) == ("ngram", [8, 8])
+
+
+def test_kept_tokens_join_the_store_after_the_prompts_last_tokens() -> None:
+    from speccli.core.stats import StepEvent
+
+    drafter = SuffixDrafter()
+    drafter.sync(list(range(40)))
+    for kept in ([50, 51], [52]):
+        drafter.observe(StepEvent(1, 1, 0.0, 0.0, 0.0, None), kept)
+    drafter.new_conversation()  # another conversation: the store stays
+    assert drafter.store.match([38, 39], limit=5).following == [50, 51, 52]
+    drafter.forget_all()
+    assert drafter.store.n_tokens == 0
+
+
+# --- exactness --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    with loaded_related_pair(tmp_path_factory.mktemp("suffix"), target_layers=4, draft_layers=2, eps=0.3) as pair:
+        yield pair
+
+
+def regenerated(target, seed: int):
+    """The first two tokens of SAMPLES generations of one prompt, each drafted from the earlier ones."""
+    prompt = target.tokenizer.tokenize(b"the cat sat on")
+    generator = Generator(target, SuffixDrafter(), SETTINGS, FixedK(3), seed=seed)
+    return prompt, sampled_pairs_and_stats(generator, prompt, SAMPLES)
+
+
+def test_drafts_from_earlier_samples_keep_the_target_distribution(pair) -> None:
+    target, _ = pair
+    prompt, (pairs, stats) = regenerated(target, seed=31)
+    target.reset()
+    remembered = stats.by_source["suffix"]
+    assert remembered.drafted_at[0] >= SAMPLES // 2 and 0 < remembered.accepted_at[0] < remembered.drafted_at[0], remembered
+    p_value = chi_square_p_value(pairs, exact_two_token_distribution(target, prompt, SETTINGS))
+    assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+def test_keeping_a_rejected_remembered_token_in_the_resample_is_detected(pair, monkeypatch) -> None:
+    target, _ = pair
+    monkeypatch.setattr(verify_module, "without_token", lambda p, token: p)
+    prompt, (pairs, _) = regenerated(target, seed=32)
+    target.reset()
+    p_value = chi_square_p_value(pairs, exact_two_token_distribution(target, prompt, SETTINGS))
+    assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
+
+
+@pytest.fixture(scope="module")
+def greedy_pair(tmp_path_factory):
+    with loaded_related_pair(tmp_path_factory.mktemp("suffix-greedy"), target_layers=6, draft_layers=2, eps=0.1) as pair:
+        yield pair
+
+
+@pytest.mark.parametrize("spec", ["suffix", "suffix+model"])
+def test_greedy_replies_drafted_from_earlier_ones_equal_the_target_alones(greedy_pair, spec) -> None:
+    """Each prompt twice: the second time the store holds the first reply, and other prompts' replies
+    drafted the first time (mostly wrong: the random tiny model seldom repeats across prompts)."""
+    target, draft = greedy_pair
+    check_greedy_equality(target, make_drafter(spec, draft, target), FixedK(6), max_tokens=24,
+                          min_draft_share=0.4, prompts=PROMPTS[:8] * 2)
+
+
+def test_a_verifier_that_keeps_every_remembered_draft_is_detected(greedy_pair, monkeypatch) -> None:
+    target, draft = greedy_pair
+    monkeypatch.setattr(generator_module, "verify_greedy",
+                        lambda proposed, logits: DraftVerdict(len(proposed), int(np.argmax(logits[len(proposed)]))))
+    with pytest.raises(AssertionError):
+        check_greedy_equality(target, make_drafter("suffix", draft, target), FixedK(6), max_tokens=24,
+                              min_draft_share=0.0, prompts=PROMPTS[:8] * 2)
