@@ -51,7 +51,7 @@ def pair_args(bench_pair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_report_file(bench_pair, tmp_path_factory) -> Path:
-    """A real `speccli bench --k 4 --json X` report of the tiny pair (the default spec: ngram+model)."""
+    """A real `speccli bench --k 4 --json X` report of the tiny pair (the default spec: suffix+model)."""
     out = tmp_path_factory.mktemp("report") / "k4.json"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECCLI_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
@@ -85,7 +85,7 @@ def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_re
     jsonschema.Draft202012Validator.check_schema(report_schema())
     validate(document)
     assert document["schema_version"] == SCHEMA_VERSION == 6 and document["settings"]["k"] == [4]
-    assert document["settings"]["spec"] == ["ngram+model"] and document["results"][0]["label"] == "ngram+model K=4"
+    assert document["settings"]["spec"] == ["suffix+model"] and document["results"][0]["label"] == "suffix+model K=4"
     # the schema requires every field the types write, nested ones included
     for name in ("results", "measurements", "greedy_check"):
         broken = {key: value for key, value in document.items() if key != name}
@@ -139,7 +139,7 @@ def test_json_to_stdout_moves_the_human_report_to_stderr(pair_args, tmp_path, na
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr.decode()
     validate(json.loads(stdout))  # stdout is the JSON and nothing else
-    assert "speccli bench · ad-hoc pair · spec ngram+model · K=1" in stderr.decode() and "greedy check" in stderr.decode()
+    assert "speccli bench · ad-hoc pair · spec suffix+model · K=1" in stderr.decode() and "greedy check" in stderr.decode()
     assert list(tmp_path.iterdir()) == [], "no file named '-' (or anything else) written"
     assert Path("/dev/stdout").is_symlink(), "/dev/stdout left as it was"
 
@@ -359,7 +359,7 @@ def test_compare_names_the_settings_that_differ(tiny_report_file, tmp_path) -> N
     result = _compare(tiny_report_file, other)
     assert result.exit_code == 0, result.output
     words = " ".join(result.stdout.split())  # as rich wrapped them at the console's width
-    assert "differs: --spec: ngram+model → ngram,model; --k: 4 → auto,2; seed: 42 → 7" in words
+    assert "differs: --spec: suffix+model → ngram,model; --k: 4 → auto,2; seed: 42 → 7" in words
 
 
 def test_compare_names_an_environment_that_differs(tiny_report_file, tmp_path) -> None:
@@ -381,7 +381,7 @@ def test_compare_reads_two_reports(tiny_report_file) -> None:
     result = _compare(tiny_report_file, tiny_report_file)
     assert result.exit_code == 0, result.output
     assert "speedup A → B" in result.stdout and "nothing in models, prompts, settings or environment" in result.stdout
-    assert "│ ngram+model K=4 │" in result.stdout
+    assert "│ suffix+model K=4 │" in result.stdout
 
 
 def test_the_footnote_explains_only_columns_the_report_has(tiny_report) -> None:

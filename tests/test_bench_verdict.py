@@ -148,7 +148,7 @@ def test_the_report_shows_k_chosen_and_prediction_not_applicable(mixed_report) -
     auto = next(r for r in mixed_report.results if r.label == "model auto")
     assert auto.overall.prediction_not_applicable.startswith("auto: K varies per step")
     ngram = next(r for r in mixed_report.results if r.label == "ngram K=2")
-    assert ngram.overall.prediction_not_applicable.startswith("ngram: n-gram drafts cost no model step")
+    assert ngram.overall.prediction_not_applicable.startswith("ngram: lookup drafts cost no model step")
     assert "pred. n/a" in text and "fastest" in text
 
 

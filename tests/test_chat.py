@@ -329,7 +329,7 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 8 and errors[-1] == "error: 7 piped lines failed (each said why above)"
     assert result.stderr.endswith(errors[-1] + "\n")
-    assert "unknown command /bogus; known: /stats, /reset, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
+    assert "unknown command /bogus; known: /stats, /reset, /forget, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
     assert errors[1:4] == [
         "error: /k (draft tokens per step) must be between 1 and 64, got 0",
         "error: /k (draft tokens per step) must be between 1 and 64, got 65",
@@ -797,7 +797,7 @@ def test_a_draft_model_with_a_draft_free_source_is_refused_before_loading(tiny_p
     assert result.stderr.startswith("error: --spec ngram drafts without a model, but a draft model was given (")
     assert result.stderr.count("\n") == 1
     bad = chat(tiny_pair, "--spec", "tree", "-p", "hello")
-    assert (bad.exit_code, bad.stderr) == (1, "error: --spec must be one of model, ngram, ngram+model, got 'tree'\n")
+    assert (bad.exit_code, bad.stderr) == (1, "error: --spec must be one of ngram, suffix, model, ngram+model, suffix+model, got 'tree'\n")
 
 
 def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):

@@ -117,7 +117,7 @@ def test_shipped_registry_parses_and_every_pair_names_existing_models():
     for pair in registry.pairs.values():
         assert pair.target in registry.models and pair.draft in registry.models
     gemma = registry.pairs["gemma3-270m"]
-    assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == ("auto", "ngram+model", -1, -1)
+    assert (gemma.k, gemma.spec, gemma.target_n_gpu_layers, gemma.draft_n_gpu_layers) == ("auto", "suffix+model", -1, -1)
     assert registry.models[gemma.draft].source == PackageSource(GEMMA_PACKAGE)
     assert registry.models[gemma.target].source == DerivedSource(gemma.draft, "F32")
     assert registry.files[0].name == "models.toml" and len(registry.files) == 1
@@ -153,7 +153,7 @@ def test_user_file_then_config_override_per_entry(tmp_path):
     assert registry.models["extra"].source == LocalSource(Path("/models/cli.gguf"))
     assert registry.models["extra"].defined_in == config
     # A later entry replaces the earlier one whole: k falls back to its default.
-    assert registry.pairs["mine"] == PairEntry("mine", "extra", "extra", "auto", "ngram+model", -1, 0, config)
+    assert registry.pairs["mine"] == PairEntry("mine", "extra", "extra", "auto", "suffix+model", -1, 0, config)
     assert registry.default_pair == "mine"
     assert registry.models["gemma3-270m-f32"].source == DerivedSource("gemma3-270m-q4km", "F32")
 
@@ -204,7 +204,7 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 0\n", r"pairs.p.k (draft tokens per step) must be between 1 and 64, got 0"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = true\n", "pairs.p.k: expected 'auto' or an integer, got a boolean"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nk = 65\n", "pairs.p.k (draft tokens per step) must be between 1 and 64, got 65"),
-        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nspec = \"tree\"\n", "pairs.p.spec must be one of model, ngram, ngram+model, got 'tree'"),
+        ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\nspec = \"tree\"\n", "pairs.p.spec must be one of ngram, suffix, model, ngram+model, suffix+model, got 'tree'"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\ntarget_n_gpu_layers = -2\n", "pairs.p.target_n_gpu_layers must be a number of layers, or -1 for all, got -2"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\ndraft = \"gemma3-270m-q4km\"\ndraft_n_gpu_layers = \"all\"\n", "pairs.p.draft_n_gpu_layers: expected an integer, got a string"),
         ("[pairs.p]\ntarget = \"gemma3-270m-f32\"\n", "pairs.p.draft: missing"),
@@ -324,13 +324,13 @@ def test_missing_paths_are_named(tmp_path, local_models):
 def test_resolve_pair_defaults_overrides_and_ad_hoc_pairs(tmp_path, local_models):
     weights = tmp_path / "weights"
     named = resolve_pair("local", None, None, local_models)
-    assert named == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
+    assert named == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "suffix+model", 0, -1)
 
     overridden = resolve_pair("local", None, str(weights / "big.gguf"), local_models)
     assert (overridden.name, overridden.draft_path, overridden.k) == ("local", weights / "big.gguf", 7)
 
     ad_hoc = resolve_pair(None, "small", "big", local_models)
-    assert ad_hoc == ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", "auto", "ngram+model", -1, -1)
+    assert ad_hoc == ResolvedPair(None, "small", "big", weights / "small.gguf", weights / "big.gguf", "auto", "suffix+model", -1, -1)
 
     # A draft source without a model: no draft is resolved, and one given is refused.
     lookup = resolve_pair(None, "small", None, local_models, spec="ngram")
@@ -346,7 +346,7 @@ def test_a_target_alone_runs_as_the_pair_made_for_it(tmp_path, local_models):
     (Gemma's, which cannot draft for another vocabulary: the Qwen target had been refused so)."""
     weights = tmp_path / "weights"
     alone = resolve_pair(None, "big", None, local_models)
-    assert alone == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "ngram+model", 0, -1)
+    assert alone == ResolvedPair("local", "big", "small", weights / "big.gguf", weights / "small.gguf", 7, "suffix+model", 0, -1)
     # A target no pair is made for keeps the default pair's draft (built-in Gemma: not on disk here).
     with pytest.raises(SpeccliError, match="^model 'gemma3-270m-q4km' is not on disk yet"):
         resolve_pair(None, "small", None, local_models, fetch=False)
@@ -888,8 +888,8 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), format_size(size), "yes", "local"]
     assert table_row(result.stdout, "gone") == ["gone", str(tmp_path / "weights" / "gone.gguf"), "unknown", "no", ""]
     assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "F32 from gemma3-270m-q4km", "unknown", "no", "gemma3-270m"]
-    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "ngram+model", "0/-1"]
-    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "ngram+model", "-1/-1"]
+    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "suffix+model", "0/-1"]
+    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "suffix+model", "-1/-1"]
 
 
 def test_pull_of_a_name_that_is_a_model_and_a_pair_pulls_both(runner, tmp_path):

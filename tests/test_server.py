@@ -758,7 +758,7 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stderr.readline()
-        match = re.search(r"\(--spec ngram\+model, --k 2, 256-token context\) at (http://127\.0\.0\.1:\d+)/v1", line)
+        match = re.search(r"\(--spec suffix\+model, --k 2, 256-token context\) at (http://127\.0\.0\.1:\d+)/v1", line)
         assert match, line  # llama.cpp rounded --ctx 64 up to 256, and the line says so
         c = client(match.group(1))
         [served] = [model.id for model in c.models.list()]

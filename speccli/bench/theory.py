@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from speccli.bench.report import Best, ConfigResult
+from speccli.drafting.registry import uses_lookup
 from speccli.validation import AUTO_K, K
 
 
@@ -32,8 +33,8 @@ def prediction_not_applicable(spec: str, k: K) -> str | None:
     It assumes K drafted tokens every step at cost c each, accepted independently with one alpha."""
     if k == AUTO_K:
         return "auto: K varies per step, the formula assumes one fixed K"
-    if spec != "model":
-        return f"{spec}: n-gram drafts cost no model step and their acceptance is not one alpha"
+    if uses_lookup(spec):
+        return f"{spec}: lookup drafts cost no model step and their acceptance is not one alpha"
     return None
 
 

@@ -8,6 +8,7 @@ from typing import Sequence
 
 from speccli.bench.report import ConfigResult, Costs
 from speccli.bench.theory import predicted_speedup
+from speccli.drafting.registry import uses_lookup
 from speccli.validation import AUTO_K
 
 
@@ -51,7 +52,7 @@ def _could_pay(result: ConfigResult, costs: Costs) -> bool:
     alpha = result.overall.alpha if result.overall.alpha is not None else 1.0
     # Any spec with the lookup is priced as the lookup alone, at 0: an optimistic bound, so that a line
     # saying it cannot pay is never wrong.
-    c = costs.c if result.spec == "model" else 0.0
+    c = 0.0 if uses_lookup(result.spec) else costs.c
     return any(predicted_speedup(alpha, v.k, c, v.relative_to_1_token) > 1 for v in costs.verify if v.k > 0)
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from speccli.chat.session import ChatSession
 from speccli.chat.view import Display, Mode
 from speccli.core.sampling import SamplingParams
+from speccli.drafting.suffix import open_store
 from speccli.errors import SpeccliError, UsageError
 from speccli.models.pair import PairRequest, open_pair
 from speccli.util.interrupts import terminated
@@ -90,6 +91,7 @@ def run_chat(
     prompt: str | None,
     json_output: bool,
     provenance: bool,
+    remember: bool = False,
 ) -> None:
     """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each.
 
@@ -103,31 +105,35 @@ def run_chat(
     if system is not None:
         system, _ = as_text(system)
     with open_pair(request) as pair:
+        store = open_store(pair.target.tokenizer, pair.resolved.target_name, remember or pair.resolved.remember, display.warning)
         session = ChatSession(
             pair.target, pair.draft, display,
             sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else k,
-            seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None,
+            seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None, store=store,
         )
-        resolved = pair.resolved
-        remote = "RPC" in pair.target.placement or (pair.draft is not None and "RPC" in pair.draft.placement)
-        target_place = f" on {pair.target.placement}" if remote else ""
-        draft_place = f" on {pair.draft.placement}" if remote and pair.draft is not None else ""
-        drafting = f"draft {resolved.draft_name}{draft_place}" if resolved.draft_name else "no draft model"
-        session.announce(
-            f"target {resolved.target_name}{target_place} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
-        )
-        if message is not None:
-            session.send(message)
-            if session.finish_reason == "interrupted":  # printed, but a script must not take it for a whole reply
-                raise KeyboardInterrupt
-        elif sys.stdin.isatty():
-            session.run(typed_lines(display))
-        else:
-            failed = session.run(piped_lines(display), stopping_ends=True)
-            if session.finish_reason == "interrupted":  # a script must not take the replies for all it sent
-                raise KeyboardInterrupt
-            if failed:  # a script feeding chat must see that lines failed
-                raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
+        try:
+            resolved = pair.resolved
+            remote = "RPC" in pair.target.placement or (pair.draft is not None and "RPC" in pair.draft.placement)
+            target_place = f" on {pair.target.placement}" if remote else ""
+            draft_place = f" on {pair.draft.placement}" if remote and pair.draft is not None else ""
+            drafting = f"draft {resolved.draft_name}{draft_place}" if resolved.draft_name else "no draft model"
+            session.announce(
+                f"target {resolved.target_name}{target_place} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
+            )
+            if message is not None:
+                session.send(message)
+                if session.finish_reason == "interrupted":  # printed, but a script must not take it for a whole reply
+                    raise KeyboardInterrupt
+            elif sys.stdin.isatty():
+                session.run(typed_lines(display))
+            else:
+                failed = session.run(piped_lines(display), stopping_ends=True)
+                if session.finish_reason == "interrupted":  # a script must not take the replies for all it sent
+                    raise KeyboardInterrupt
+                if failed:  # a script feeding chat must see that lines failed
+                    raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
+        finally:
+            store.persist(now=True)  # what this session added: written at the end whatever ended it
 
 
 def _require_stdin(prompt: str | None) -> None:

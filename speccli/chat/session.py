@@ -24,6 +24,7 @@ from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEven
 from speccli.core.text import begins_a_stop
 from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.specs import make_drafter, make_policy
+from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.util.interrupts import ctrl_c_as_flag, terminated
@@ -33,6 +34,7 @@ from speccli.validation import AUTO_K, K, MAX_K, check_max_tokens, check_tempera
 COMMANDS = {
     "/stats": "statistics for the whole session so far",
     "/reset": "forget the conversation (the system prompt stays)",
+    "/forget": "forget the conversation and the earlier replies drafts come from (--remember's file too)",
     "/k N|auto": f"draft tokens per step: 1 to {MAX_K}, or auto (chosen per step from measured costs)",
     "/temp X": "sampling temperature; 0 is greedy",
     "/system TEXT": "set the system prompt (shows it without TEXT; /system clear removes it)",
@@ -66,12 +68,15 @@ class ChatSession:
         max_tokens: int = 512,
         system: str | None = None,
         one_shot: bool = False,
+        store: SuffixStore | None = None,
     ) -> None:
         check_max_tokens(max_tokens, "max tokens")
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.draft = draft
-        self.generator = Generator(target, make_drafter(spec, draft, target), sampling, make_policy(k), seed)
+        # Earlier replies, for a `suffix` source: this session's regenerations and turns, or remembered ones.
+        self.store = SuffixStore() if store is None else store
+        self.generator = Generator(target, make_drafter(spec, draft, target, self.store), sampling, make_policy(k), seed)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
@@ -192,6 +197,7 @@ class ChatSession:
             "k": self.generator.policy.name,
         }
         self.display.reply_done(record, run, self.target_token_seconds)
+        self.store.persist()
         return reply_text
 
     def _prompt_that_fits(self, user_text: str) -> Prompt:
@@ -247,6 +253,13 @@ class ChatSession:
             self.conversation.clear()
             self.generator.reset()
             self.display.notice("(conversation cleared)")
+        elif name == "/forget":
+            self.conversation.clear()
+            self.generator.reset()
+            self.generator.drafter.forget_all()
+            self.store.clear()  # a source-less chat has no drafter that holds it
+            self.store.persist(now=True)
+            self.display.notice("(conversation and earlier replies forgotten)")
         elif name == "/k":
             self.generator.policy = make_policy(parse_k(argument, "/k"))
             if self.generator.policy.needs_costs and not set(PROFILED_SIZES) <= self.generator.costs.decode_seconds.keys():

@@ -177,6 +177,9 @@ class Display:
     def notice(self, message: str) -> None:
         self._notices.print(Text(message, style="dim"))
 
+    def warning(self, message: str) -> None:
+        self.err_console.print(Text(message, style="yellow" if self.mode == "terminal" else ""))
+
     def error(self, message: str) -> None:
         self.err_console.print(Text(f"error: {message}", style="red" if self.mode == "terminal" else ""))
 

@@ -74,6 +74,16 @@ def uses_draft_model(spec: str) -> bool:
     return any(source_named(name).uses_draft_model for name in spec.split("+"))
 
 
+def uses_lookup(spec: str) -> bool:
+    """Whether some source of `spec` drafts without the draft model (at no model step's cost)."""
+    return not all(source_named(name).uses_draft_model for name in spec.split("+"))
+
+
+def default_spec(with_draft_model: bool) -> str:
+    """DEFAULT_SPEC, less its model source where there is no draft model."""
+    return DEFAULT_SPEC if with_draft_model else "+".join(n for n in DEFAULT_SPEC.split("+") if not source_named(n).uses_draft_model)
+
+
 def make_source(name: str, inputs: DraftInputs) -> DraftSource:
     from functools import reduce
     from importlib import import_module

@@ -22,16 +22,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from speccli.core.seam import Draft, DraftRequest
 from speccli.core.stats import StepEvent
 from speccli.drafting.ngram import MAX_MATCH, Match, NgramDrafter, longest_matches
+from speccli.util.cache import speccli_cache_dir
 from speccli.validation import MAX_K
 
 if TYPE_CHECKING:
@@ -44,20 +46,26 @@ MIN_SHARE = 0.1  # a walk stops where fewer than this share of the matching occu
 MAX_CANDIDATES = 4096  # the most recent occurrences of a token a match starts from: a lookup's cost is bounded
 DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
 FORMAT = 1
+DEFAULT_CAP_TOKENS = DEFAULT_CAP_MB * 2**20 // 8
+SAVE_EVERY_SECONDS = 10  # a remembered store is written after a reply at most this often, and on exit
 
 
 class SuffixStore:
     """Earlier replies of one target vocabulary, oldest first, at most `cap_tokens` of them."""
 
-    def __init__(self, cap_tokens: int = DEFAULT_CAP_MB * 2**20 // 8, vocabulary: str = "") -> None:
+    def __init__(self, cap_tokens: int = DEFAULT_CAP_TOKENS, vocabulary: str = "") -> None:
         self.cap_tokens = cap_tokens
         self.vocabulary = vocabulary  # a fingerprint of the target's vocabulary (`vocabulary_fingerprint`)
+        self.path: Path | None = None  # where `persist` keeps it (`--remember`); None: for this process only
+        self.model = ""  # the target's file name, for `speccli remembered`
+        self._saved_at = 0.0
         self.clear()
 
     def clear(self) -> None:
         self._tokens = array("i")
         self._positions: dict[int, array] = {}
         self._starts: list[int] = []  # where each reply's entry (its separator) starts
+        self._unsaved = True
 
     @property
     def n_tokens(self) -> int:
@@ -70,6 +78,7 @@ class SuffixStore:
         self.extend(head)
 
     def extend(self, tokens: Sequence[int]) -> None:
+        self._unsaved = True
         for token in tokens:
             self._positions.setdefault(token, array("i")).append(len(self._tokens))
             self._tokens.append(token)
@@ -134,11 +143,17 @@ class SuffixStore:
 
     # --- the file (`--remember`) ---------------------------------------------------------------------
 
+    def persist(self, now: bool = False) -> None:
+        """Write it to its file, if it has one and changed: `now`, or where it was not written lately."""
+        if self.path is not None and self._unsaved and (now or time.monotonic() - self._saved_at >= SAVE_EVERY_SECONDS):
+            self.save(self.path)
+            self._unsaved, self._saved_at = False, time.monotonic()
+
     def save(self, path: Path) -> None:
         """Written whole or not at all, readable by the user alone: it holds the user's replies."""
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary}).encode()
+        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": self.model}).encode()
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(descriptor, "wb") as file:
@@ -189,6 +204,38 @@ def _problem(data: bytes, vocabulary: str, n_vocab: int) -> str | None:
     if len(tokens) and (tokens.min() < SEPARATOR or tokens.max() >= n_vocab):
         return "holds token ids outside this vocabulary"
     return None
+
+
+def stores_dir() -> Path:
+    return speccli_cache_dir() / "remembered"
+
+
+def open_store(tokenizer: Tokenizer, model: str, remember: bool, warn: Callable[[str], None]) -> SuffixStore:
+    """A store of earlier replies for this target: a new one, or with `remember`, the one in speccli's
+    cache for its vocabulary (a file that cannot serve is said in one line and replaced)."""
+    if not remember:
+        return SuffixStore()
+    fingerprint = vocabulary_fingerprint(tokenizer)
+    path = stores_dir() / f"{fingerprint}.suffix"
+    store, problem = SuffixStore.load(path, fingerprint, tokenizer.n_vocab, DEFAULT_CAP_TOKENS)
+    if problem is not None:
+        warn(f"warning: {problem}")
+    store.path, store.model = path, model
+    return store
+
+
+def describe_stores() -> list[dict[str, object]]:
+    """What `speccli remembered` lists: each store file, its target and size."""
+    described = []
+    for path in sorted(stores_dir().glob("*.suffix")):
+        data = path.read_bytes()
+        size = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
+        try:
+            model = json.loads(data[4 : 4 + size]).get("model", "?")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            model = "? (not a store)"
+        described.append({"file": path, "model": model, "tokens": max(len(data) - 4 - size, 0) // 4, "bytes": len(data)})
+    return described
 
 
 def vocabulary_fingerprint(tokenizer: Tokenizer) -> str:

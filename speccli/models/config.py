@@ -34,7 +34,7 @@ DEFAULT_N_GPU_LAYERS = -1
 SOURCE_KINDS: dict[str, type[ModelSource]] = {
     kind.key: kind for kind in (LocalSource, HubSource, PackageSource, ChunkedPackagesSource, DerivedSource)
 }
-_PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers", "rpc")
+_PAIR_KEYS = ("target", "draft", "k", "spec", "target_n_gpu_layers", "draft_n_gpu_layers", "rpc", "remember")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # A name is a folder in speccli's cache (derived builds): well within a file name's 255 bytes.
 MAX_NAME_LENGTH = 100
@@ -59,6 +59,7 @@ class PairEntry:
     draft_n_gpu_layers: int
     defined_in: Path
     rpc: tuple[Endpoint, ...] = ()  # RPC servers for the target: "host:port,host:port"
+    remember: bool = False  # keep earlier replies on disk for the suffix source (`--remember`)
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,7 @@ def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
         draft_n_gpu_layers=entry.gpu_layers("draft_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),
         defined_in=file,
         rpc=entry.endpoints("rpc"),
+        remember=entry.boolean("remember", default=False),
     )
 
 

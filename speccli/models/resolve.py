@@ -26,6 +26,7 @@ class ResolvedPair:
     target_n_gpu_layers: int
     draft_n_gpu_layers: int
     rpc: tuple[Endpoint, ...] = ()  # the pair's RPC servers for the target (models.toml `rpc`)
+    remember: bool = False  # the pair's `remember`: earlier replies kept on disk (`--remember`)
 
 
 class RegistryFiles:
@@ -131,6 +132,7 @@ def resolve_pair(
         target_n_gpu_layers=pair.target_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
         draft_n_gpu_layers=pair.draft_n_gpu_layers if pair else DEFAULT_N_GPU_LAYERS,
         rpc=pair.rpc if pair else (),
+        remember=pair.remember if pair else False,
     )
 
 

@@ -64,6 +64,12 @@ class TomlTable:
             raise self.error(f"expected a non-empty string, got {type_name(value)}", key)
         return value
 
+    def boolean(self, key: str, *, default: bool) -> bool:
+        value = self.values.get(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"expected true or false, got {type_name(value)}", key)
+        return value
+
     def integer(self, key: str, *, default: int | None, minimum: int) -> int | None:
         if key not in self.values and default is None:
             return None

@@ -25,6 +25,8 @@ from speccli.models.pair import LoadedPair, PairRequest, open_pair
 from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
 from speccli.server.service import Service
+from speccli.drafting.registry import DEFAULT_SPEC
+from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
 from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
 
@@ -33,10 +35,11 @@ from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check
 class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 8080
-    spec: str = "ngram+model"
+    spec: str = DEFAULT_SPEC
     k: K = AUTO_K
     max_waiting: int = 16  # requests that may wait while one runs; more get 503
     api_key: str | None = None  # clients must send `Authorization: Bearer KEY` (all but /health); None: open
+    remember: bool = False  # earlier replies kept on disk for the suffix source (`--remember`)
 
     def validate(self) -> None:
         check_spec(self.spec)
@@ -60,7 +63,9 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
     metrics = Metrics()
     speculation = Speculation(settings.spec, settings.k)
     require_draft_model(settings.spec, draft)
-    worker = Worker(target, draft, settings.max_waiting, metrics)
+    warn = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    store = open_store(target.tokenizer, model_id, settings.remember, warn)
+    worker = Worker(target, draft, settings.max_waiting, metrics, store)
     on_server_lost(lambda reason: _answer_503_from_now_on(worker, reason))
     return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key)
 

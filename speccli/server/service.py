@@ -13,6 +13,7 @@ from speccli.server.api_errors import APIError
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
 from speccli.server.worker import Speculation, Worker
+from speccli.drafting.registry import default_spec
 from speccli.validation import needs_draft_model
 
 
@@ -41,10 +42,10 @@ class Service:
             return self.default_speculation
         if not control.enabled:
             return Speculation(None, None)
-        spec = control.spec or self.default_speculation.spec or ("model" if self.draft is not None else "ngram")
+        spec = control.spec or self.default_speculation.spec or default_spec(self.draft is not None)
         if needs_draft_model(spec) and self.draft is None:
             raise APIError(400, f"speculative.spec {spec!r} needs a draft model, and this server has none "
-                           "(start it with a draft, or use 'ngram')", param="speculative.spec")
+                           f"(start it with a draft, or use {default_spec(False)!r})", param="speculative.spec")
         k = self.default_speculation.k if control.k is None else control.k
         return Speculation(spec, k)
 

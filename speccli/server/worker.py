@@ -27,6 +27,7 @@ from speccli.core.seam import CostProfile
 from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.specs import make_drafter, make_policy
+from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
@@ -91,9 +92,13 @@ SHUTTING_DOWN = "the server is shutting down; the request was not completed"
 
 
 class Worker:
-    def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics) -> None:
+    def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics,
+                 store: SuffixStore | None = None) -> None:
         self.target = target
         self.draft = draft
+        # Earlier replies, shared by every request's `suffix` source for the life of the process (and
+        # kept on disk with --remember); a switch of configuration starts a new conversation, not a new store.
+        self.store = SuffixStore() if store is None else store
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()  # in order; a job leaves it when it starts or its client leaves
@@ -124,6 +129,7 @@ class Worker:
             self._changed.notify()
         if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
+        self.store.persist(now=True)
 
     @property
     def stopping(self) -> bool:
@@ -200,7 +206,7 @@ class Worker:
     def _generator_for(self, speculation: Speculation) -> Generator:
         generator = self._generators.get(speculation)
         if generator is None:
-            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target)
+            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target, self.store)
             policy = None if speculation.k is None else make_policy(speculation.k)
             generator = Generator(self.target, drafter, SamplingParams(), policy)
             self._generators[speculation] = generator
@@ -242,5 +248,6 @@ class Worker:
                 elif isinstance(event, DoneEvent):
                     self.metrics.record(event.stats, "completed")
                     job.emit(event)
+                    self.store.persist()
                     return
         self.metrics.record(generator.reply_stats, "cancelled")  # no DoneEvent: cancelled in its prefill
