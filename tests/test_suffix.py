@@ -16,7 +16,9 @@ import pytest
 
 from speccli.core import generator as generator_module
 from speccli.core import verify as verify_module
-from speccli.core.generator import Generator
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.stats import StepEvent
+from speccli.drafting.ngram import NgramDrafter
 from speccli.core.verify import DraftVerdict
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
@@ -24,7 +26,7 @@ from speccli.drafting.suffix import SEPARATOR, SuffixDrafter, SuffixStore
 from tests.conftest import loaded_related_pair
 from tests.test_drafting import request
 from tests.test_engine_distribution import SAMPLES, SETTINGS, chi_square_p_value
-from tests.test_engine_greedy import PROMPTS, check_greedy_equality
+from tests.test_engine_greedy import GREEDY, PROMPTS, check_greedy_equality
 from tests.two_token_distribution import exact_two_token_distribution, sampled_pairs_and_stats
 
 
@@ -145,6 +147,23 @@ def test_kept_tokens_join_the_store_after_the_prompts_last_tokens() -> None:
     assert drafter.store.match([38, 39], limit=5).following == [50, 51, 52]
     drafter.forget_all()
     assert drafter.store.n_tokens == 0
+
+
+def test_with_nothing_recalled_it_drafts_what_the_lookup_drafts(greedy_pair) -> None:
+    """One conversation: its store holds only what the context holds too, matched no longer there, so
+    the default chain's new source changes nothing for a single request (docs/drafting.md)."""
+    target, _ = greedy_pair
+    replies = {}
+    for drafter in (NgramDrafter(), SuffixDrafter()):
+        generator = Generator(target, drafter, GREEDY, FixedK(5))
+        steps = []
+        for text in PROMPTS[:4]:  # turns of one conversation: each prompt extends the last reply
+            prompt = generator.tokens + target.tokenizer.tokenize(text * 2, add_special=not generator.tokens)
+            steps += [(e.drafted, e.accepted) for e in generator.generate(prompt, GenerationLimits(max_tokens=20))
+                      if isinstance(e, StepEvent)]
+        replies[drafter.name] = steps
+        target.reset()
+    assert replies["ngram"] == replies["suffix"] and sum(drafted for drafted, _ in replies["ngram"]) > 0
 
 
 # --- exactness --------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from speccli import __version__
-from speccli.cli import bench, chat, env, models, quant_check, rpc_server, serve, suggest, vocab
+from speccli.cli import bench, chat, env, models, quant_check, remembered, rpc_server, serve, suggest, vocab
 from speccli.errors import INTERRUPTED_EXIT_CODE, SpeccliError
 from speccli.util.interrupts import exit_code_for_interrupt, sigterm_unwinds
 
@@ -234,6 +234,7 @@ app.command("quant-check")(quant_check.quant_check)
 app.command()(serve.serve)
 app.command("rpc-server")(rpc_server.rpc_server)
 app.command()(suggest.suggest)
+app.command()(remembered.remembered)
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from speccli.cli.options import (
     ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
     TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
+from speccli.drafting.registry import DEFAULT_SPEC, spec_help
 from speccli.errors import UsageError
 from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
@@ -32,8 +33,8 @@ def bench(
         Optional[str],  # text to Click; the callback hands on the parsed list, or None (not given)
         typer.Option(
             "--spec", metavar="SOURCES",
-            help="Draft source(s): model, ngram (no draft model loaded), ngram+model, or a list compared side "
-            "by side: model,ngram,ngram+model (default: the pair's, else ngram+model).",
+            help=f"Draft source(s): {spec_help()}; or a list compared side by side: model,ngram,{DEFAULT_SPEC} "
+            f"(default: the pair's, else {DEFAULT_SPEC}).",
             callback=checked(parse_spec_list),
         ),
     ] = None,

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from speccli import validation
+from speccli.drafting.registry import DEFAULT_SPEC, spec_help
 
 
 def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.CallbackParam, Any], Any]:
@@ -43,7 +44,7 @@ SpecOption = Annotated[
     Optional[str],
     typer.Option(
         "--spec", metavar="SOURCE",
-        help="Draft source: model, ngram (no draft model loaded) or ngram+model (default: the pair's, else ngram+model).",
+        help=f"Draft source: {spec_help()} (default: the pair's, else {DEFAULT_SPEC}).",
         callback=checked(validation.check_spec),
     ),
 ]

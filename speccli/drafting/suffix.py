@@ -228,13 +228,15 @@ def describe_stores() -> list[dict[str, object]]:
     """What `speccli remembered` lists: each store file, its target and size."""
     described = []
     for path in sorted(stores_dir().glob("*.suffix")):
-        data = path.read_bytes()
-        size = int.from_bytes(data[:4], "little") if len(data) >= 4 else 0
+        with path.open("rb") as file:
+            size = int.from_bytes(file.read(4), "little")
+            header = file.read(min(size, 4096))
         try:
-            model = json.loads(data[4 : 4 + size]).get("model", "?")
-        except (ValueError, UnicodeDecodeError, AttributeError):
+            model = json.loads(header)["model"]
+        except (ValueError, UnicodeDecodeError, TypeError, KeyError):
             model = "? (not a store)"
-        described.append({"file": path, "model": model, "tokens": max(len(data) - 4 - size, 0) // 4, "bytes": len(data)})
+        length = path.stat().st_size
+        described.append({"file": path, "model": model, "tokens": max(length - 4 - size, 0) // 4, "bytes": length})
     return described
 
 
