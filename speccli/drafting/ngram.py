@@ -56,13 +56,15 @@ class Match:
         return Draft(source, key, self.following[: plan.k], None, plan)
 
 
-def longest_matches(tokens: np.ndarray, candidates: np.ndarray, backwards: np.ndarray) -> tuple[np.ndarray, int]:
+def longest_matches(
+    tokens: np.ndarray, candidates: np.ndarray, backwards: np.ndarray, one_position_above: int = MANY_CANDIDATES,
+) -> tuple[np.ndarray, int]:
     """Of `candidates`, positions in `tokens` holding backwards[0], those whose text up to them matches
     `backwards` (a text's end, backwards[m] the token m places before its last) longest, and that length."""
     length = 1  # every candidate matches the last token
     # A frequent token has thousands of earlier positions, most of which one comparison rules out:
     # while they are many, compare one position back per pass...
-    while len(candidates) > MANY_CANDIDATES and length < len(backwards):
+    while len(candidates) > one_position_above and length < len(backwards):
         kept = candidates[(candidates >= length) & (tokens[candidates - length] == backwards[length])]
         if not len(kept):
             return candidates, length

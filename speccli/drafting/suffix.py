@@ -24,6 +24,7 @@ import json
 import os
 import time
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -32,9 +33,8 @@ import numpy as np
 
 from speccli.core.seam import Draft, DraftRequest
 from speccli.core.stats import StepEvent
-from speccli.drafting.ngram import MAX_MATCH, Match, NgramDrafter, longest_matches
+from speccli.drafting.ngram import MAX_MATCH, SHADOW_TOKENS, Match, NgramDrafter, longest_matches
 from speccli.util.cache import speccli_cache_dir
-from speccli.validation import MAX_K
 
 if TYPE_CHECKING:
     from speccli.drafting.registry import DraftInputs
@@ -43,7 +43,10 @@ if TYPE_CHECKING:
 SEPARATOR = -1  # between replies in the store: no token matches it, so no match spans two replies
 HEAD_TOKENS = 16  # prompt tokens kept before each reply
 MIN_SHARE = 0.1  # a walk stops where fewer than this share of the matching occurrences went on its way
-MAX_CANDIDATES = 4096  # the most recent occurrences of a token a match starts from: a lookup's cost is bounded
+# A lookup's cost is bounded: a match starts from the most recent MAX_CANDIDATES occurrences of the last
+# token, and its continuation is counted over the most recent WALKED of those that match longest.
+MAX_CANDIDATES = 256
+WALKED = 16
 DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
 FORMAT = 1
 DEFAULT_CAP_TOKENS = DEFAULT_CAP_MB * 2**20 // 8
@@ -98,29 +101,33 @@ class SuffixStore:
         if not len(candidates):
             return None
         backwards = np.asarray(context[-MAX_MATCH:][::-1], dtype=np.int32)
-        candidates, length = longest_matches(tokens, candidates, backwards)
+        candidates, length = longest_matches(tokens, candidates, backwards, one_position_above=MAX_CANDIDATES)
+        candidates = candidates[-WALKED:]
         occurrences = len(candidates)
+        # What followed each occurrence, up to the limit (a reply's end reads as SEPARATOR), newest first.
+        ahead = candidates[::-1, None] + np.arange(1, limit + 1)
+        window = np.where(ahead < len(tokens), tokens[np.minimum(ahead, len(tokens) - 1)], SEPARATOR)
         following: list[int] = []
         share = 1.0
         while len(following) < limit:
-            if len(candidates) == 1:  # one way on: the rest of that reply
-                rest = tokens[candidates[0] + 1 : candidates[0] + 1 + limit - len(following)]
-                ends = np.flatnonzero(rest == SEPARATOR)
-                following += rest[: ends[0] if len(ends) else len(rest)].tolist()
+            # As far as they all went on alike, that is the proposal, and the share stays.
+            rest = window[:, len(following):]
+            alike = (rest == rest[0]).all(axis=0) & (rest[0] != SEPARATOR)
+            run = len(alike) if alike.all() else int(alike.argmin())
+            following += rest[0, :run].tolist()
+            if len(following) == limit:
                 break
-            after = candidates + 1
-            after = after[after < len(tokens)]
-            # The most frequent next token, of equals the most recent (`latest`: places from the end).
-            values, latest, counts = np.unique(tokens[after][::-1], return_index=True, return_counts=True)
-            best = int(np.lexsort((latest, -np.where(values == SEPARATOR, 0, counts)))[0])
-            share *= counts[best] / len(candidates)
-            if values[best] == SEPARATOR or share < MIN_SHARE:
+            # Where they part: the token most went on with, of equals the most recent.
+            counts = Counter(rest[:, run].tolist())
+            best = max(counts, key=lambda token: (token != SEPARATOR, counts[token]))  # max keeps the first: newest
+            share *= counts[best] / len(window)
+            if best == SEPARATOR or share < MIN_SHARE:
                 break
-            following.append(int(values[best]))
-            candidates = after[tokens[after] == values[best]]
+            following.append(best)
+            window = window[window[:, len(following) - 1] == best]
         if not following:
             return None
-        went_on = "once" if occurrences == 1 else "same" if len(candidates) == occurrences else "varied"
+        went_on = "once" if occurrences == 1 else "same" if len(window) == occurrences else "varied"
         return Match(length, went_on, following)
 
     def _evict(self) -> None:
@@ -267,7 +274,7 @@ class SuffixDrafter(NgramDrafter):
 
     def propose(self, request: DraftRequest) -> Draft:
         here = self.context_match(request)
-        earlier = self.store.match(request.context, min(request.limit, MAX_K))
+        earlier = self.store.match(request.context, min(request.limit, SHADOW_TOKENS))
         if earlier is not None and (here is None or earlier.length > here.length):
             return earlier.draft(self.name, request)
         return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
