@@ -13,7 +13,9 @@ import stat
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from speccli.cli.app import app
 from speccli.core import generator as generator_module
 from speccli.core import verify as verify_module
 from speccli.core.generator import GenerationLimits, Generator
@@ -223,3 +225,45 @@ def test_a_verifier_that_keeps_every_remembered_draft_is_detected(greedy_pair, m
     with pytest.raises(AssertionError):
         check_greedy_equality(target, make_drafter("suffix", draft, target), FixedK(6), max_tokens=24,
                               min_draft_share=0.0, prompts=PROMPTS[:8] * 2)
+
+
+# --- --remember, end to end -------------------------------------------------------------------------
+
+
+def test_remember_carries_replies_to_the_next_process_and_remembered_clears_them(tiny_pair, tmp_path, monkeypatch) -> None:
+    from tests.test_chat import chat, records
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "cache"))
+    message = "the cat sat on the mat and the dog sat on the log"
+    first = chat(tiny_pair, "--remember", "--temp", "0", "--json", "-n", "24", "-p", message)
+    assert first.exit_code == 0, first.output
+    [store_file] = (tmp_path / "cache" / "remembered").iterdir()
+    assert stat.S_IMODE(os.stat(store_file).st_mode) == 0o600
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.exit_code == 0 and str(store_file) in listed.stdout and " tokens " in listed.stdout
+    # The same message again, in a new process: the first reply is drafted from the store (a fixed K:
+    # a new process's `auto` starts each kind of draft short).
+    again = chat(tiny_pair, "--remember", "--temp", "0", "--json", "-n", "24", "--k", "8", "-p", message)
+    assert records(again.stdout)[0]["reply"] == records(first.stdout)[0]["reply"]
+    remembered = records(again.stdout)[0]["stats"]["by_source"]
+    assert remembered["suffix"]["accepted"] >= 12, remembered
+    # Without --remember nothing is read or written.
+    alone = chat(tiny_pair, "--temp", "0", "--json", "-n", "24", "-p", message)
+    assert "suffix" not in records(alone.stdout)[0]["stats"]["by_source"]
+    cleared = CliRunner().invoke(app, ["remembered", "--clear"])
+    assert (cleared.exit_code, list(store_file.parent.iterdir())) == (0, [])
+    assert cleared.stdout == f"deleted 1 store from {store_file.parent}\n"
+
+
+def test_a_corrupt_remembered_store_is_one_warning_and_the_chat_goes_on(tiny_pair, tmp_path, monkeypatch) -> None:
+    from tests.test_chat import chat
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "cache"))
+    assert chat(tiny_pair, "--remember", "--temp", "0", "-n", "4", "-p", "hello").exit_code == 0
+    [store_file] = (tmp_path / "cache" / "remembered").iterdir()
+    store_file.write_bytes(b"\x00" * 7)
+    result = chat(tiny_pair, "--remember", "--temp", "0", "-n", "4", "-p", "hello")
+    assert result.exit_code == 0
+    assert [line for line in result.stderr.splitlines() if "store" in line] == [
+        f"warning: {store_file}: not a speccli store; starting a new store"]
+    assert SuffixStore.load(store_file, store_file.stem, 10**6, 10**6)[1] is None  # replaced by a good one

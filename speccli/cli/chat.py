@@ -7,7 +7,7 @@ import typer
 
 from speccli.cli.options import (
     RpcDraftOption, RpcOption, TensorSplitOption,
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
+    ConfigOption, ContextOption, RememberOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
     SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
 )
 from speccli.validation import CHAT_CTX, check_seed
@@ -54,6 +54,7 @@ def chat(
             help="Color tokens by origin: accepted draft, target correction, bonus.",
         ),
     ] = True,
+    remember: RememberOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
@@ -75,4 +76,5 @@ def chat(
         prompt=prompt,
         json_output=json_output,
         provenance=color_provenance,
+        remember=remember,
     )

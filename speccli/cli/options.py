@@ -50,6 +50,15 @@ SpecOption = Annotated[
 ]
 
 
+RememberOption = Annotated[
+    bool,
+    typer.Option(
+        "--remember", help="Keep earlier replies, which the suffix draft source drafts from, in speccli's cache for "
+        "the next runs (the file holds your generated text; `speccli remembered` lists and clears it; default: the pair's remember).",
+    ),
+]
+
+
 # Click reads --k as text (Typer takes no union type); the callback hands the command a `validation.K`,
 # or None where --k was not given (the pair's k then).
 KOption = Annotated[

@@ -7,7 +7,7 @@ import typer
 
 from speccli.cli.options import (
     RpcDraftOption, RpcOption, TensorSplitOption,
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
+    ConfigOption, ContextOption, RememberOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
     TargetOption, ThreadsOption, checked,
 )
 from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
@@ -37,6 +37,7 @@ def serve(
     rpc: RpcOption = None,
     rpc_draft: RpcDraftOption = False,
     tensor_split: TensorSplitOption = None,
+    remember: RememberOption = False,
     config: ConfigOption = None,
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
@@ -58,7 +59,7 @@ def serve(
         resolved = loaded.resolved
         settings = ServeSettings(
             host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue,
-            api_key=api_key,
+            api_key=api_key, remember=remember or resolved.remember,
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
