@@ -35,6 +35,7 @@ from speccli.chat.template import chat_format_for
 from speccli.cli.app import app as cli_app
 from speccli.core.generator import PROFILE_TIMINGS
 from speccli.core.stats import RunStats, StepEvent
+from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.llama.model import LoadOptions, Model
 from speccli.server.api_errors import APIError
 from speccli.server.reply import speculative_summary
@@ -341,16 +342,20 @@ def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() ->
 @pytest.mark.gemma
 def test_take_overs_and_catch_ups_of_real_requests_reach_the_metrics(gemma_pair) -> None:
     # The tiny models never hand a draft over; on the Gemma pair under the default chain and `auto`, the
-    # lookup takes the model's drafts over on every built-in prompt (measured: 1 to 5 times in 48 tokens).
+    # lookups take the model's drafts over on every built-in prompt (measured: 1 to 5 times in 48 tokens).
     tasks = {prompt.task: prompt.prompt for prompt in load_prompt_set(None).prompts}
     with serving_in_thread(build_service(MODEL, *gemma_pair, ServeSettings(port=0))) as url:
         c = client(url)
         replies = [ask(c, tasks[task], max_tokens=48) for task in ("json", "qa", "quote")]
         text = get(url, "/metrics")[1]
     figures = [reply.model_extra["speculative"] for reply in replies]
-    assert {figure["spec"] for figure in figures} == {"ngram+model"}
-    taken_over = sum(figure["take_overs"].get("ngram", 0) for figure in figures)
-    assert metric(text, 'take_overs_total{source="ngram"}') == taken_over > 0
+    assert {figure["spec"] for figure in figures} == {DEFAULT_SPEC}
+    # The suffix source drafts from the context as `ngram` and from earlier replies as `suffix`.
+    by_source = {source: sum(figure["take_overs"].get(source, 0) for figure in figures) for source in ("ngram", "suffix")}
+    assert sum(by_source.values()) > 0
+    for source, taken_over in by_source.items():
+        line = f'take_overs_total{{source="{source}"}}'
+        assert metric(text, line) == taken_over if taken_over else line not in text
     assert 'take_overs_total{source="model"}' not in text  # the model is the costlier source: it takes nothing over
     assert metric(text, "draft_catch_up_seconds_total") == pytest.approx(sum(f["catch_up_seconds"] for f in figures), abs=1e-5)
 
