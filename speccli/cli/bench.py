@@ -3,23 +3,23 @@ package's; this module owns the options and their checks.)"""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from speccli.cli.options import (
-    RpcDraftOption, RpcOption, TensorSplitOption,
-    ConfigOption, ContextOption, DraftGpuLayersOption, DraftOption, MinPOption, PairArgument, TargetGpuLayersOption,
-    TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
-)
+from speccli.cli.options import MinPOption, TemperatureOption, TopKOption, TopPOption, checked, with_pair_options
 from speccli.drafting.registry import DEFAULT_SPEC, spec_help
 from speccli.errors import UsageError
 from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
 
+if TYPE_CHECKING:
+    from speccli.models.pair import PairRequest
 
+
+@with_pair_options(default_n_ctx=BENCH_CTX)
 def bench(
     context: typer.Context,
-    pair: PairArgument = None,
+    pair_request: PairRequest,
     k: Annotated[
         Optional[str],  # text to Click; the callback hands on the parsed list of K, or None (not given)
         typer.Option(
@@ -38,8 +38,6 @@ def bench(
             callback=checked(parse_spec_list),
         ),
     ] = None,
-    target: TargetOption = None,
-    draft: DraftOption = None,
     n_predict: Annotated[int, typer.Option("--n-predict", "-n", help="New tokens per generation (fewer if the model ends).")] = 64,
     temperature: TemperatureOption = 0.0,
     top_k: TopKOption = 0,
@@ -66,14 +64,6 @@ def bench(
         Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
-    ctx: ContextOption = None,
-    threads: ThreadsOption = None,
-    ngl: TargetGpuLayersOption = None,
-    ngl_draft: DraftGpuLayersOption = None,
-    rpc: RpcOption = None,
-    rpc_draft: RpcDraftOption = False,
-    tensor_split: TensorSplitOption = None,
-    config: ConfigOption = None,
 ) -> None:
     """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, the K chosen."""
     import json
@@ -83,7 +73,6 @@ def bench(
     from speccli.bench.report import report_schema
     from speccli.bench.settings import BenchRequest, BenchSettings
     from speccli.core.sampling import SamplingParams
-    from speccli.models.pair import PairRequest
 
     if schema:
         _alone(context, "--schema")
@@ -93,11 +82,6 @@ def bench(
         _alone(context, "--compare")
         compare_command(*compare, console())
         return
-    pair_request = PairRequest(
-        pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=BENCH_CTX, n_threads=threads,
-        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
-        tensor_split=tensor_split or (),
-    )
     settings = BenchSettings(
         n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup
     )

@@ -1,22 +1,24 @@
 """`speccli chat`: options -> a pair request and sampling settings -> `speccli.chat.command.run_chat`."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from speccli.cli.options import (
-    RpcDraftOption, RpcOption, TensorSplitOption,
-    ConfigOption, ContextOption, RememberOption, DraftGpuLayersOption, DraftOption, KOption, MaxTokensOption, MinPOption, PairArgument,
-    SpecOption, TargetGpuLayersOption, TargetOption, TemperatureOption, ThreadsOption, TopKOption, TopPOption, checked,
+    KOption, MaxTokensOption, MinPOption, RememberOption, SpecOption, TemperatureOption, TopKOption, TopPOption, checked,
+    with_pair_options,
 )
 from speccli.validation import CHAT_CTX, check_seed
 
+if TYPE_CHECKING:
+    from speccli.models.pair import PairRequest
 
+
+@with_pair_options(default_n_ctx=CHAT_CTX)
 def chat(
-    pair: PairArgument = None,
-    target: TargetOption = None,
-    draft: DraftOption = None,
+    pair_request: PairRequest,
     spec: SpecOption = None,
     k: KOption = None,
     temperature: TemperatureOption = 0.8,
@@ -28,13 +30,6 @@ def chat(
         typer.Option("--seed", "-s", help="Random seed; -1 or none: random.", callback=checked(check_seed)),
     ] = None,
     max_tokens: MaxTokensOption = 512,
-    ctx: ContextOption = None,
-    threads: ThreadsOption = None,
-    ngl: TargetGpuLayersOption = None,
-    ngl_draft: DraftGpuLayersOption = None,
-    rpc: RpcOption = None,
-    rpc_draft: RpcDraftOption = False,
-    tensor_split: TensorSplitOption = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,
     prompt: Annotated[
         Optional[str],
@@ -55,19 +50,13 @@ def chat(
         ),
     ] = True,
     remember: RememberOption = False,
-    config: ConfigOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
     from speccli.chat.command import run_chat
     from speccli.core.sampling import SamplingParams
-    from speccli.models.pair import PairRequest
 
     run_chat(
-        PairRequest(
-            pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
-            target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
-            tensor_split=tensor_split or (), spec=spec,
-        ),
+        replace(pair_request, spec=spec),
         sampling=SamplingParams(temperature, top_k, top_p, min_p),
         k=k,
         seed=seed,

@@ -6,6 +6,8 @@ models.toml use the same checks. llama.cpp's short names are accepted as aliases
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
@@ -141,3 +143,50 @@ TensorSplitOption = Annotated[
         callback=checked(validation.parse_tensor_split),
     ),
 ]
+
+
+# The options that choose and place a pair, shared by chat, serve and bench: `with_pair_options` adds
+# them to a command, which receives them as one `PairRequest` (its `spec` is the command's own).
+PAIR_FIRST = {"pair": PairArgument, "target": TargetOption, "draft": DraftOption}
+PAIR_LAST = {
+    "ctx": ContextOption, "threads": ThreadsOption, "ngl": TargetGpuLayersOption, "ngl_draft": DraftGpuLayersOption,
+    "rpc": RpcOption, "rpc_draft": RpcDraftOption, "tensor_split": TensorSplitOption, "config": ConfigOption,
+}
+
+
+def with_pair_options(default_n_ctx: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator: the command's signature gains the pair options (the pair argument, --target and --draft
+    after a leading typer.Context, the placement options last), and the command is called with
+    `pair_request`, a `PairRequest` built from them, in their place."""
+
+    def option(name: str, annotation: Any) -> inspect.Parameter:
+        default = False if name == "rpc_draft" else None
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [  # the command's own options, their annotations evaluated as Typer would (`pair_request`'s is not read)
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=eval(p.annotation, command.__globals__))
+            for p in inspect.signature(command).parameters.values() if p.name != "pair_request"
+        ]
+        leading = 1 if own and own[0].annotation is typer.Context else 0
+        parameters = [*own[:leading], *(option(n, a) for n, a in PAIR_FIRST.items()), *own[leading:],
+                      *(option(n, a) for n, a in PAIR_LAST.items())]
+
+        @functools.wraps(command)
+        def wrapper(**given: Any) -> None:
+            from speccli.models.pair import PairRequest
+
+            shared = {name: given.pop(name) for name in (*PAIR_FIRST, *PAIR_LAST)}
+            request = PairRequest(
+                pair=shared["pair"], target=shared["target"], draft=shared["draft"], config=tuple(shared["config"] or ()),
+                n_ctx=shared["ctx"], default_n_ctx=default_n_ctx, n_threads=shared["threads"],
+                target_n_gpu_layers=shared["ngl"], draft_n_gpu_layers=shared["ngl_draft"], rpc=shared["rpc"],
+                rpc_draft=shared["rpc_draft"], tensor_split=shared["tensor_split"] or (),
+            )
+            command(pair_request=request, **given)
+
+        wrapper.__signature__ = inspect.Signature(parameters)  # what Typer reads the options from
+        wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+        return wrapper
+
+    return decorate

@@ -1,22 +1,21 @@
 """`speccli serve`: options -> a pair request and server settings -> `speccli.server.launch`."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from speccli.cli.options import (
-    RpcDraftOption, RpcOption, TensorSplitOption,
-    ConfigOption, ContextOption, RememberOption, DraftGpuLayersOption, DraftOption, KOption, PairArgument, SpecOption, TargetGpuLayersOption,
-    TargetOption, ThreadsOption, checked,
-)
+from speccli.cli.options import KOption, RememberOption, SpecOption, checked, with_pair_options
 from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
 
+if TYPE_CHECKING:
+    from speccli.models.pair import PairRequest
 
+
+@with_pair_options(default_n_ctx=CHAT_CTX)
 def serve(
-    pair: PairArgument = None,
-    target: TargetOption = None,
-    draft: DraftOption = None,
+    pair_request: PairRequest,
     spec: SpecOption = None,
     k: KOption = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
@@ -30,27 +29,14 @@ def serve(
             f"{API_KEY_VARIABLE}, which keeps the key out of `ps`; neither: no key).",
         ),
     ] = None,
-    ctx: ContextOption = None,
-    threads: ThreadsOption = None,
-    ngl: TargetGpuLayersOption = None,
-    ngl_draft: DraftGpuLayersOption = None,
-    rpc: RpcOption = None,
-    rpc_draft: RpcDraftOption = False,
-    tensor_split: TensorSplitOption = None,
     remember: RememberOption = False,
-    config: ConfigOption = None,
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
-    from speccli.models.pair import PairRequest
     from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, open_models, run_server
 
     api_key = api_key_for(api_key)
     ServeSettings(host=host, port=port, max_waiting=queue).validate()
-    request = PairRequest(
-        pair=pair, target=target, draft=draft, config=tuple(config or ()), n_ctx=ctx, default_n_ctx=CHAT_CTX, n_threads=threads,
-        target_n_gpu_layers=ngl, draft_n_gpu_layers=ngl_draft, rpc=rpc, rpc_draft=rpc_draft,
-        tensor_split=tensor_split or (), spec=spec,
-    )
+    request = replace(pair_request, spec=spec)
     request.validate()
     sock = bind(host, port)  # before loading: a port in use fails at once
     if (warning := exposure_warning(host, sock.getsockname()[0], api_key)) is not None:
