@@ -267,3 +267,16 @@ def test_a_corrupt_remembered_store_is_one_warning_and_the_chat_goes_on(tiny_pai
     assert [line for line in result.stderr.splitlines() if "store" in line] == [
         f"warning: {store_file}: not a speccli store; starting a new store"]
     assert SuffixStore.load(store_file, store_file.stem, 10**6, 10**6)[1] is None  # replaced by a good one
+
+
+@pytest.mark.fast
+def test_the_constants_replay_drafts_a_reply_given_before_whole() -> None:
+    # suffix_replay.py judges the constants: its loop must feed the store as serve does (a replay that
+    # never fed it would take 100 one-token steps here) and keep only tokens the reply has.
+    from tests.benchmarks.suffix_replay import replay
+
+    prompt, reply = [1, 2, 3], list(range(10, 60))
+    steps = replay([(prompt, reply), (prompt, reply)])
+    assert sum(kept for _, kept in steps) == 2 * len(reply)
+    assert steps[: len(reply)] == [(0, 1)] * len(reply)  # nothing to recall, and no repeat in the context
+    assert len(steps) - len(reply) <= 3, steps[len(reply):]  # the second time: 26 tokens a step
