@@ -209,7 +209,10 @@ def parse_endpoints(text: str, option: str = "--rpc") -> tuple[Endpoint, ...]:
     endpoints: list[Endpoint] = []
     for item in (part.strip() for part in text.split(",")):
         host, colon, port = item.rpartition(":")
-        if not item or not colon or not host or ":" in host:
+        if item.startswith("[") or ":" in host:
+            raise UsageError(f"{option} {text!r}: {item!r} is an IPv6 address, which llama.cpp's RPC does not "
+                             "support; give an IPv4 address or a host name")
+        if not item or not colon or not host or any(character.isspace() for character in host):
             raise UsageError(f"{option} {text!r}: {item!r} is not HOST:PORT (an IPv4 address or a host name, "
                              f"then a port, such as 192.168.1.20:{RPC_PORT})")
         if not port.isdigit() or not 1 <= int(port) <= 65535:

@@ -350,6 +350,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         "latin1": directory / "latin1.txt",
         "bad-jsonl": directory / "bad.jsonl",
         "no-prompt": directory / "noprompt.jsonl",
+        "text-key": directory / "textkey.jsonl",
     }
     files["empty"].write_bytes(b"")
     files["blank"].write_text("\n  \n\n")
@@ -357,6 +358,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
     files["latin1"].write_bytes("caf\xe9 au lait\n".encode("latin-1"))
     files["bad-jsonl"].write_text('{"task": "a", "prompt": "x"}\n{"task": "b", "prompt": \n')
     files["no-prompt"].write_text('{"task": "a"}\n')
+    files["text-key"].write_text('{"text": 5}\n')
     return files
 
 
@@ -392,6 +394,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--prompts", "latin1"], "not UTF-8 text"),
         (["--prompts", "bad-jsonl"], "line 2: not valid JSON"),
         (["--prompts", "no-prompt"], '"prompt" must be a non-empty string'),
+        (["--prompts", "text-key"], "line 1: unknown key 'text'; a line is {\"task\": ..., \"prompt\": ...}"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message, monkeypatch) -> None:

@@ -124,7 +124,8 @@ def test_endpoints_are_parsed_once_each_and_refused_in_one_line() -> None:
     assert parse_endpoints("10.0.0.2:50052, box:1") == (Endpoint("10.0.0.2", 50052), Endpoint("box", 1))
     for text, why in [("10.0.0.2", "is not HOST:PORT"), (":50052", "is not HOST:PORT"), ("a:0", "not a number from 1"),
                       ("a:x", "not a number from 1"), ("a:1,a:1", "is named twice"), ("a:1,", "'' is not HOST:PORT"),
-                      ("[::1]:5", "is not HOST:PORT")]:
+                      ("[::1]:5", "is an IPv6 address, which llama.cpp's RPC does not support"),
+                      ("::1:5", "is an IPv6 address"), ("127.0.0.1 :50052", "'127.0.0.1 :50052' is not HOST:PORT")]:
         with pytest.raises(UsageError, match=re.escape(why)):
             parse_endpoints(text)
 
@@ -186,6 +187,22 @@ def test_a_port_in_use_and_a_bad_host_are_one_line() -> None:
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == ("error: --host 'no such host.invalid': not an IPv4 address or a host name this machine can "
                            "resolve\n")
+
+
+@pytest.mark.parametrize("args, complaint", [
+    # An unset variable must not open an unauthenticated port on every interface (it had, with a warning).
+    (["--host", ""], "--host is empty; give an address (0.0.0.0 listens on every interface)"),
+    (["--host", "::1"], "--host '::1': an IPv6 address; llama.cpp's RPC server listens on IPv4 addresses only"),
+    (["--device", ""], "--device '': a device name is empty; `speccli env` lists them"),
+    (["--device", "CPU,cpu"], "--device 'CPU,cpu': cpu is named twice"),
+])
+def test_rpc_server_refuses_an_empty_or_ipv6_host_and_odd_device_lists(args, complaint) -> None:
+    from typer.testing import CliRunner
+
+    from speccli.cli.app import app
+
+    result = CliRunner().invoke(app, ["rpc-server", *args])
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
 
 
 def test_a_host_but_127_0_0_1_is_warned_about() -> None:

@@ -800,7 +800,11 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         status, error, _ = post(url, "/v1/chat/completions", b'{"model": "tiny", "metadata": {"\\ud800": "\\ud800"}}')
         assert_openai_error(status, error, 400)
         assert error["error"]["param"] == "metadata.\\ud800"
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 2  # the surrogates
+        # A number of 5,000 digits, past Python's int conversion limit: it had been a 500.
+        status, error, _ = post(url, "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}")
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "max_tokens"
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 3  # the surrogates, the number
 
 
 def test_requests_running_waiting_or_arriving_as_the_server_stops_get_503_each_counted_once(endless_pair):

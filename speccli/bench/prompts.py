@@ -76,6 +76,9 @@ def _jsonl_prompt(line: str, number: int, name: str) -> BenchPrompt:
     if not isinstance(record, dict):
         raise SpeccliError(f"prompts file {name}, line {number}: expected an object {{\"task\": ..., \"prompt\": ...}}")
     prompt, task = record.get("prompt"), record.get("task", "prompt")
+    if unknown := sorted(set(record) - {"prompt", "task"}):  # {"text": ...} had been told "prompt" must be a string
+        raise SpeccliError(f"prompts file {name}, line {number}: unknown key {unknown[0]!r}; a line is "
+                           "{\"task\": ..., \"prompt\": ...}")
     if not isinstance(prompt, str) or not prompt:
         raise SpeccliError(f"prompts file {name}, line {number}: \"prompt\" must be a non-empty string")
     if not isinstance(task, str) or not task:
