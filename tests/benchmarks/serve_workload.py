@@ -13,8 +13,9 @@ same kind of requests with other facts, or other seeds):
   regenerate  one story request 6 times (temperature --temp, a seed per request): figures for the first
               and for the rest;
   agent       12 steps of a loop in one action format, each prompt carrying the steps so far.
-Each configuration runs each workload once per round, in an order that alternates round by round. Each
-request is timed end to end by the client (the openai package); tokens are the response's
+Each configuration runs each workload once per round, in an order that alternates round by round.
+Each request goes to /v1/completions as the token ids speccli's chat would send the target (`Prompts`),
+and is timed end to end by the client (the openai package); tokens are the response's
 completion_tokens. Figures: tokens per second over a workload's requests, median over rounds, and the
 ratio to the same tool's target alone in the same round (median of the rounds' ratios).
 
@@ -151,6 +152,24 @@ def llama_server(args, spec: str) -> Server:
                    *spec_args], port)
 
 
+class Prompts:
+    """Each request's messages as the token ids speccli's chat renders them to (the target's template, or
+    a plain transcript where it has none), and the stop strings that go with them: both servers get the
+    same ids at /v1/completions (llama-server's chat endpoint falls back to another template than
+    speccli's for a GGUF without one, so its chat requests would be other prompts)."""
+
+    def __init__(self, target: Path) -> None:
+        from speccli.chat.template import chat_format_for, tokenize_rendered
+        from speccli.llama.tokenizer import load_vocab_only
+
+        self.tokenizer = load_vocab_only(target)
+        self.format = chat_format_for(self.tokenizer)[0]
+        self._tokenize = tokenize_rendered
+
+    def ids(self, messages: list[dict]) -> list[int]:
+        return self._tokenize(self.tokenizer, self.format, self.format.render(messages))
+
+
 def run_workload(server: Server, requests: list[dict], args, alone: bool = False) -> list[tuple[int, float, str]]:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none", max_retries=0, timeout=600)
     model = client.models.list().data[0].id  # speccli serves the target by its name, and no other
@@ -159,9 +178,10 @@ def run_workload(server: Server, requests: list[dict], args, alone: bool = False
         # chat's sampling settings, which are also llama-server's defaults, given to both
         extra = {"top_k": 40, "min_p": 0.05, **({"speculative": {"enabled": False}} if alone else {})}
         started = time.perf_counter()
-        reply = client.chat.completions.create(model=model, messages=request["messages"], max_tokens=args.max_tokens,
-                                               temperature=args.temp, top_p=0.95, seed=request.get("seed", 0), extra_body=extra)
-        done.append((reply.usage.completion_tokens, time.perf_counter() - started, reply.choices[0].message.content))
+        reply = client.completions.create(model=model, prompt=args.prompts.ids(request["messages"]), max_tokens=args.max_tokens,
+                                          temperature=args.temp, top_p=0.95, seed=request.get("seed", 0),
+                                          stop=list(args.prompts.format.stop) or None, extra_body=extra)
+        done.append((reply.usage.completion_tokens, time.perf_counter() - started, reply.choices[0].text))
     return done
 
 
@@ -184,6 +204,7 @@ def main() -> None:
     parser.add_argument("--llama-bin", default="/work/llama.cpp-tools/bin")
     parser.add_argument("--json", type=Path, help="also write every request's figures and reply here")
     args = parser.parse_args()
+    args.prompts = Prompts(args.target)
     configurations = [("speccli", spec) for spec in args.speccli.split(",") if spec]
     if (Path(args.llama_bin) / "llama-server").exists():
         configurations += [("llama", spec) for spec in args.llama.split(",") if spec]

@@ -11,7 +11,8 @@ the length), keeps them up to the first that differs from the recorded reply, an
 target's). The prompts are rendered by the target's chat template, as serve renders them; a reply's
 tokens are its recorded text tokenized again (a reply's own tokenization may differ in a few places).
 
-Figures for each value tried of each constant (the others at their defaults): tokens a step yields,
+Figures for the context's lookup alone (`ngram`), then for each value tried of each constant (the others
+at their defaults): tokens a step yields,
 draft tokens verified per token kept (what a verify pays for nothing), and the speedup over the target
 alone at fixed verify costs V(n), in target 1-row decodes, interpolated from V(2), V(4), V(8), V(16):
 the CPU profiles of replay.py (Gemma F32 1.24,1.52,1.83,2.55; Qwen 1.5B 1.48,1.59,3.15,4.08) and a
@@ -30,6 +31,7 @@ from speccli.chat.template import chat_format_for, tokenize_rendered
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import DraftRequest
 from speccli.drafting import suffix
+from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import FixedK
 from speccli.llama.tokenizer import load_vocab_only
 
@@ -50,9 +52,9 @@ def verify_cost(n_rows: int, profile: tuple[float, ...]) -> float:
     return float(np.interp(n_rows, (1, 2, 4, 8, 16, 32), (1.0, *profile, profile[3] + 2 * (profile[3] - profile[2]))))
 
 
-def replay(conversations: list[tuple[list[int], list[int]]]) -> list[tuple[int, int]]:
+def replay(conversations: list[tuple[list[int], list[int]]], drafter: NgramDrafter | None = None) -> list[tuple[int, int]]:
     """(draft tokens verified, tokens kept) per step, over every reply in order, one store for all."""
-    drafter = suffix.SuffixDrafter()
+    drafter = suffix.SuffixDrafter() if drafter is None else drafter
     policy, rng, greedy = FixedK(LIMIT), np.random.default_rng(0), SamplingParams(temperature=0.0)
     steps = []
     for prompt, reply in conversations:
@@ -101,6 +103,7 @@ def main() -> None:
     defaults = {name: getattr(suffix, name) for name in TRIED}
     for name, conversations in workloads.items():
         print(f"\n{name}: {len(conversations)} replies, {sum(len(r) for _, r in conversations)} tokens")
+        print(f"  {'ngram (context only)':20}{figures(replay(conversations, NgramDrafter()))}")
         for constant, values in TRIED.items():
             for value in values:
                 setattr(suffix, constant, value)
