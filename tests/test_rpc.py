@@ -205,6 +205,21 @@ def test_rpc_server_refuses_an_empty_or_ipv6_host_and_odd_device_lists(args, com
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
 
 
+def test_placement_options_that_would_do_nothing_are_refused(tiny_pair) -> None:
+    from tests.test_chat import chat
+
+    local_gpus = sum(device.is_local_accelerator for device in rpc.devices())
+    shares = ",".join(["1"] * (local_gpus + 1))
+    where = f"{local_gpus} device{'s' if local_gpus != 1 else ''}" if local_gpus else "no device (no --rpc server, no GPU)"
+    for args, complaint in [
+        (["--rpc-draft"], "--rpc-draft puts the draft on the RPC servers, and none are given (--rpc, or the pair's rpc)"),
+        (["--tensor-split", shares], f"--tensor-split {shares}: {local_gpus + 1} shares, and {where} to split the "
+                                     "target over (the RPC servers' devices, then this machine's GPUs)"),
+    ]:
+        result = chat(tiny_pair, *args, "-p", "Hi", "-n", "2")
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
+
+
 def test_a_host_but_127_0_0_1_is_warned_about() -> None:
     with rpc_server("--host", "127.0.0.2") as server:
         assert rpc.hello(Endpoint("127.0.0.2", server.endpoint.port)) == rpc.PROTOCOL

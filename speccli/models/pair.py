@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UsageError
 from speccli.llama.model import LoadOptions, Model, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
@@ -103,7 +103,8 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path))
 
     servers = resolved.rpc if request.rpc is None else request.rpc
-    rpc.connect(servers)  # each server checked before any weights are read
+    remote = rpc.connect(servers)  # each server checked before any weights are read
+    _check_placement(request, servers, len(remote) + sum(device.is_local_accelerator for device in rpc.devices()))
 
     def options(requested_layers: int | None, pair_layers: int, *, remote: bool,
                 tensor_split: tuple[float, ...] = ()) -> LoadOptions:
@@ -122,3 +123,14 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
         target.close()
         raise
     return LoadedPair(resolved, target, draft)
+
+
+def _check_placement(request: PairRequest, servers: tuple[Endpoint, ...], n_devices: int) -> None:
+    """Placement options that would do nothing are refused (they had been ignored without a word)."""
+    if request.rpc_draft and not servers:
+        raise UsageError("--rpc-draft puts the draft on the RPC servers, and none are given (--rpc, or the pair's rpc)")
+    if len(request.tensor_split) > n_devices:
+        shares = ",".join(f"{share:g}" for share in request.tensor_split)
+        where = f"{n_devices} device{'s' if n_devices != 1 else ''}" if n_devices else "no device (no --rpc server, no GPU)"
+        raise UsageError(f"--tensor-split {shares}: {len(request.tensor_split)} shares, and {where} to split the "
+                         "target over (the RPC servers' devices, then this machine's GPUs)")
