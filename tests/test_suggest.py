@@ -120,10 +120,43 @@ def test_by_default_the_hugging_face_caches_ggufs_are_candidates_too(files, tmp_
     assert "ngram" in by_name and not any("00002-of" in name for name in by_name)
 
 
-def test_write_names_files_by_their_absolute_paths(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    winner = Candidate("org/repo/small.gguf", tmp_path / "small.gguf", kind="same vocabulary", alpha=0.9, c=0.1,
-                       best_k=3, predicted=1.5)
-    _write_pair(tmp_path / "models.toml", "big.gguf", Suggestion("big.gguf", "text", {}, [winner]))
-    pair = tomllib.loads((tmp_path / "models.toml").read_text())["pairs"]["big-suggested"]
-    assert (pair["target"], pair["draft"]) == (str(tmp_path / "big.gguf"), str(tmp_path / "small.gguf"))
+def test_write_gives_files_model_entries_that_every_command_then_reads(files, tmp_path, monkeypatch) -> None:
+    # A pair must name registry entries: one naming file paths had broken every command (`unknown model`).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    config = tmp_path / "config" / "speccli" / "models.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('[models.tiny-draft-2L]\npath = "elsewhere.gguf"\n')  # the draft's stem is taken
+    winner = Candidate(str(files["draft"]), files["draft"], kind="same vocabulary", alpha=0.9, c=0.1, best_k=3, predicted=1.5)
+    target = str(files["target"])
+    _write_pair(config, target, Suggestion(target, "text", {}, [winner]))
+    written = tomllib.loads(config.read_text())
+    pair = written["pairs"][f"{files['target'].stem}-suggested"]
+    assert (pair["target"], pair["draft"]) == (files["target"].stem, "tiny-draft-2L-2")
+    assert written["models"][pair["target"]] == {"path": str(files["target"].resolve())}
+    assert written["models"]["tiny-draft-2L-2"] == {"path": str(files["draft"].resolve())}
+    runner = CliRunner()
+    listed = runner.invoke(app, ["models"])
+    assert listed.exit_code == 0 and f"{files['target'].stem}-suggested" in listed.stdout, listed.output
+    checked = runner.invoke(app, ["check-vocab", pair["draft"], pair["target"]])
+    assert checked.exit_code == 0, checked.output
+    chatted = runner.invoke(app, ["chat", f"{files['target'].stem}-suggested", "-p", "hi", "-n", "2", "-t", "1", "-c", "256"])
+    assert chatted.exit_code == 0, chatted.output
+
+
+@pytest.mark.parametrize("make, complaint", [
+    (lambda folder: folder, "a directory; name a models.toml file"),
+    (lambda folder: folder / "missing" / "models.toml", "no folder"),
+    (lambda folder: (folder / "bad.toml").write_text("[[[") and folder / "bad.toml", "not TOML"),
+    (lambda folder: (folder / "has.toml").write_text('[pairs."tiny-target-6L-eps0.1-suggested"]\ntarget = "x"\n')
+     and folder / "has.toml", "has a pair tiny-target-6L-eps0.1-suggested already"),
+])
+def test_a_bad_write_target_is_refused_before_anything_is_measured(files, tmp_path, make, complaint, monkeypatch) -> None:
+    import speccli.suggest
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured before --write was checked")
+
+    monkeypatch.setattr(speccli.suggest, "suggest", no_measuring)
+    result = run(str(files["target"]), "ngram", "--write", str(make(tmp_path)))
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert complaint in result.stderr and len(result.stderr.splitlines()) == 1

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import ConfigOption, ThreadsOption
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UsageError
 
 
 def suggest(
@@ -35,6 +35,8 @@ def suggest(
     from speccli.util.progress import progress_bar
 
     registry = load_registry(*config or ())
+    if write is not None:
+        _checked_write_target(write, target)
     target_path = resolve_model(target, registry, fetch=False)
     source = text_file_source(text) if text else builtin_source()
     if candidates:
@@ -136,33 +138,58 @@ def _bench_speedup(target: str, candidate, threads: int | None, config) -> float
         return speedup["median"] if speedup else None
 
 
-def as_written(name: str, registry_names) -> str:
-    """A model as a models.toml entry names it: a registry name as it is, a file by its absolute path (a
-    relative one would be read against the TOML file's folder)."""
-    return name if name in registry_names else str(Path(name).resolve())
+def _pair_name(target: str) -> str:
+    return f"{Path(target).stem if target.endswith('.gguf') else target}-suggested"
+
+
+def _checked_write_target(path: Path, target: str) -> str:
+    """--write's file, checked before anything loads or is measured (it had been checked after a whole
+    measurement): its text, or "" for a file still to make. Each fault is a usage error."""
+    import tomllib
+
+    if path.is_dir():
+        raise UsageError(f"--write {path}: a directory; name a models.toml file")
+    if not path.parent.is_dir():
+        raise UsageError(f"--write {path}: no folder {path.parent}")
+    try:
+        existing = path.read_text() if path.exists() else ""
+        document = tomllib.loads(existing)
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--write {path}: unreadable ({getattr(error, 'strerror', None) or error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise UsageError(f"--write {path}: not TOML ({error}); nothing written") from None
+    if _pair_name(target) in document.get("pairs", {}):
+        raise UsageError(f"--write {path}: it has a pair {_pair_name(target)} already; remove it first to write a new one")
+    return existing
 
 
 def _write_pair(path: Path, target: str, result, registry_names=()) -> None:
-    """Append [pairs."TARGET-suggested"] naming the winner; refuse where that pair exists already."""
+    """Append [pairs."TARGET-suggested"] naming the winner; refuse where that pair exists already. A pair
+    names registry entries only, so a model given as a file gets a [models] entry of its own (`path`)."""
     import tomllib
 
+    existing = _checked_write_target(path, target)
     best = next((c for c in result.ranked if c.predicted is not None), None)
     if best is None or not best.best_k:
         raise SpeccliError(f"--write {path}: no candidate pays here, so no pair was written (the target alone is as fast)")
-    name = f"{Path(target).stem if target.endswith('.gguf') else target}-suggested"
-    existing = path.read_text() if path.exists() else ""
-    try:
-        if name in tomllib.loads(existing).get("pairs", {}):
-            raise SpeccliError(f"--write {path}: it has a pair {name} already; remove it first to write a new one")
-    except tomllib.TOMLDecodeError as error:
-        raise SpeccliError(f"--write {path}: not TOML ({error}); nothing written") from None
-    lines = [f'\n[pairs."{name}"]', f"target = {json.dumps(as_written(target, registry_names))}"]
+    taken = set(registry_names) | set(tomllib.loads(existing).get("models", {}))
+    lines: list[str] = []
+
+    def entry(name: str, file: Path) -> str:
+        if name in registry_names:
+            return name
+        stem = file.stem
+        model = next(candidate for n in range(1, len(taken) + 2) if (candidate := stem if n == 1 else f"{stem}-{n}") not in taken)
+        taken.add(model)
+        lines.extend([f"\n[models.{json.dumps(model)}]", f"path = {json.dumps(str(file.resolve()))}"])
+        return model
+
+    pair = [f"target = {json.dumps(entry(target, Path(target)))}"]
     if best.path is not None:
-        lines.append(f"draft = {json.dumps(best.name if best.name in registry_names else str(best.path.resolve()))}")
-        lines.append('spec = "model"')
+        pair += [f"draft = {json.dumps(entry(best.name, best.path))}", 'spec = "model"']
     else:
-        lines.append('spec = "ngram"')
-    lines.append(f"k = {best.best_k}")
+        pair.append('spec = "ngram"')
+    lines += [f'\n[pairs."{_pair_name(target)}"]', *pair, f"k = {best.best_k}"]
     with path.open("a") as file:
         file.write(("\n" if existing and not existing.endswith("\n") else "") + "\n".join(lines) + "\n")
-    typer.echo(f"wrote pair {name} to {path}", err=True)
+    typer.echo(f"wrote pair {_pair_name(target)} to {path}", err=True)
