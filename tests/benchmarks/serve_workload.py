@@ -229,6 +229,8 @@ def main() -> None:
                 figures.setdefault((tool, spec, name), []).append(done)
                 print(f"round {round_ + 1} {tool} {spec:12} {name:10} {rate(done):6.1f} tok/s "
                       f"({sum(t for t, _, _ in done)} tokens)", file=sys.stderr, flush=True)
+        if args.json:  # after each round: a run stopped early keeps the rounds it finished
+            args.json.write_text(json.dumps({" ".join(key): runs for key, runs in figures.items()}, indent=1))
     print(f"\ntarget {args.target.name}, temperature {args.temp:g}, max_tokens {args.max_tokens}, {args.rounds} rounds; "
           "tok/s median over rounds, × = median of per-round ratios to the same tool's target alone")
     for name in workloads:
@@ -248,8 +250,6 @@ def main() -> None:
         if best and ("llama", "ngram-mod") in configurations:
             ratio = statistics.median(rate(s) / rate(l) for s, l in zip(figures[("speccli", best, name)], figures[("llama", "ngram-mod", name)]))
             print(f"  speccli {best} / llama-server ngram-mod: {ratio:.2f}×")
-    if args.json:
-        args.json.write_text(json.dumps({" ".join(key): runs for key, runs in figures.items()}, indent=1))
 
 
 if __name__ == "__main__":

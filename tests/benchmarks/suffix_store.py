@@ -41,6 +41,14 @@ def corpus(model: Path, n_tokens: int) -> list[int]:
     return tokens[:n_tokens]
 
 
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory (or, with VmHWM, its peak so far), from /proc (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="a GGUF whose tokenizer to use (default: the Qwen 1.5B target)")
@@ -49,6 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     model = args.model or resolve_models(["qwen2.5-coder-1.5b-instruct-q4km"], load_registry(), fetch=False, quiet=True)[0]
     text = corpus(model, args.store_tokens + args.context)
+    rss_before = rss_mib()
     tracemalloc.start()
     store = SuffixStore(2 * args.store_tokens, "v")
     started = time.perf_counter()
@@ -58,6 +67,7 @@ def main() -> None:
     fill = time.perf_counter() - started
     held, peak = (size / 2**20 for size in tracemalloc.get_traced_memory())
     tracemalloc.stop()
+    rss_grew = rss_mib() - rss_before
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "store.suffix"
         store.save(path)
@@ -66,7 +76,8 @@ def main() -> None:
         load = time.perf_counter() - started
         assert problem is None
         size = path.stat().st_size / 2**20
-    print(f"store of {store.n_tokens:,} tokens: built from replies in {fill:.2f} s, {held:.0f} MiB held ({peak:.0f} MiB at peak); "
+    print(f"store of {store.n_tokens:,} tokens: built from replies in {fill:.2f} s, {held:.0f} MiB held ({peak:.0f} MiB at peak), the process's RSS {rss_grew:+.0f} MiB "
+          f"(peak RSS {rss_mib('VmHWM'):.0f} MiB, the text it was built from included); "
           f"file {size:.1f} MiB, loaded in {load:.2f} s")
     context = text[args.store_tokens:]
     policy = FixedK(8)
