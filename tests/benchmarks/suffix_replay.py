@@ -11,8 +11,9 @@ the length), keeps them up to the first that differs from the recorded reply, an
 target's). The prompts are rendered by the target's chat template, as serve renders them; a reply's
 tokens are its recorded text tokenized again (a reply's own tokenization may differ in a few places).
 
-Figures for the context's lookup alone (`ngram`), then for each value tried of each constant (the others
-at their defaults): tokens a step yields,
+Figures for the context's lookup alone (`ngram`), for rules choosing between the context's match and
+the store's (`RULES`), and for each value tried of each constant (the others at their defaults):
+tokens a step yields,
 draft tokens verified per token kept (what a verify pays for nothing), and the speedup over the target
 alone at fixed verify costs V(n), in target 1-row decodes, interpolated from V(2), V(4), V(8), V(16):
 the CPU profiles of replay.py (Gemma F32 1.24,1.52,1.83,2.55; Qwen 1.5B 1.48,1.59,3.15,4.08) and a
@@ -29,9 +30,9 @@ import numpy as np
 
 from speccli.chat.template import chat_format_for, tokenize_rendered
 from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftRequest
+from speccli.core.seam import Draft, DraftRequest
 from speccli.drafting import suffix
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import SHADOW_TOKENS, NgramDrafter
 from speccli.drafting.policy import FixedK
 from speccli.llama.tokenizer import load_vocab_only
 
@@ -45,6 +46,30 @@ TRIED = {
     "HEAD_TOKENS": (0, 4, 16, 64),
     "WALKED": (1, 4, 16, 64),
     "MAX_CANDIDATES": (16, 64, 256, 1024),
+}
+
+
+class Choosing(suffix.SuffixDrafter):
+    """SuffixDrafter with another rule for which match drafts, the context's (`here`) or the store's."""
+
+    def __init__(self, store_drafts) -> None:
+        super().__init__()
+        self.store_drafts = store_drafts
+
+    def propose(self, request: DraftRequest) -> Draft:
+        here = self.context_match(request)
+        earlier = self.store.match(request.context, min(request.limit, SHADOW_TOKENS))
+        if earlier is not None and (here is None or self.store_drafts(here, earlier)):
+            return earlier.draft(self.name, request)
+        return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
+
+
+RULES = {  # the first is SuffixDrafter's own
+    "the longer match, the context's on a tie": lambda here, earlier: earlier.length > here.length,
+    "the store's on a tie": lambda here, earlier: earlier.length >= here.length,
+    "the store's unless the context's is 2 longer": lambda here, earlier: earlier.length + 2 > here.length,
+    "the store's always": lambda here, earlier: True,
+    "the longer proposal": lambda here, earlier: len(earlier.following) > len(here.following),
 }
 
 
@@ -104,6 +129,8 @@ def main() -> None:
     for name, conversations in workloads.items():
         print(f"\n{name}: {len(conversations)} replies, {sum(len(r) for _, r in conversations)} tokens")
         print(f"  {'ngram (context only)':20}{figures(replay(conversations, NgramDrafter()))}")
+        for rule, store_drafts in RULES.items():
+            print(f"  {rule:46} {figures(replay(conversations, Choosing(store_drafts)))}")
         for constant, values in TRIED.items():
             for value in values:
                 setattr(suffix, constant, value)
