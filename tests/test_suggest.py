@@ -34,8 +34,11 @@ def run(*args: str):
 
 def test_every_kind_is_measured_and_bad_candidates_are_named_one_line_each(files) -> None:
     missing = files["target"].parent / "missing.gguf"
+    again = files["target"].parent / "again.gguf"
+    again.unlink(missing_ok=True)
+    again.symlink_to(files["draft"])  # the draft once more, by another name: measured once
     result = run(str(files["target"]), str(files["draft"]), str(files["other"]), "ngram", str(files["bigger"]),
-                 str(files["text"]), str(missing), "--json")
+                 str(files["text"]), str(missing), str(again), "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     by_name = {Path(c["name"]).name: c for c in report["candidates"]}
@@ -49,6 +52,12 @@ def test_every_kind_is_measured_and_bad_candidates_are_named_one_line_each(files
     assert by_name["bigger.gguf"]["skipped"].startswith("its file is no smaller than the target's")
     assert by_name["notes.txt"]["skipped"] == f"{files['text']}: not a GGUF file (starts with b'not ')"
     assert by_name["missing.gguf"]["skipped"] == f"{missing}: no such file"
+    assert by_name["again.gguf"]["skipped"] == f"the same file as {files['draft']}"
+    # No bar in a log, but a line as each candidate starts (it had been silent for minutes).
+    assert [line for line in result.stderr.splitlines() if line.startswith("measuring ")] == [
+        f"measuring {files['draft']} (1 of 3)", f"measuring {files['other']} (2 of 3)", "measuring ngram (3 of 3)"]
+    verify = list(report["verify"].values())
+    assert verify == sorted(verify), "a wider verify is never cheaper"
     predicted = [c["predicted"] for c in report["candidates"] if c["predicted"] is not None]
     assert predicted == sorted(predicted, reverse=True), "ranked by predicted speedup"
     # The draft made of the target's own first layers agrees with it far more than one of another vocabulary.
@@ -160,3 +169,17 @@ def test_a_bad_write_target_is_refused_before_anything_is_measured(files, tmp_pa
     result = run(str(files["target"]), "ngram", "--write", str(make(tmp_path)))
     assert result.exit_code == 2 and result.stdout == "", result.output
     assert complaint in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_a_confirmed_measurement_decides_and_a_candidate_keeping_nothing_is_never_best() -> None:
+    # As filed: a random-weight draft (alpha 0) was called the best candidate, ahead of ngram, which
+    # --confirm had measured at 1.18x, and the verdict said nothing paid.
+    useless = Candidate("random.gguf", Path("random.gguf"), kind="same vocabulary", alpha=0.0, c=0.3, best_k=0, predicted=1.0)
+    lookup = Candidate("ngram", None, kind="lookup", alpha=0.2, proposing=0.3, c=0.0, best_k=0, predicted=1.0)
+    result = Suggestion("big", "text", {n: 1.0 + 0.1 * n for n in range(1, 10)}, [useless, lookup])
+    assert [c.name for c in result.ranked] == ["ngram", "random.gguf"]
+    assert result.verdict().startswith("nothing pays here") and "the best candidate, ngram, keeps 0.20" in result.verdict()
+    lookup.measured, useless.measured = 1.18, 0.92
+    assert result.verdict() == "best here: ngram at K=auto, measured 1.18x the target alone (predicted 1.00x)"
+    lookup.measured = 0.97
+    assert result.verdict().endswith("keeps 0.20 of its first tokens, measured 0.97x; the target alone is as fast")

@@ -147,12 +147,12 @@ def decode_seconds(model: Model, context: Sequence[int], sizes: Sequence[int]) -
     while time.perf_counter() < warm_until:
         model.decode(filler[:1], n_logit_rows=1)
         model.truncate(base)
-    result = {
-        size: statistics.median(model.time_decode(filler[:size], n_logit_rows=size) for _ in range(TIMING_REPEATS))
-        for size in sizes
-    }
+    timings: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(TIMING_REPEATS):  # interleaved: a drift in the machine's speed touches every size alike
+        for size in sizes:
+            timings[size].append(model.time_decode(filler[:size], n_logit_rows=size))
     model.reset()
-    return result
+    return {size: statistics.median(times) for size, times in timings.items()}
 
 
 def measure(

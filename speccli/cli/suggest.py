@@ -46,9 +46,12 @@ def suggest(
                 chosen.append(Candidate(NGRAM, None))
                 continue
             try:
-                chosen.append(Candidate(name, resolve_model(name, registry, fetch=False)))
+                path = resolve_model(name, registry, fetch=False)
             except SpeccliError as error:  # named in the ranking; the others are measured
                 chosen.append(Candidate(name, None, skipped=str(error)))
+                continue
+            same = next((c.name for c in chosen if c.path is not None and c.path.resolve() == path.resolve()), None)
+            chosen.append(Candidate(name, path) if same is None else Candidate(name, None, skipped=f"the same file as {same}"))
     else:
         files = RegistryFiles(registry)
         chosen = [Candidate(name, cached[0]) for name in registry.models
@@ -57,13 +60,20 @@ def suggest(
         chosen += [Candidate(name, path) for name, path in hub_cache_ggufs() if path.resolve() not in known]
         chosen.append(Candidate(NGRAM, None))
     err = Console(stderr=True)
+    started: list[str] = []
+
+    def progress(what: str, done: int, total: int) -> None:
+        bar.update(task, description=what, completed=done, total=total)
+        if not err.is_terminal and what not in started:  # no bar in a log: a line as each candidate starts
+            started.append(what)
+            err.print(f"measuring {what} ({len(started)} of {sum(c.skipped is None for c in chosen)})", soft_wrap=True, markup=False)
+
     with progress_bar(err) as bar:
         task = bar.add_task("loading the target", total=None)
         result = run_suggest(
             target, target_path, chosen,
             lambda model: [tokens for _, tokens in tokenize_source(source, model.tokenizer, min(512, model.n_ctx - 16))],
-            source.description, threads,
-            lambda what, done, total: bar.update(task, description=what, completed=done, total=total),
+            source.description, threads, progress,
         )
     if confirm:
         for candidate in [c for c in result.ranked if c.predicted is not None][:2]:
