@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import uvicorn
 
-from speccli.errors import SpeccliError, UsageError
+from speccli.errors import SpeccliError
 from speccli.llama.model import Model
 from speccli.llama.rpc import exiting, on_server_lost
 from speccli.models.pair import LoadedPair, PairRequest, open_pair
@@ -45,11 +45,11 @@ class ServeSettings:
         check_spec(self.spec)
         # An empty host binds every interface (the socket module's "" is INADDR_ANY): never by accident.
         if not self.host.strip():
-            raise UsageError("--host is empty; give an address (0.0.0.0 listens on every interface)")
+            raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
         if not 0 <= self.port <= 65535:
-            raise UsageError(f"--port must be between 0 and 65535, got {self.port}")
+            raise SpeccliError(f"--port must be between 0 and 65535, got {self.port}")
         if self.max_waiting < 0:
-            raise UsageError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
+            raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
         if self.api_key is not None:
             check_api_key(self.api_key)
 
