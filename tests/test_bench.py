@@ -351,6 +351,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         "bad-jsonl": directory / "bad.jsonl",
         "no-prompt": directory / "noprompt.jsonl",
         "text-key": directory / "textkey.jsonl",
+        "empty-prompt": directory / "emptyprompt.jsonl",
     }
     files["empty"].write_bytes(b"")
     files["blank"].write_text("\n  \n\n")
@@ -359,6 +360,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
     files["bad-jsonl"].write_text('{"task": "a", "prompt": "x"}\n{"task": "b", "prompt": \n')
     files["no-prompt"].write_text('{"task": "a"}\n')
     files["text-key"].write_text('{"text": 5}\n')
+    files["empty-prompt"].write_text('{"task": "a", "prompt": ""}\n')
     return files
 
 
@@ -393,8 +395,9 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--prompts", "/dev/zero"], "/dev/zero: more than 16 MiB"),  # read no further
         (["--prompts", "latin1"], "not UTF-8 text"),
         (["--prompts", "bad-jsonl"], "line 2: not valid JSON"),
-        (["--prompts", "no-prompt"], '"prompt" must be a non-empty string'),
-        (["--prompts", "text-key"], "line 1: unknown key 'text'; a line is {\"task\": ..., \"prompt\": ...}"),
+        (["--prompts", "no-prompt"], "line 1: no \"prompt\" key (keys given: 'task')"),
+        (["--prompts", "empty-prompt"], '"prompt" must be a non-empty string'),
+        (["--prompts", "text-key"], "line 1: no \"prompt\" key (keys given: 'text'); a line is {\"task\": ..., \"prompt\": ...}"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, message, monkeypatch) -> None:

@@ -76,8 +76,9 @@ def _jsonl_prompt(line: str, number: int, name: str) -> BenchPrompt:
     if not isinstance(record, dict):
         raise SpeccliError(f"prompts file {name}, line {number}: expected an object {{\"task\": ..., \"prompt\": ...}}")
     prompt, task = record.get("prompt"), record.get("task", "prompt")
-    if unknown := sorted(set(record) - {"prompt", "task"}):  # {"text": ...} had been told "prompt" must be a string
-        raise SpeccliError(f"prompts file {name}, line {number}: unknown key {unknown[0]!r}; a line is "
+    if "prompt" not in record:  # {"text": 5} had been told "prompt" must be a string: name what was given
+        given = ", ".join(repr(key) for key in record) or "none"
+        raise SpeccliError(f"prompts file {name}, line {number}: no \"prompt\" key (keys given: {given}); a line is "
                            "{\"task\": ..., \"prompt\": ...}")
     if not isinstance(prompt, str) or not prompt:
         raise SpeccliError(f"prompts file {name}, line {number}: \"prompt\" must be a non-empty string")
