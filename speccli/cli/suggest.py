@@ -152,9 +152,9 @@ def _pair_name(target: str) -> str:
     return f"{Path(target).stem if target.endswith('.gguf') else target}-suggested"
 
 
-def _checked_write_target(path: Path, target: str) -> str:
+def _checked_write_target(path: Path, target: str) -> tuple[str, dict]:
     """--write's file, checked before anything loads or is measured (it had been checked after a whole
-    measurement): its text, or "" for a file still to make. Each fault is a usage error."""
+    measurement): its text ("" for a file still to make) and what it holds. Each fault is a usage error."""
     import tomllib
 
     if path.is_dir():
@@ -170,26 +170,26 @@ def _checked_write_target(path: Path, target: str) -> str:
         raise UsageError(f"--write {path}: not TOML ({error}); nothing written") from None
     if _pair_name(target) in document.get("pairs", {}):
         raise UsageError(f"--write {path}: it has a pair {_pair_name(target)} already; remove it first to write a new one")
-    return existing
+    return existing, document
 
 
 def _write_pair(path: Path, target: str, result, registry_names=()) -> None:
     """Append [pairs."TARGET-suggested"] naming the winner; refuse where that pair exists already. A pair
     names registry entries only, so a model given as a file gets a [models] entry of its own (`path`)."""
-    import tomllib
-
-    existing = _checked_write_target(path, target)
+    existing, document = _checked_write_target(path, target)
     best = next((c for c in result.ranked if c.predicted is not None), None)
     if best is None or not best.best_k:
         raise SpeccliError(f"--write {path}: no candidate pays here, so no pair was written (the target alone is as fast)")
-    taken = set(registry_names) | set(tomllib.loads(existing).get("models", {}))
+    taken = set(registry_names) | set(document.get("models", {}))
     lines: list[str] = []
 
     def entry(name: str, file: Path) -> str:
         if name in registry_names:
             return name
-        stem = file.stem
-        model = next(candidate for n in range(1, len(taken) + 2) if (candidate := stem if n == 1 else f"{stem}-{n}") not in taken)
+        model, n = file.stem, 1
+        while model in taken:  # a name already in use gets a number
+            n += 1
+            model = f"{file.stem}-{n}"
         taken.add(model)
         lines.extend([f"\n[models.{json.dumps(model)}]", f"path = {json.dumps(str(file.resolve()))}"])
         return model

@@ -275,9 +275,15 @@ class SuffixDrafter(NgramDrafter):
     def propose(self, request: DraftRequest) -> Draft:
         here = self.context_match(request)
         earlier = self.store.match(request.context, min(request.limit, SHADOW_TOKENS))
-        if earlier is not None and (here is None or earlier.length > here.length):
+        if earlier is not None and (here is None or self.store_drafts(here, earlier)):
             return earlier.draft(self.name, request)
         return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
+
+    @staticmethod
+    def store_drafts(here: Match, earlier: Match) -> bool:
+        """Whether the store's match drafts rather than the context's: the longer (a tie is the context's,
+        this text's own; the rules tried against it: tests/benchmarks/suffix_replay.py)."""
+        return earlier.length > here.length
 
     def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
         if not self._in_reply:

@@ -30,9 +30,9 @@ import numpy as np
 
 from speccli.chat.template import chat_format_for, tokenize_rendered
 from speccli.core.sampling import SamplingParams
-from speccli.core.seam import Draft, DraftRequest
+from speccli.core.seam import DraftRequest
 from speccli.drafting import suffix
-from speccli.drafting.ngram import SHADOW_TOKENS, NgramDrafter
+from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import FixedK
 from speccli.llama.tokenizer import load_vocab_only
 
@@ -56,16 +56,9 @@ class Choosing(suffix.SuffixDrafter):
         super().__init__()
         self.store_drafts = store_drafts
 
-    def propose(self, request: DraftRequest) -> Draft:
-        here = self.context_match(request)
-        earlier = self.store.match(request.context, min(request.limit, SHADOW_TOKENS))
-        if earlier is not None and (here is None or self.store_drafts(here, earlier)):
-            return earlier.draft(self.name, request)
-        return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
 
-
-RULES = {  # the first is SuffixDrafter's own
-    "the longer match, the context's on a tie": lambda here, earlier: earlier.length > here.length,
+RULES = {
+    "the longer match, the context's on a tie": suffix.SuffixDrafter.store_drafts,  # SuffixDrafter's own
     "the store's on a tie": lambda here, earlier: earlier.length >= here.length,
     "the store's unless the context's is 2 longer": lambda here, earlier: earlier.length + 2 > here.length,
     "the store's always": lambda here, earlier: True,
