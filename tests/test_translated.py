@@ -16,6 +16,7 @@ from speccli.core.generator import Generator
 from speccli.core.parting import find_parting
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.verify import DraftVerdict, sample, verify_sampled, without_token
+from speccli.core.seam import Plan
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter, vocabularies_differ
 from speccli.drafting import translated as translated_module
@@ -256,6 +257,32 @@ def test_translated_drafts_give_the_targets_first_three_tokens(loaded, mode) -> 
     # by what the target does with them, kept or not; the shared tokens' q only where they are kept.
     assert drafted > 500 and (mode == "text" or kept > 150), f"{kept} of {drafted} proposed tokens kept"
     assert p_value > 1e-3, f"p={p_value:.2e}"
+
+
+class EveryFourthStep(FixedK):
+    """Drafts every fourth step only: in between, the draft skips what the target says."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.asked, self.catch_ups = 0, []
+
+    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        self.asked += 1
+        self.catch_ups.append(catch_up)
+        return super().plan(key, available) if self.asked % 4 == 1 else Plan(0)
+
+
+def test_a_translated_draft_tells_its_reading_from_a_catch_up(loaded) -> None:
+    # Re-reading the context as its own tokens is every step's drafting; a catch-up is what it takes in
+    # of tokens it skipped (while the lookup drafted): the policy prices that, and the panel shows it.
+    target, draft = loaded
+    prompt = target.tokenizer.tokenize(b"hello world")
+    every_step = Generator(target, drafter_for("text", target, draft), GREEDY, FixedK(3))
+    _, _, stats = greedy_tokens(every_step, prompt, 24)
+    assert stats.draft_seconds > 0 and stats.catch_up_seconds == 0.0
+    policy = EveryFourthStep(3)
+    _, _, stats = greedy_tokens(Generator(target, drafter_for("text", target, draft), GREEDY, policy), prompt, 24)
+    assert stats.catch_up_seconds > 0 and max(policy.catch_ups[4::4]) >= 2, policy.catch_ups
 
 
 def keeping_every_certain_token(drafted, q, p, rng) -> DraftVerdict:

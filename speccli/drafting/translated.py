@@ -51,25 +51,31 @@ class TranslatedDrafter(DraftSource):
         self.shared = None if shared is None else SharedTokens(shared, target_vocabulary.n_vocab)
         self.mode = "text" if shared is None else "shared tokens"
         self._held: list[int] = []  # the draft ids its cache holds
+        self._covered = 0  # target tokens of context its cache holds, as of its last proposal
         self._q_row = RowBuffer()
+
+    def catch_up_tokens(self, context: Sequence[int]) -> int:
+        """As a same-vocabulary draft model's (`ModelDrafter.catch_up_tokens`), counted in target tokens:
+        the draft's own count is known only once the context is re-tokenized."""
+        pending = len(context) - self._covered
+        return pending - 1 if pending > 2 else 0
 
     def propose(self, request: DraftRequest) -> Draft:
         model, policy = self.model, request.policy
-        plan = policy.plan(self.name, request.limit)
+        plan = policy.plan(self.name, request.limit, self.catch_up_tokens(request.context))
         if plan.k <= 0:
             return Draft("", self.name, [], None, plan)
-        began = time.perf_counter()
-        read = self._read(request.context)
+        read = self._read(request.context, catching_up=self.catch_up_tokens(request.context) > 0)
         if read is None:  # the context, as the draft's tokens, fills its window
             return Draft("", self.name, [], None, plan)
-        logits, taken_in = read
-        catch_up_seconds = time.perf_counter() - began
+        logits, catch_up, catch_up_seconds = read
         # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
         k = min(plan.k, model.n_ctx - model.n_past + 1)
         if self.shared is not None and not request.sampling.greedy:  # greedy, text is kept more (module docstring)
             proposal, q = self._draft_shared_tokens(logits, min(k, request.limit), request)
+            self._covered = len(request.context) + len(proposal)
             return Draft(self.name if proposal else "", self.name, proposal, q, plan,
-                         catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
+                         catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
         drafted: list[int] = []
         for i in range(k):
             if request.sampling.greedy:
@@ -83,8 +89,9 @@ class TranslatedDrafter(DraftSource):
                 logits = model.decode([token], n_logit_rows=1)
                 self._held.append(token)
         proposal = self._translate(request.context, model.tokenizer.detokenize(drafted))[:request.limit]
+        self._covered = len(request.context) + len(proposal)
         return Draft(self.name if proposal else "", self.name, proposal, None, plan,
-                     catch_up_seconds=catch_up_seconds, catch_up_tokens=taken_in)
+                     catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
 
     def _draft_shared_tokens(self, logits: np.ndarray, k: int, request: DraftRequest) -> tuple[list[int], list[Distribution] | None]:
         """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution
@@ -107,9 +114,12 @@ class TranslatedDrafter(DraftSource):
                 self._held.append(token)
         return proposal, drawn_from or None
 
-    def _read(self, context: Sequence[int]) -> tuple[np.ndarray, int] | None:
-        """The draft's logits after the context, read as text, and how many draft tokens it took in;
-        None where they do not fit its window."""
+    def _read(self, context: Sequence[int], catching_up: bool = False) -> tuple[np.ndarray, int, float] | None:
+        """The draft's logits after the context, read as text; None where they do not fit its window.
+        Re-tokenizing the context and taking in what changed is part of every step's drafting (the new
+        text may re-tokenize what the cache held); where the draft skipped steps (`catching_up`), all
+        but the last token it takes in are a catch-up, decoded and timed apart as a same-vocabulary
+        draft's are: how many draft tokens, and its seconds, come back with the logits."""
         text = self.target.detokenize(context, special=True)
         ids = self.model.tokenizer.tokenize(text, add_special=True, parse_special=True)
         if len(ids) >= self.model.n_ctx:
@@ -121,9 +131,17 @@ class TranslatedDrafter(DraftSource):
             kept += 1
         kept = min(kept, self.model.n_past, len(ids) - 1)  # the last token is decoded: its row is the first draft's
         self.model.truncate(kept)
-        logits = self.model.decode(ids[kept:], n_logit_rows=1)
+        pending = ids[kept:]
+        catch_up = len(pending) - 1 if catching_up and len(pending) > 1 else 0
+        catch_up_seconds = 0.0
+        if catch_up:
+            began = time.perf_counter()
+            self.model.decode(pending[:-1], n_logit_rows=0)
+            catch_up_seconds = time.perf_counter() - began
+            pending = pending[-1:]
+        logits = self.model.decode(pending, n_logit_rows=1)
         self._held = list(ids)
-        return logits, len(ids) - kept
+        return logits, catch_up, catch_up_seconds
 
     def _translate(self, context: Sequence[int], drafted_text: bytes) -> list[int]:
         """Target ids of `drafted_text` as it follows the context; [] where they cannot be told apart."""
@@ -138,12 +156,19 @@ class TranslatedDrafter(DraftSource):
                 return ids[len(window):]
         return []
 
+    def sync(self, context: Sequence[int]) -> None:
+        """Read the prompt before the first step, as a same-vocabulary draft takes it in: not a catch-up."""
+        if len(context) > 1 and self._read(context[:-1]) is not None:
+            self._covered = len(context) - 1
+
     def forget(self, n_tokens: int) -> None:
-        pass  # the next proposal reads the context again, keeping what still matches
+        # The next proposal reads the context again, keeping what still matches in the draft's cache.
+        self._covered = min(self._covered, n_tokens)
 
     def new_conversation(self) -> None:
         self.model.reset()
         self._held = []
+        self._covered = 0
         self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
