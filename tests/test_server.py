@@ -807,6 +807,17 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 3  # the surrogates, the number
 
 
+def test_a_shutdown_is_told_from_lost_models_by_type_not_by_message() -> None:
+    from speccli.server.api_errors import SHUTTING_DOWN_CODE, UNAVAILABLE_CODE, api_error_for
+    from speccli.server.worker import SHUTTING_DOWN, GenerationError, LostGeneration, StoppedGeneration
+
+    assert api_error_for(StoppedGeneration()).code == SHUTTING_DOWN_CODE
+    lost = api_error_for(LostGeneration(SHUTTING_DOWN))  # a reason that happens to read like a shutdown
+    assert (lost.status, lost.code) == (503, UNAVAILABLE_CODE)
+    failed = api_error_for(GenerationError("the context is full", status=500))
+    assert (failed.status, failed.code) == (500, None)
+
+
 def test_requests_running_waiting_or_arriving_as_the_server_stops_get_503_each_counted_once(endless_pair):
     """Submitted to a worker already stopped, a request had waited out the graceful shutdown; a running
     one's 503 had been counted as queue_full, beside the worker's own count."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-from speccli.server.worker import SHUTTING_DOWN, GenerationError
+from speccli.server.worker import SHUTTING_DOWN, GenerationError, LostGeneration, StoppedGeneration
 
 SHUTTING_DOWN_CODE = "server_shutting_down"
 UNAVAILABLE_CODE = "backend_unavailable"
@@ -32,8 +32,10 @@ def shutting_down_error() -> APIError:
 
 def api_error_for(error: GenerationError) -> APIError:
     """A failed generation as the client hears it, whole or as a stream's last event."""
-    if error.status == 503:
-        return shutting_down_error() if str(error) == SHUTTING_DOWN else unavailable_error(str(error))
+    if isinstance(error, StoppedGeneration):
+        return shutting_down_error()
+    if isinstance(error, LostGeneration):
+        return unavailable_error(str(error))
     return APIError(error.status, str(error), kind="server_error")
 
 

@@ -91,6 +91,20 @@ class GenerationError(Exception):
 SHUTTING_DOWN = "the server is shutting down; the request was not completed"
 
 
+class StoppedGeneration(GenerationError):
+    """The server shut down while the job ran or waited (503)."""
+
+    def __init__(self) -> None:
+        super().__init__(SHUTTING_DOWN, status=503)
+
+
+class LostGeneration(GenerationError):
+    """The models could not run any more while the job ran or waited (503); the message says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, status=503)
+
+
 class Worker:
     def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics,
                  store: SuffixStore | None = None) -> None:
@@ -121,7 +135,7 @@ class Worker:
             self._stopping = True
             for job in [*([self._running] if self._running is not None else []), *self._waiting]:
                 job.cancelled.set()
-                job.emit(GenerationError(SHUTTING_DOWN, status=503))
+                job.emit(StoppedGeneration())
             for _ in self._waiting:  # the running one is counted where it stops
                 self.metrics.record(None, "cancelled")
             self._waiting.clear()
@@ -144,7 +158,7 @@ class Worker:
             self._stopping = True
             for job in [*([self._running] if self._running is not None else []), *self._waiting]:
                 job.cancelled.set()
-                job.emit(GenerationError(reason, status=503))
+                job.emit(LostGeneration(reason))
                 self.metrics.record(None, "error")
             self._waiting.clear()
             self.metrics.set_waiting(0)
