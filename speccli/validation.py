@@ -19,7 +19,7 @@ from typing import Final, Literal, TypeAlias
 
 from speccli.drafting.registry import SPECS
 from speccli.drafting.registry import uses_draft_model as needs_draft_model
-from speccli.errors import SpeccliError, UsageError, WrongTypeError
+from speccli.errors import SpeccliError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
 AUTO_K: Final = "auto"  # K chosen per step from measured costs (speccli.drafting.policy.AutoK)
@@ -175,14 +175,14 @@ def check_seed(value: int | None, name: str = "--seed") -> int | None:
 
 
 def check_api_key(value: str, name: str = "--api-key") -> str:
-    """The key a server's clients must send (`Authorization: Bearer KEY`). Empty is a usage error (not
-    "no key": a script whose variable came out empty must not serve in the open), and so is a key no
-    HTTP header could carry whole (spaces, control or non-ASCII characters). The key is never echoed."""
+    """The key a server's clients must send (`Authorization: Bearer KEY`). Empty is refused (not "no
+    key": a script whose variable came out empty must not serve in the open), and so is a key no HTTP
+    header could carry whole (spaces, control or non-ASCII characters). The key is never echoed."""
     if not value:
         without = "unset it" if name == API_KEY_VARIABLE else "leave it out"
-        raise UsageError(f"{name} is empty; give a key, or {without} to serve without one")
+        raise SpeccliError(f"{name} is empty; give a key, or {without} to serve without one")
     if not re.fullmatch(r"[\x21-\x7e]+", value):
-        raise UsageError(f"{name} must be printable ASCII without spaces, as an HTTP header carries it")
+        raise SpeccliError(f"{name} must be printable ASCII without spaces, as an HTTP header carries it")
     return value
 
 
@@ -205,21 +205,23 @@ class Endpoint:
 
 
 def parse_endpoints(text: str, option: str = "--rpc") -> tuple[Endpoint, ...]:
-    """`HOST:PORT[,HOST:PORT...]`, each once."""
+    """`HOST:PORT[,HOST:PORT...]`, each once: text of another shape is a usage error (exit 2), an
+    endpoint of this shape that cannot be used is refused (exit 1), as docs/cli.md's rule has it."""
     endpoints: list[Endpoint] = []
     for item in (part.strip() for part in text.split(",")):
         host, colon, port = item.rpartition(":")
         if item.startswith("[") or ":" in host:
-            raise UsageError(f"{option} {text!r}: {item!r} is an IPv6 address, which llama.cpp's RPC does not "
+            raise SpeccliError(f"{option} {text!r}: {item!r} is an IPv6 address, which llama.cpp's RPC does not "
                              "support; give an IPv4 address or a host name")
         if not item or not colon or not host or any(character.isspace() for character in host):
-            raise UsageError(f"{option} {text!r}: {item!r} is not HOST:PORT (an IPv4 address or a host name, "
+            raise WrongTypeError(f"{option} {text!r}: {item!r} is not HOST:PORT (an IPv4 address or a host name, "
                              f"then a port, such as 192.168.1.20:{RPC_PORT})")
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise UsageError(f"{option} {text!r}: the port of {item!r} is not a number from 1 to 65535")
+            error = SpeccliError if port.isdigit() else WrongTypeError
+            raise error(f"{option} {text!r}: the port of {item!r} is not a number from 1 to 65535")
         endpoint = Endpoint(host, int(port))
         if endpoint in endpoints:
-            raise UsageError(f"{option} {text!r}: {endpoint} is named twice")
+            raise SpeccliError(f"{option} {text!r}: {endpoint} is named twice")
         endpoints.append(endpoint)
     return tuple(endpoints)
 
@@ -229,9 +231,9 @@ def parse_tensor_split(text: str, name: str = "--tensor-split") -> tuple[float, 
     try:
         shares = tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"{name} {text!r}: expected numbers separated by commas, such as 3,1") from None
+        raise WrongTypeError(f"{name} {text!r}: expected numbers separated by commas, such as 3,1") from None
     if not all(math.isfinite(share) and share >= 0 for share in shares) or not any(shares):
-        raise UsageError(f"{name} {text!r}: each share must be a number of at least 0, and one above 0")
+        raise SpeccliError(f"{name} {text!r}: each share must be a number of at least 0, and one above 0")
     if len(shares) > MAX_DEVICES:
-        raise UsageError(f"{name} {text!r}: at most {MAX_DEVICES} shares, one per device")
+        raise SpeccliError(f"{name} {text!r}: at most {MAX_DEVICES} shares, one per device")
     return shares

@@ -30,7 +30,7 @@ from speccli.drafting.policy import FixedK
 from speccli.llama import rpc
 from speccli.llama.model import LoadOptions, Model
 from speccli.validation import Endpoint, parse_endpoints, parse_tensor_split
-from speccli.errors import UsageError
+from speccli.errors import SpeccliError
 from tests.benchmarks.delay_proxy import DelayProxy
 from tests.test_engine_distribution_steps import (
     LENGTH, SETTINGS, first_tokens_p_value, generate, truncate_keeping_the_rejected_entries,
@@ -122,19 +122,24 @@ def remote_pair(pair_files, server):
 
 def test_endpoints_are_parsed_once_each_and_refused_in_one_line() -> None:
     assert parse_endpoints("10.0.0.2:50052, box:1") == (Endpoint("10.0.0.2", 50052), Endpoint("box", 1))
-    for text, why in [("10.0.0.2", "is not HOST:PORT"), (":50052", "is not HOST:PORT"), ("a:0", "not a number from 1"),
-                      ("a:x", "not a number from 1"), ("a:1,a:1", "is named twice"), ("a:1,", "'' is not HOST:PORT"),
-                      ("[::1]:5", "is an IPv6 address, which llama.cpp's RPC does not support"),
-                      ("::1:5", "is an IPv6 address"), ("127.0.0.1 :50052", "'127.0.0.1 :50052' is not HOST:PORT")]:
-        with pytest.raises(UsageError, match=re.escape(why)):
+    # docs/cli.md's rule: text not of HOST:PORT's shape is a usage error (2); an endpoint of that shape
+    # that cannot be used is a value refused (1).
+    for text, why, code in [("10.0.0.2", "is not HOST:PORT", 2), (":50052", "is not HOST:PORT", 2),
+                            ("a:0", "not a number from 1", 1), ("a:x", "not a number from 1", 2),
+                            ("a:1,a:1", "is named twice", 1), ("a:1,", "'' is not HOST:PORT", 2),
+                            ("[::1]:5", "is an IPv6 address, which llama.cpp's RPC does not support", 1),
+                            ("::1:5", "is an IPv6 address", 1), ("127.0.0.1 :50052", "'127.0.0.1 :50052' is not HOST:PORT", 2)]:
+        with pytest.raises(SpeccliError, match=re.escape(why)) as refused:
             parse_endpoints(text)
+        assert refused.value.exit_code == code, text
 
 
 def test_tensor_split_is_shares_at_least_one_above_zero() -> None:
     assert parse_tensor_split("3,1") == (3.0, 1.0)
-    for text in ["3,x", "0,0", "-1,2", "nan", ",".join("1" * 17)]:
-        with pytest.raises(UsageError, match="--tensor-split"):
+    for text, code in [("3,x", 2), ("0,0", 1), ("-1,2", 1), ("nan", 1), (",".join("1" * 17), 1)]:
+        with pytest.raises(SpeccliError, match="--tensor-split") as refused:
             parse_tensor_split(text)
+        assert refused.value.exit_code == code, text
 
 
 def test_a_pairs_rpc_key_is_read_and_checked(tmp_path) -> None:
@@ -145,8 +150,13 @@ def test_a_pairs_rpc_key_is_read_and_checked(tmp_path) -> None:
     assert load_registry(good).pairs["far"].rpc == (Endpoint("10.0.0.2", 50052), Endpoint("10.0.0.3", 50052))
     bad = tmp_path / "bad.toml"
     bad.write_text('[pairs.far]\ntarget = "gemma3-270m-f32"\ndraft = "gemma3-270m-q4km"\nrpc = "10.0.0.2"\n')
-    with pytest.raises(UsageError, match=r"bad\.toml: pairs\.far\.rpc '10\.0\.0\.2': '10\.0\.0\.2' is not HOST:PORT"):
+    with pytest.raises(SpeccliError, match=r"bad\.toml: pairs\.far\.rpc '10\.0\.0\.2': '10\.0\.0\.2' is not HOST:PORT") as refused:
         load_registry(bad)
+    assert refused.value.exit_code == 1  # a value in a file that reads, as `rpc = 50052` (an integer) is
+    bad.write_text('[pairs.far]\ntarget = "gemma3-270m-f32"\ndraft = "gemma3-270m-q4km"\nrpc = 50052\n')
+    with pytest.raises(SpeccliError, match=r"pairs\.far\.rpc: expected a non-empty string") as refused:
+        load_registry(bad)
+    assert refused.value.exit_code == 1
 
 
 def test_every_build_of_setup_has_the_rpc_backend() -> None:
@@ -184,7 +194,7 @@ def test_a_port_in_use_and_a_bad_host_are_one_line() -> None:
     assert done.stderr == f"error: --host 127.0.0.1 --port {port}: cannot listen there (the port is in use)\n"
     done = subprocess.run([sys.executable, "-m", "speccli", "rpc-server", "--host", "no such host.invalid"], env=ENV,
                           capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout) == (2, "")
+    assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == ("error: --host 'no such host.invalid': not an IPv4 address or a host name this machine can "
                            "resolve\n")
 
@@ -195,14 +205,16 @@ def test_a_port_in_use_and_a_bad_host_are_one_line() -> None:
     (["--host", "::1"], "--host '::1': an IPv6 address; llama.cpp's RPC server listens on IPv4 addresses only"),
     (["--device", ""], "--device '': a device name is empty; `speccli env` lists them"),
     (["--device", "CPU,cpu"], "--device 'CPU,cpu': cpu is named twice"),
+    (["--port", "-1"], "--port must be between 0 and 65535, got -1"),  # as serve says it, with serve's code
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
-def test_rpc_server_refuses_an_empty_or_ipv6_host_and_odd_device_lists(args, complaint) -> None:
+def test_rpc_server_refuses_bad_values_in_one_line_with_exit_1(args, complaint) -> None:
     from typer.testing import CliRunner
 
     from speccli.cli.app import app
 
     result = CliRunner().invoke(app, ["rpc-server", *args])
-    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"error: {complaint}\n")
 
 
 def test_placement_options_that_would_do_nothing_are_refused(tiny_pair) -> None:
@@ -217,7 +229,7 @@ def test_placement_options_that_would_do_nothing_are_refused(tiny_pair) -> None:
                                      "target over (the RPC servers' devices, then this machine's GPUs)"),
     ]:
         result = chat(tiny_pair, *args, "-p", "Hi", "-n", "2")
-        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")  # options that cannot go together
 
 
 def test_a_host_but_127_0_0_1_is_warned_about() -> None:

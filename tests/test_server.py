@@ -703,9 +703,9 @@ def test_an_api_key_is_asked_for_on_every_path_but_health(chat_pair):
     ([], {"SPECCLI_API_KEY": ""}, "error: SPECCLI_API_KEY is empty; give a key, or unset it to serve without one"),
     (["--api-key", "two words"], {}, "error: --api-key must be printable ASCII without spaces, as an HTTP header carries it"),
 ], ids=["--api-key ''", "SPECCLI_API_KEY=''", "a space"])
-def test_an_empty_api_key_is_a_usage_error_before_anything_loads(args, env, line):
+def test_an_empty_api_key_is_refused_before_anything_loads(args, env, line):
     result = CliRunner(env=env).invoke(cli_app, ["serve", "-m", "/nonexistent/model.gguf", "--port", "0", *args])
-    assert (result.exit_code, result.stderr) == (2, line + "\n")
+    assert (result.exit_code, result.stderr) == (1, line + "\n")  # a value refused (docs/cli.md)
 
 
 def test_listening_beyond_loopback_without_a_key_is_warned_of_at_start():

@@ -13,7 +13,7 @@ import typer
 
 from speccli import validation
 from speccli.cli.options import checked
-from speccli.errors import SpeccliError, UsageError
+from speccli.errors import SpeccliError
 
 LOOPBACK = "127.0.0.1"
 
@@ -34,7 +34,7 @@ def rpc_server(
     from speccli.llama import rpc
 
     if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port}: expected a number from 0 to 65535")
+        raise SpeccliError(f"--port must be between 0 and 65535, got {port}")  # as serve says it
     address = _ipv4_address(host)
     served = rpc.serving_devices(_device_names(device))
     if cache is not None:
@@ -65,13 +65,13 @@ def _ipv4_address(host: str) -> str:
     """llama.cpp's server binds IPv4 addresses only: a name is resolved to one here."""
     # An empty host would bind every interface (gethostbyname("") is 0.0.0.0): never by accident, as serve.
     if not host.strip():
-        raise UsageError("--host is empty; give an address (0.0.0.0 listens on every interface)")
+        raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
     if ":" in host:
-        raise UsageError(f"--host {host!r}: an IPv6 address; llama.cpp's RPC server listens on IPv4 addresses only")
+        raise SpeccliError(f"--host {host!r}: an IPv6 address; llama.cpp's RPC server listens on IPv4 addresses only")
     try:
         return socket.gethostbyname(host)
     except (OSError, UnicodeError):
-        raise UsageError(f"--host {host!r}: not an IPv4 address or a host name this machine can resolve") from None
+        raise SpeccliError(f"--host {host!r}: not an IPv4 address or a host name this machine can resolve") from None
 
 
 def _device_names(device: str | None) -> list[str]:
@@ -81,10 +81,10 @@ def _device_names(device: str | None) -> list[str]:
         return []
     names = [name.strip() for name in device.split(",")]
     if not all(names):
-        raise UsageError(f"--device {device!r}: a device name is empty; `speccli env` lists them")
+        raise SpeccliError(f"--device {device!r}: a device name is empty; `speccli env` lists them")
     lowered = [name.lower() for name in names]  # as devices are matched
     if again := [name for i, name in enumerate(names) if lowered[i] in lowered[:i]]:
-        raise UsageError(f"--device {device!r}: {again[0]} is named twice")
+        raise SpeccliError(f"--device {device!r}: {again[0]} is named twice")
     return names
 
 

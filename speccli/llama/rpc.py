@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import llama_cpp
 
-from speccli.errors import SpeccliError, UsageError
+from speccli.errors import SpeccliError
 from speccli.llama.log import clear_errors, init_backend, last_llama_error
 from speccli.validation import Endpoint
 
@@ -305,7 +305,7 @@ def serving_devices(names: Sequence[str] = ()) -> list[Device]:
         by_name = {device.name.lower(): device for device in local}
         unknown = [name for name in names if name.lower() not in by_name]
         if unknown:
-            raise UsageError(f"--device {','.join(names)}: no device {unknown[0]!r} here; this machine has "
+            raise SpeccliError(f"--device {','.join(names)}: no device {unknown[0]!r} here; this machine has "
                              f"{', '.join(device.name for device in local)}")
         return [by_name[name.lower()] for name in names]
     return [device for device in local if device.kind != "CPU"] or [device for device in local if device.kind == "CPU"]

@@ -102,7 +102,10 @@ class TomlTable:
     def endpoints(self, key: str) -> tuple[Endpoint, ...]:
         """RPC servers, "host:port,host:port" (as --rpc); none where the key is absent."""
         value = self.string(key, required=False)
-        return parse_endpoints(value, f"{self.file}: {key_path(*self.key_path, key)}") if value else ()
+        try:
+            return parse_endpoints(value, f"{self.file}: {key_path(*self.key_path, key)}") if value else ()
+        except SpeccliError as error:  # a file that reads: a value in it is refused (exit 1), whatever its shape
+            raise SpeccliError(str(error)) from None
 
     def spec(self, key: str, *, default: str) -> str:
         value = self.string(key, required=False) or default
