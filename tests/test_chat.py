@@ -451,7 +451,10 @@ def test_model_text_cannot_drive_the_terminal(monkeypatch):
     display, out = _terminal_display(monkeypatch, provenance=False)
     with display.reply(target_token_seconds=None) as view:
         view.add("\x1b[2Jclear", Source.DRAFT)
-    assert "\u241b[2Jclear" in out.getvalue() and "\x1b[2J" not in out.getvalue()
+        view.add(" \x9b31mred\x07", Source.TARGET)  # a one-character CSI (C1), and BEL
+    shown = out.getvalue()
+    assert "\u241b[2Jclear" in shown and "\x1b[2J" not in shown
+    assert "\ufffd31mred\u2407" in shown and "\x9b" not in shown and "\x07" not in shown
 
 
 def test_cli_terminal_output_has_styles_and_legend(tiny_pair):

@@ -35,8 +35,10 @@ PROVENANCE_STYLES = {
     Source.TARGET: "",
 }
 # Model text shown on a terminal must not drive it: C0 controls (ESC above all) and DEL become their
-# visible Unicode "control pictures" (U+2400 + code). Pipes get the text exactly as generated.
-_CONTROL_PICTURES = {code: 0x2400 + code for code in range(0x20) if chr(code) not in "\n\t"} | {0x7F: 0x2421}
+# visible Unicode "control pictures" (U+2400 + code), and C1 controls (U+0080-U+009F: U+009B is a
+# one-character CSI to some terminals), which have no pictures, U+FFFD. Pipes get the text as generated.
+_CONTROL_PICTURES = ({code: 0x2400 + code for code in range(0x20) if chr(code) not in "\n\t"} | {0x7F: 0x2421}
+                     | {code: 0xFFFD for code in range(0x80, 0xA0)})
 PROVENANCE_NAMES = {
     Source.DRAFT: "draft accepted", Source.CORRECTION: "target correction", Source.BONUS: "bonus",
     Source.TARGET: "target alone (no draft that step)",  # the default colour: said, since it has none
