@@ -139,3 +139,17 @@ def test_gemma_draft_equal_to_target_accepts_nearly_everything(gemma_pair) -> No
         stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=48))][-1].stats
     # F32 batched and single-token logits differ by at most ~0.04, so only exact near-ties can reject.
     assert stats.acceptance_rate >= 0.95, stats
+
+
+def test_the_tolerance_is_measured_with_each_row_at_each_place_in_its_batch(tiny_pair) -> None:
+    import numpy as np
+
+    from speccli.core import parting
+
+    target, _ = tiny_pair
+    prompt, positions = [1, 5, 9], list(range(20, 31))
+    single = parting._logit_rows(target, prompt, positions, rows_per_decode=1)
+    for offset in range(parting.ALIGNMENTS):
+        batched = parting._logit_rows(target, prompt, positions, rows_per_decode=4, offset=offset)
+        assert batched.shape == single.shape
+        np.testing.assert_allclose(batched, single, atol=0.05)  # each row its own position's, in order
