@@ -742,6 +742,25 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
     assert fresh.plan("ngram:3-5", 8).k == 0
 
 
+def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_until_the_next_reply() -> None:
+    """Qwen's story: short matches of every kind, kept about half the time on the earlier replies, keep
+    nothing in this prose. Two proposals of other kinds that missed their first token (one drafted, one
+    judged undrafted) scale this kind's first-token estimate down before its own first draft in the
+    reply, so it is not drafted; a new reply starts from the estimates again."""
+    qwen = {1: 1.0, 2: 1.48, 4: 1.59, 8: 3.15, 16: 4.08}
+    policy = calibrated(qwen, {})
+    for key in ("ngram:1-2/once", "ngram:3-5/once", "ngram:1-2/varied"):
+        for accepted in (3, 0) * 5:
+            learn(policy, key, 3, accepted, 1)
+    policy.begin_reply()
+    assert policy.plan("ngram:1-2/once", 8).k > 0
+    learn(policy, "ngram:3-5/once", 3, 0, 1)
+    policy.observe(replace(Draft.nothing(), shadow=Draft("ngram", "ngram:1-2/varied", [1, 2], None)), step(0, 0), [7])
+    assert policy.plan("ngram:1-2/once", 8).k == 0
+    policy.begin_reply()
+    assert policy.plan("ngram:1-2/once", 8).k > 0
+
+
 def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     cheap = calibrated(COMPUTE_BOUND, {})
     learn(cheap, "ngram:1-2", 2, 0, 30, token_cost=0.0004)  # a lookup takes microseconds: still no draft model

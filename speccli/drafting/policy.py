@@ -11,7 +11,7 @@ a_j: acceptance.py, per proposal key. d, C(m) and V(n): costs.py, measured once 
 refreshed from every step's timings. On top of the formula, per key and per reply, a schedule
 (`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
 key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
-mostly fail and would not pay.
+mostly fail and would not pay; a reply whose lookups fail scales their first-token estimates down.
 docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each ("The redesigned policy").
 
 `plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
@@ -46,6 +46,11 @@ MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1,
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
 RECHECK_CARRY = 0.25
 PROBE_LENGTH = 2
+# Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
+# their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
+# ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
+# kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
+LOOKUP_REPLY_PRIOR = 0.5
 
 
 class FixedK:
@@ -168,6 +173,8 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
+        # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
+        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
 
     @property
@@ -183,6 +190,7 @@ class AutoK:
 
     def begin_reply(self) -> None:
         self.reply = ReplyDrafting()
+        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:
@@ -191,7 +199,10 @@ class AutoK:
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
-        rates = self._rates(state, state.acceptance.rates(max(limit, 0)), catch_up)
+        acceptance = state.acceptance.rates(max(limit, 0))
+        if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
+            acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
+        rates = self._rates(state, acceptance, catch_up)
         k = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start))
         if limit > 0 and not k and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
@@ -232,7 +243,7 @@ class AutoK:
             # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
             shadow = draft.shadow
             compared = min(len(shadow.tokens), len(yielded))
-            self._state(shadow.key).acceptance.add(compared, common_prefix_length(shadow.tokens, yielded))
+            self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
 
     def _learn(self, draft: Draft, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
@@ -244,13 +255,19 @@ class AutoK:
         if not drafted:
             return
         state = self._state(draft.key)
-        state.acceptance.add(drafted, accepted, draft.confidences)
+        self._judge(state, drafted, accepted, draft.confidences)
         state.schedule.last_kept, state.schedule.last_kept_whole = kept_run, kept_run >= drafted
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if draft.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
+
+    def _judge(self, state: KeyState, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+        if isinstance(state.schedule, LookupSchedule) and drafted:  # its first token judged
+            self.lookup_expected += state.acceptance.rates(1)[0]
+            self.lookup_kept += accepted > 0
+        state.acceptance.add(drafted, accepted, confidences)
 
     def _state(self, key: str) -> KeyState:
         return self.keys.setdefault(key, KeyState(LookupSchedule()))
