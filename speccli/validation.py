@@ -212,10 +212,10 @@ def parse_endpoints(text: str, option: str = "--rpc") -> tuple[Endpoint, ...]:
         host, colon, port = item.rpartition(":")
         if item.startswith("[") or ":" in host:
             raise SpeccliError(f"{option} {text!r}: {item!r} is an IPv6 address, which llama.cpp's RPC does not "
-                             "support; give an IPv4 address or a host name")
+                               "support; give an IPv4 address or a host name")
         if not item or not colon or not host or any(character.isspace() for character in host):
             raise WrongTypeError(f"{option} {text!r}: {item!r} is not HOST:PORT (an IPv4 address or a host name, "
-                             f"then a port, such as 192.168.1.20:{RPC_PORT})")
+                                 f"then a port, such as 192.168.1.20:{RPC_PORT})")
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             error = SpeccliError if port.isdigit() else WrongTypeError
             raise error(f"{option} {text!r}: the port of {item!r} is not a number from 1 to 65535")

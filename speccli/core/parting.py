@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to imp
 TOP_COMPARED = 10  # logits compared between batched and single decodes: the ones that can win
 # Batch alignments measured: a row's logits depend on where it sits in its batch, and a run's verifies
 # sit anywhere. One alignment had given Qwen 1.5B Q4_K_M a tolerance of 0.325 where a bench run parted
-# at a gap of 0.352 (docs/results.md).
+# at a gap of 0.352 (docs/exactness.md).
 ALIGNMENTS = 4
 
 

@@ -62,10 +62,11 @@ class TranslatedDrafter(DraftSource):
 
     def propose(self, request: DraftRequest) -> Draft:
         model, policy = self.model, request.policy
-        plan = policy.plan(self.name, request.limit, self.catch_up_tokens(request.context))
+        skipped = self.catch_up_tokens(request.context)
+        plan = policy.plan(self.name, request.limit, skipped)
         if plan.k <= 0:
             return Draft("", self.name, [], None, plan)
-        read = self._read(request.context, catching_up=self.catch_up_tokens(request.context) > 0)
+        read = self._read(request.context, catching_up=skipped > 0)
         if read is None:  # the context, as the draft's tokens, fills its window
             return Draft("", self.name, [], None, plan)
         logits, catch_up, catch_up_seconds = read

@@ -306,7 +306,7 @@ def serving_devices(names: Sequence[str] = ()) -> list[Device]:
         unknown = [name for name in names if name.lower() not in by_name]
         if unknown:
             raise SpeccliError(f"--device {','.join(names)}: no device {unknown[0]!r} here; this machine has "
-                             f"{', '.join(device.name for device in local)}")
+                               f"{', '.join(device.name for device in local)}")
         return [by_name[name.lower()] for name in names]
     return [device for device in local if device.kind != "CPU"] or [device for device in local if device.kind == "CPU"]
 
