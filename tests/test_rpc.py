@@ -229,7 +229,8 @@ def test_placement_options_that_would_do_nothing_are_refused(tiny_pair) -> None:
                                      "target over (the RPC servers' devices, then this machine's GPUs)"),
     ]:
         result = chat(tiny_pair, *args, "-p", "Hi", "-n", "2")
-        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")  # options that cannot go together
+        # Options that cannot go together: a usage error (docs/cli.md).
+        assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: {complaint}\n")
 
 
 def test_a_host_but_127_0_0_1_is_warned_about() -> None:
