@@ -148,6 +148,15 @@ def check_ctx(value: int, name: str = "--ctx") -> int:
     return value
 
 
+def check_listen(host: str, port: int) -> None:
+    """serve's and rpc-server's --host and --port. An empty host binds every interface (the socket
+    module's "" is INADDR_ANY): never by accident, as from an unset variable."""
+    if not host.strip():
+        raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
+    if not 0 <= port <= 65535:
+        raise SpeccliError(f"--port must be between 0 and 65535, got {port}")
+
+
 def check_threads(value: int | None, name: str = "--threads") -> int | None:
     if value is not None and value < 1:
         raise SpeccliError(f"{name} must be >= 1, got {value}")

@@ -33,8 +33,7 @@ def rpc_server(
     """Serve this machine's devices to a speccli (or llama.cpp) client that runs the target with --rpc."""
     from speccli.llama import rpc
 
-    if not 0 <= port <= 65535:
-        raise SpeccliError(f"--port must be between 0 and 65535, got {port}")  # as serve says it
+    validation.check_listen(host, port)
     address = _ipv4_address(host)
     served = rpc.serving_devices(_device_names(device))
     if cache is not None:
@@ -63,9 +62,6 @@ def rpc_server(
 
 def _ipv4_address(host: str) -> str:
     """llama.cpp's server binds IPv4 addresses only: a name is resolved to one here."""
-    # An empty host would bind every interface (gethostbyname("") is 0.0.0.0): never by accident, as serve.
-    if not host.strip():
-        raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
     if ":" in host:
         raise SpeccliError(f"--host {host!r}: an IPv6 address; llama.cpp's RPC server listens on IPv4 addresses only")
     try:

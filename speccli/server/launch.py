@@ -28,7 +28,7 @@ from speccli.server.service import Service
 from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
-from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_spec, require_draft_model
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_listen, check_spec, require_draft_model
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,7 @@ class ServeSettings:
 
     def validate(self) -> None:
         check_spec(self.spec)
-        # An empty host binds every interface (the socket module's "" is INADDR_ANY): never by accident.
-        if not self.host.strip():
-            raise SpeccliError("--host is empty; give an address (0.0.0.0 listens on every interface)")
-        if not 0 <= self.port <= 65535:
-            raise SpeccliError(f"--port must be between 0 and 65535, got {self.port}")
+        check_listen(self.host, self.port)
         if self.max_waiting < 0:
             raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
         if self.api_key is not None:
