@@ -43,7 +43,10 @@ from tests.token_distribution import (
     sample_generations,
 )
 
+# Draws per test, sized so that each control fails at p < 1e-6 with probability 0.99 at its measured
+# distance from the target's distribution (tests/benchmarks/RESULTS.md, *Chi-square power*); at K = 2 one control needs 2,200.
 SAMPLES = 2000
+K2_SAMPLES = 2400
 LENGTH = 3  # generated tokens compared
 SETTINGS = SamplingParams(temperature=0.7, top_k=12)  # as tests/test_engine_distribution.py
 PROMPT = b"hello world"  # a first token neither sure nor flat on this pair (top probability 0.39)
@@ -206,13 +209,13 @@ def test_auto_k_with_a_length_cut_where_the_target_would_reject_is_detected(pair
     likes less than the draft (a choice of length that peeks at the target). The model alone, whose
     choices here do not depend on the clock: the chain weighs its sources by the seconds their steps
     took, and on a loaded machine it passed the model over often enough to leave too few model drafts
-    for the control to fail. Three times the samples: a cut removes little of each draft here."""
+    for the control to fail."""
     target, draft = pair
     prompt, expected = copying
     generator = Generator(target, make_drafter("model", draft, target), SETTINGS, MemoryBoundAutoK(), seed=5)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(generator_module, "verify_sampled", cut_before_a_token_the_target_likes_less)
-        generations, _ = generate(generator, prompt, max_tokens=6, samples=3 * SAMPLES)
+        generations, _ = generate(generator, prompt, max_tokens=6)
     p_value = first_tokens_p_value(generations, expected)
     assert p_value < 1e-6, f"the peeking length passed: p={p_value:.2e}"
 
@@ -244,7 +247,7 @@ def k2_model_drafts(pair, plain):
     target, draft = pair
     prompt, _, _ = plain
     generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(2), seed=5)
-    return generate(generator, prompt, max_tokens=LENGTH)[0]
+    return generate(generator, prompt, max_tokens=LENGTH, samples=K2_SAMPLES)[0]
 
 
 def test_model_drafts_at_k2_give_the_targets_first_three_tokens(plain, k2_model_drafts) -> None:
@@ -284,7 +287,7 @@ def k2_broken(pair, plain):
                 else:
                     generator.rng = DraftUniformsReused(generator.rng)
                 # Stale entries would pile up from one reply into the next's prompt: each starts empty.
-                made[control] = generate(generator, prompt, LENGTH, fresh=control == K2_CONTROLS[1])[0]
+                made[control] = generate(generator, prompt, LENGTH, fresh=control == K2_CONTROLS[1], samples=K2_SAMPLES)[0]
         return made[control]
 
     return generations

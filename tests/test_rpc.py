@@ -74,6 +74,18 @@ class RpcServer:
         except queue.Empty:
             raise AssertionError(f"the RPC server printed nothing within {timeout} s") from None
 
+    def exited(self, timeout: float) -> int:
+        """Its exit code, within `timeout`; past it, a failure that says how the process and this one
+        stood with the signals (an interrupt ignored or blocked is inherited from the parent)."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                masks = [line.strip() for line in status if line.startswith(("Sig", "Shd", "State", "Threads"))]
+            ours = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            raise AssertionError(f"still running {timeout} s after the signal: {masks}; this process blocks "
+                                 f"{sorted(ours)}, SIGINT handler {signal.getsignal(signal.SIGINT)}") from None
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
@@ -179,7 +191,7 @@ def test_the_server_serves_its_cpu_and_stops_promptly(interrupt, code) -> None:
     with rpc_server() as server:
         assert rpc.hello(server.endpoint) == rpc.PROTOCOL
         server.process.send_signal(interrupt)
-        assert server.process.wait(timeout=5) == code
+        assert server.exited(5) == code
         assert "Traceback" not in server.process.stderr.read()
 
 
@@ -237,7 +249,7 @@ def test_a_host_but_127_0_0_1_is_warned_about() -> None:
     with rpc_server("--host", "127.0.0.2") as server:
         assert rpc.hello(Endpoint("127.0.0.2", server.endpoint.port)) == rpc.PROTOCOL
         server.process.send_signal(signal.SIGINT)
-        server.process.wait(timeout=5)
+        server.exited(5)
         warning = server.process.stderr.read()
     assert warning.startswith("warning: the RPC protocol has no authentication: anyone who can reach 127.0.0.2:")
     assert warning.count("\n") == 1

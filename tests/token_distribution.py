@@ -3,10 +3,14 @@
 The exact joint of the first `length` generated tokens comes from the target's own logits, by walking
 its tree (one one-token decode per prefix); generations are sampled through `Generator` with their
 steps kept, so a test can also pick out tokens by how they were made (a bonus after k kept drafts) and
-compare them with the target's row for their prefix. Chi-square p-values come from scipy.
+compare them with the target's row for their prefix. Chi-square p-values come from scipy; every one is
+also written, with its statistic, degrees of freedom and draws, to the file SPECCLI_CHI2_LOG names, if
+set: tests/benchmarks/chi_square_power.py reads them to state each test's power against its controls.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,8 +118,7 @@ def chi_square_p_value(observed: list[tuple[int, ...]], expected: dict[tuple[int
     gives probability 0 (the strongest evidence against it)."""
     if not {outcome for outcome in observed} <= set(expected):
         return 0.0
-    observed_counts, expected_counts = cells(observed, expected, len(observed))
-    return float(stats.chisquare(observed_counts, expected_counts).pvalue)
+    return p_value_of(*cells(observed, expected, len(observed)))
 
 
 def grouped_chi_square_p_value(groups: list[tuple[list[int], np.ndarray]]) -> float:
@@ -134,5 +137,18 @@ def grouped_chi_square_p_value(groups: list[tuple[list[int], np.ndarray]]) -> fl
         expected_counts += expected_group
         groups_used += 1
     assert groups_used, "no group has two cells"
+    return p_value_of(observed_counts, expected_counts, groups_used)
+
+
+def p_value_of(observed_counts: list[float], expected_counts: list[float], groups: int = 1) -> float:
+    """Pearson's chi-square p-value over these cells (`groups` multinomials: one degree of freedom fewer
+    each), recorded where SPECCLI_CHI2_LOG asks."""
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed_counts, expected_counts))
-    return float(stats.chi2.sf(statistic, len(observed_counts) - groups_used))
+    degrees = len(observed_counts) - groups
+    log = os.environ.get("SPECCLI_CHI2_LOG")
+    if log:
+        with open(log, "a") as file:
+            draws = round(sum(observed_counts))
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            file.write(json.dumps({"test": test, "statistic": statistic, "degrees": degrees, "draws": draws}) + "\n")
+    return float(stats.chi2.sf(statistic, degrees))
