@@ -773,6 +773,21 @@ def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     assert all(ask(costly, "model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
 
 
+def test_a_draft_model_is_re_checked_only_where_it_holds_the_context() -> None:
+    """In a chain, a reply may first ask the draft model after the lookup has drafted dozens of tokens
+    that the model must take in first (Gemma's Q4_K_M: 0.23 + 0.097 steps a token) for a 2-token draft:
+    it waits for a reply that asks the model where it holds the context (Gemma's chain replayed at 128
+    tokens: `rewrite` 3.42 -> 3.83, the eight tasks 2.60 -> 2.68; tests/benchmarks/RESULTS.md)."""
+    policy = AutoK()
+    curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
+    policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
+    learn(policy, "model", 4, 0, 30, token_cost=0.5)  # ruled out
+    policy.begin_reply()
+    policy.begin_reply()  # a reply later: a re-check is due where the reply first asks the model
+    assert policy.plan("model", 16).probe
+    assert policy.plan("model", 16, catch_up=40).k == 0
+
+
 def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:
     """While a draft model drafts 8 tokens, a chain asks the lookup after each whether it takes over.
     Counted as asks, those once brought a ruled-out lookup key's re-check due after two target steps.
