@@ -777,15 +777,22 @@ def test_a_draft_model_is_re_checked_only_where_it_holds_the_context() -> None:
     """In a chain, a reply may first ask the draft model after the lookup has drafted dozens of tokens
     that the model must take in first (Gemma's Q4_K_M: 0.23 + 0.097 steps a token) for a 2-token draft:
     it waits for a reply that asks the model where it holds the context (Gemma's chain replayed at 128
-    tokens: `rewrite` 3.42 -> 3.83, the eight tasks 2.60 -> 2.68; tests/benchmarks/RESULTS.md)."""
-    policy = AutoK()
-    curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
-    policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
+    tokens: `rewrite` 3.42 -> 3.83, the eight tasks 2.60 -> 2.68; tests/benchmarks/RESULTS.md). A model
+    never measured is tried where first asked, or a chain whose lookup starts every reply never would."""
+    def gemma() -> AutoK:
+        policy = AutoK()
+        curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
+        policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
+        return policy
+
+    policy = gemma()
     learn(policy, "model", 4, 0, 30, token_cost=0.5)  # ruled out
     policy.begin_reply()
     policy.begin_reply()  # a reply later: a re-check is due where the reply first asks the model
     assert policy.plan("model", 16).probe
     assert policy.plan("model", 16, catch_up=40).k == 0
+    # Never measured (a new server whose first replies the lookup starts): tried where first asked.
+    assert gemma().plan("model", 16, catch_up=40).k > 0
 
 
 def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:

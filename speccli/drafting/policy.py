@@ -108,9 +108,9 @@ class Schedule:
 
 class ModelSchedule(Schedule):
     """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
-    the loss bound; re-checked only where a reply first asks it, and only where it holds the context
-    then: a chain may first ask it mid-reply, where it must first decode every token the lookup drafted
-    (dozens, a re-check costing several steps: RESULTS.md)."""
+    the loss bound; re-checked only where a reply first asks it, and once measured, only where it holds
+    the context then: a chain may first ask it mid-reply, where it must first decode every token the
+    lookup drafted (dozens, a re-check costing several steps: RESULTS.md)."""
 
     loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
 
@@ -205,7 +205,10 @@ class AutoK:
             acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
         rates = self._rates(state, acceptance, catch_up)
         k = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start))
-        if limit > 0 and not k and not catch_up and state.schedule.probe_due() and self._could_pay(state, limit):
+        # A source measured before is re-checked where it holds the context (a catch-up would cost more
+        # than its 2 tokens tell); one never measured is tried where first asked.
+        held = not catch_up or not state.acceptance.judged_at
+        if limit > 0 and not k and held and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(k, rates[k])
 
