@@ -80,6 +80,8 @@ class RpcServer:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            if self.process.poll() is not None:  # it ended while this looked: no state left to name
+                return self.process.returncode
             with open(f"/proc/{self.process.pid}/status") as status:
                 masks = [line.strip() for line in status if line.startswith(("Sig", "Shd", "State", "Threads"))]
             ours = signal.pthread_sigmask(signal.SIG_BLOCK, [])
