@@ -35,9 +35,8 @@ CHAT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 # The built-in summarize prompt: 5 tokens survive the filters, the top one at 0.75, every edge at least 0.01
 # (in logits) or 0.001 (in top-p's mass) away; the story prompt has a token 0.0009 from min-p's edge.
 PROMPT = next(prompt.prompt for prompt in load_prompt_set(None).prompts if prompt.task == "summarize").encode()
-# Draws: each control fails at p < 1e-6 with probability 0.99 at its measured distance from the target's
-# distribution (tests/benchmarks/RESULTS.md, *Chi-square power*): the top-k control from about 180 draws,
-# the unnormalised shared tokens from about 470; the engine tests catch them at p < 1e-3 from 120 and 290.
+# Draws, from the controls' measured power (tests/benchmarks/RESULTS.md, *Chi-square power*): the top-k
+# control needs about 180, the unnormalised shared tokens about 470, their engine tests 120 and 290.
 GEMMA_SAMPLES = 200
 CROSS_SAMPLES = 300
 CROSS_CONTROL_SAMPLES = 480

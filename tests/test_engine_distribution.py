@@ -30,8 +30,8 @@ from tests.two_token_distribution import (
     sampled_pairs_and_stats,
 )
 
-# Draws per test: each control here is caught at p < 1e-6 with probability 0.99 at its measured distance
-# from the target's distribution, so each engine test catches it at p < 1e-3 with more (tests/benchmarks/RESULTS.md, *Chi-square power*).
+# Draws per test, from the controls' measured power (the neediest needs 1,900:
+# tests/benchmarks/RESULTS.md, *Chi-square power*).
 SAMPLES = 2000
 PROMPT = b"the cat sat on"
 # Temperature and top-k make processed and raw distributions differ, which a biased rule exposes.

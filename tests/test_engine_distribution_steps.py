@@ -43,8 +43,8 @@ from tests.token_distribution import (
     sample_generations,
 )
 
-# Draws per test, sized so that each control fails at p < 1e-6 with probability 0.99 at its measured
-# distance from the target's distribution (tests/benchmarks/RESULTS.md, *Chi-square power*); at K = 2 one control needs 2,200.
+# Draws per test, from the controls' measured power (tests/benchmarks/RESULTS.md, *Chi-square power*):
+# at K = 2 one control needs 2,200.
 SAMPLES = 2000
 K2_SAMPLES = 2400
 LENGTH = 3  # generated tokens compared
@@ -287,7 +287,8 @@ def k2_broken(pair, plain):
                 else:
                     generator.rng = DraftUniformsReused(generator.rng)
                 # Stale entries would pile up from one reply into the next's prompt: each starts empty.
-                made[control] = generate(generator, prompt, LENGTH, fresh=control == K2_CONTROLS[1], samples=K2_SAMPLES)[0]
+                fresh = control == K2_CONTROLS[1]
+                made[control] = generate(generator, prompt, LENGTH, fresh=fresh, samples=K2_SAMPLES)[0]
         return made[control]
 
     return generations

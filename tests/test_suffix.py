@@ -32,7 +32,7 @@ from tests.token_distribution import chi_square_p_value
 from tests.test_engine_greedy import GREEDY, PROMPTS, check_greedy_equality
 from tests.two_token_distribution import exact_two_token_distribution, sampled_pairs_and_stats
 
-SAMPLES = 500  # the control's bug fails it at p < 1e-6 with probability 0.99 from 340 draws (tests/benchmarks/RESULTS.md, *Chi-square power*)
+SAMPLES = 500  # the control needs about 340 (tests/benchmarks/RESULTS.md, *Chi-square power*)
 
 
 def store_of(*replies: tuple[list[int], list[int]], cap_tokens: int = 10_000) -> SuffixStore:

@@ -238,8 +238,8 @@ def drafter_for(mode: str, target: Model, draft: Model) -> TranslatedDrafter:
     return TranslatedDrafter(draft, target.tokenizer, shared)
 
 
-# The subtler control (q drawn at twice the temperature) fails at p < 1e-6 with probability 0.99 from about
-# 3,100 draws, and the engine test catches it at p < 1e-3 from 2,100 (tests/benchmarks/RESULTS.md, *Chi-square power*).
+# Draws: the subtler control (q drawn at twice the temperature) needs about 3,100
+# (tests/benchmarks/RESULTS.md, *Chi-square power*).
 DRAWS = 3200
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from scipy import optimize, stats
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = ["tests/test_engine_distribution.py", "tests/test_engine_distribution_steps.py", "tests/test_generator.py",
-         "tests/test_suffix.py", "tests/test_translated.py", "tests/test_chat_defaults_distribution.py", "tests/test_rpc.py"]
+FILES = [f"tests/test_{name}.py" for name in ("engine_distribution", "engine_distribution_steps", "generator", "suffix",
+                                                "translated", "chat_defaults_distribution", "rpc")]
 POWER = 0.999
 
 
