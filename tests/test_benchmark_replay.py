@@ -121,3 +121,16 @@ def test_the_stand_in_draft_model_gives_each_recorded_token_at_its_confidence_th
     read = [(int(row.argmax()), round(top_probability(row, out=scratch), 6)) for row in rows]
     assert read == [(2, 1.0), (3, 0.9), (4, 0.5), (5, 0.3), (6, 0.05), (n_vocab - 1, 0.5)]
     assert (model.decodes, model.caught_up) == (6, 0) and model.n_past == len(compacted.prompt) + 5
+
+
+def test_a_suffix_source_recalls_earlier_replies_only_where_told_to_remember() -> None:
+    """A reply no lookup in its own context can draft: a `suffix` source drafts it from the second round
+    on where it keeps earlier replies (as serve), and like the context lookup alone where it starts each
+    reply from nothing (as bench)."""
+    tokens = list(range(10, 40))  # no token repeats: the context lookup has nothing to draft
+    reply = Reply("t", [1, 2], tokens, [[(0, 0.5)] for _ in tokens])
+    lookup = replay([reply], "ngram", "auto", 2, C, COSTS)["t"]
+    assert lookup == pytest.approx([1.0, 1.0])  # every step a plain one
+    assert replay([reply], "suffix", "auto", 2, C, COSTS)["t"] == lookup
+    remembered = replay([reply], "suffix", "auto", 2, C, COSTS, remember=True)["t"]
+    assert remembered[0] == pytest.approx(1.0) and remembered[1] > 2.0

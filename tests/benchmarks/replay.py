@@ -15,6 +15,8 @@ Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token tha
 recorded reply. The same code and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
+Every `--spec` is replayed (`suffix` chains too): each reply starts from nothing, as in bench, or with
+`--remember` a `suffix` source keeps the earlier replies' text, as serve's store does.
 One policy is kept across the rounds, as bench keeps one across its runs; `--warmup N` first replays
 the first prompt N times unmeasured, as bench's warm-up generates it (what the policy learns there
 carries over). `--costs` also takes a curve timed at every size, V(1)..V(25), priced as given: on a CPU
@@ -44,8 +46,8 @@ from speccli.core.stats import StepEvent, TokenEvent
 from speccli.core.seam import CostProfile, Draft, DraftCosts, DraftRequest
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
-from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import AUTO_MAX_K, PROFILED_SIZES, VerifyCosts
+from speccli.drafting.registry import SPECS, DraftInputs, make_source, source_named, uses_draft_model
 from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
@@ -196,13 +198,15 @@ def replay(
     catch_up: tuple[float, float] = (0.0, 0.0),
     warmup: int = 0,
     host: tuple[float, float] = (0.0, 0.0),
+    remember: bool = False,
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
     after `warmup` unmeasured replays of the first reply; K chosen per step where `k` is 'auto'. A draft
     model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B). The host's own work,
     `host` = (per row, per step) in target 1-token decodes, is added to each step (a row for each row
     the target verifies and each token a draft model draws), as to the target alone's tokens: the
-    speedup is over the target alone with its host time."""
+    speedup is over the target alone with its host time. `remember`: a `suffix` source keeps what
+    earlier replies said (in order, the warm-up's and earlier rounds' included), as in serve."""
     host_row, host_step = host
     replies, n_vocab = compact(replies)
     model = RecordedDraftModel(n_vocab)
@@ -210,20 +214,22 @@ def replay(
     def catch_up_decodes(tokens: int) -> float:
         return catch_up[0] + catch_up[1] * tokens if tokens else 0.0
 
-    model_drafter = ModelDrafter(model)
-    lookup = NgramDrafter()
-    sources = {"model": [model_drafter], "ngram": [lookup], "ngram+model": [lookup, model_drafter]}[spec]
+    # The real sources, the draft model's over the stand-in (the lookups need no model).
+    inputs = DraftInputs(draft_model=None, target=None)  # type: ignore[arg-type]
+    sources = [ModelDrafter(model) if source_named(name).uses_draft_model else make_source(name, inputs) for name in spec.split("+")]
     drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
     policy = make_policy(k)
     catch_up_seconds = {n: catch_up_decodes(n) * c * UNIT for n in CATCH_UP_SIZES}
-    draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if "model" in spec else {}
+    draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if uses_draft_model(spec) else {}
     policy.calibrate(CostProfile({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs))
     rng = np.random.default_rng(0)
     speedups: dict[str, list[float]] = {}
     for reply, measured in schedule(replies, rounds, warmup):
         model.reply = reply
         policy.begin_reply()
-        drafter.forget(0)
+        # As bench, each reply from nothing (a `suffix` source's store too), or as serve, from what
+        # earlier replies left in its store (`remember`).
+        drafter.new_conversation() if remember else drafter.forget_all()
         drafter.sync(reply.prompt)
         context, cost, t, steps = list(reply.prompt), 0.0, 0, []
         while t < len(reply.tokens):
@@ -301,7 +307,10 @@ def main() -> None:
         "--costs", required=True, help="C:V2,V4,V8,V16 (or C:V1,..,V25) in target 1-token decodes"
     )
     parser.add_argument("--recording", type=Path, required=True, help="JSON file: written if missing, else replayed")
-    parser.add_argument("--spec", default="ngram+model,model,ngram")
+    parser.add_argument("--spec", default="ngram+model,model,ngram", help=f"comma list of: {', '.join(SPECS)}")
+    parser.add_argument(
+        "--remember", action="store_true", help="a suffix source keeps earlier replies' text across replies, as in serve"
+    )
     parser.add_argument("--k", default="auto", help="comma list of K: auto or a number (each with each spec)")
     parser.add_argument(
         "--catch-up", required=True, help="A,B: a draft model taking in m tokens it skipped costs A + B*m draft decodes"
@@ -338,11 +347,13 @@ def main() -> None:
     if isinstance(verify, MeasuredCurve) and max((k for k in ks if k != AUTO_K), default=0) > AUTO_MAX_K:
         parser.error(f"--k: a curve timed at V1..V{AUTO_MAX_K + 1} prices drafts of at most {AUTO_MAX_K} tokens")
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
+    if unknown := [spec for spec, _ in configurations if spec not in SPECS]:
+        parser.error(f"--spec: unknown {', '.join(unknown)}; expected some of {', '.join(SPECS)}")
     results = {}
     for spec, k in configurations:
         results[f"{spec} {k}"] = replay(
             replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup,
-            tuple(map(float, args.host.split(","))),
+            tuple(map(float, args.host.split(","))), args.remember,
         )
     labels = list(results)
     tasks = list(results[labels[0]])
