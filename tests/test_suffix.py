@@ -283,3 +283,9 @@ def test_the_constants_replay_drafts_a_reply_given_before_whole() -> None:
     assert sum(kept for _, kept in steps) == 2 * len(reply)
     assert steps[: len(reply)] == [(0, 1)] * len(reply)  # nothing to recall, and no repeat in the context
     assert len(steps) - len(reply) <= 3, steps[len(reply):]  # the second time: 26 tokens a step
+    # Under auto (replay.py's policy), the same: the store pays at every profile, the context alone never.
+    from tests.benchmarks.suffix_replay import PROFILES, auto_speedups
+
+    speedups = auto_speedups([(prompt, reply), (prompt, reply)])
+    for profile in PROFILES:
+        assert speedups[profile, "ngram"] == pytest.approx(1.0) and speedups[profile, "suffix"] > 1.2

@@ -18,11 +18,15 @@ draft tokens verified per token kept (what a verify pays for nothing), and the s
 alone at fixed verify costs V(n), in target 1-row decodes, interpolated from V(2), V(4), V(8), V(16):
 the CPU profiles of replay.py (Gemma F32 1.24,1.52,1.83,2.55; Qwen 1.5B 1.48,1.59,3.15,4.08) and a
 GPU-like one (1.01,1.03,1.07,1.15). The lookups' own time is left out (suffix_store.py measures it).
+"under auto" replays `ngram` and `suffix` with the real K policy instead of K fixed (replay.py's
+replay), at the same profiles: replies recorded at a temperature are judged there as their steps would
+be (a certain proposal's token is kept with the probability that the target yields it).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -33,10 +37,11 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.seam import DraftRequest
 from speccli.drafting import suffix
 from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import FixedK
+from speccli.drafting.policy import FixedK, VerifyCosts
 from speccli.llama.tokenizer import load_vocab_only
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay import Reply, replay as auto_replay  # noqa: E402
 from serve_workload import WORKLOADS  # noqa: E402
 
 LIMIT = 25
@@ -94,6 +99,20 @@ def replay(conversations: list[tuple[list[int], list[int]]], drafter: NgramDraft
     return steps
 
 
+def auto_speedups(conversations: list[tuple[list[int], list[int]]]) -> dict[tuple[str, str], float]:
+    """(profile, spec) -> the speedup of `ngram` and `suffix` under `auto` (replay.py's replay: the real
+    policy, one store for every reply). A reply sampled at a temperature is judged as its steps would
+    be: a lookup's token is kept with the probability that the target yields it there."""
+    replies = [Reply("w", prompt, reply, [[] for _ in reply]) for prompt, reply in conversations]
+    return {
+        (name, spec): statistics.mean(
+            auto_replay(replies, spec, "auto", 1, 0.0, VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), profile))}), remember=True)["w"]
+        )
+        for name, profile in PROFILES.items()
+        for spec in ("ngram", "suffix")
+    }
+
+
 def figures(steps: list[tuple[int, int]]) -> str:
     kept = sum(k for _, k in steps)
     wasted = sum(p - (k - 1) for p, k in steps)
@@ -122,6 +141,8 @@ def main() -> None:
     for name, conversations in workloads.items():
         print(f"\n{name}: {len(conversations)} replies, {sum(len(r) for _, r in conversations)} tokens")
         print(f"  {'ngram (context only)':20}{figures(replay(conversations, NgramDrafter()))}")
+        auto = "  ".join(f"{name} {spec} {speedup:4.2f}×" for (name, spec), speedup in auto_speedups(conversations).items())
+        print(f"  {'under auto':20}{auto}")
         for rule, store_drafts in RULES.items():
             print(f"  {rule:46} {figures(replay(conversations, Choosing(store_drafts)))}")
         for constant, values in TRIED.items():
