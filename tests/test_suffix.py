@@ -286,6 +286,6 @@ def test_the_constants_replay_drafts_a_reply_given_before_whole() -> None:
     # Under auto (replay.py's policy), the same: the store pays at every profile, the context alone never.
     from tests.benchmarks.suffix_replay import PROFILES, auto_speedups
 
-    speedups = auto_speedups([(prompt, reply), (prompt, reply)])
+    speedups = auto_speedups([(prompt, reply), (prompt, []), (prompt, reply)])  # an empty reply is passed over
     for profile in PROFILES:
         assert speedups[profile, "ngram"] == pytest.approx(1.0) and speedups[profile, "suffix"] > 1.2

@@ -333,6 +333,8 @@ def main() -> None:
         c, verify = parse_costs(args.costs)
     except ValueError as error:
         parser.error(f"--costs: {error}")
+    if unknown := [spec for spec in args.spec.split(",") if spec not in SPECS]:
+        parser.error(f"--spec: unknown {', '.join(unknown)}; expected some of {', '.join(SPECS)}")
     if not args.recording.exists():
         files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
         options = LoadOptions(n_ctx=2048)
@@ -347,8 +349,6 @@ def main() -> None:
     if isinstance(verify, MeasuredCurve) and max((k for k in ks if k != AUTO_K), default=0) > AUTO_MAX_K:
         parser.error(f"--k: a curve timed at V1..V{AUTO_MAX_K + 1} prices drafts of at most {AUTO_MAX_K} tokens")
     configurations = [(spec, k) for spec in args.spec.split(",") for k in ks]
-    if unknown := [spec for spec, _ in configurations if spec not in SPECS]:
-        parser.error(f"--spec: unknown {', '.join(unknown)}; expected some of {', '.join(SPECS)}")
     results = {}
     for spec, k in configurations:
         results[f"{spec} {k}"] = replay(

@@ -103,7 +103,8 @@ def auto_speedups(conversations: list[tuple[list[int], list[int]]]) -> dict[tupl
     """(profile, spec) -> the speedup of `ngram` and `suffix` under `auto` (replay.py's replay: the real
     policy, one store for every reply). A reply sampled at a temperature is judged as its steps would
     be: a lookup's token is kept with the probability that the target yields it there."""
-    replies = [Reply("w", prompt, reply, [[] for _ in reply]) for prompt, reply in conversations]
+    # An empty reply (the target stopped at once) has no step to price.
+    replies = [Reply("w", prompt, reply, [[] for _ in reply]) for prompt, reply in conversations if reply]
     return {
         (name, spec): statistics.mean(
             auto_replay(replies, spec, "auto", 1, 0.0, VerifyCosts({1: 1.0, **dict(zip((2, 4, 8, 16), profile))}), remember=True)["w"]
