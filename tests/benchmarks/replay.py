@@ -334,7 +334,7 @@ def main() -> None:
     except ValueError as error:
         parser.error(f"--costs: {error}")
     if unknown := [spec for spec in args.spec.split(",") if spec not in SPECS]:
-        parser.error(f"--spec: unknown {', '.join(unknown)}; expected some of {', '.join(SPECS)}")
+        parser.error(f"--spec: unknown {', '.join(map(repr, unknown))}; expected some of {', '.join(SPECS)}")
     if not args.recording.exists():
         files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
         options = LoadOptions(n_ctx=2048)
