@@ -3,6 +3,7 @@ with pretended costs for the engine tests; and the lanes' markers, set by rule (
 `pytest_collection_modifyitems`)."""
 from __future__ import annotations
 
+import signal
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -16,6 +17,15 @@ from speccli.models.resolve import resolve_pair
 from speccli.core.seam import CostProfile, Draft, DraftCosts
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background by a shell without job control (`bash -c 'pytest &'`) begins
+    # with SIGINT ignored, and every child it starts would too (exec keeps an ignored signal ignored):
+    # the tests that press Ctrl-C on a child then fail, the child still running. Deliver it as a
+    # terminal would. (speccli, as Python does, leaves SIGINT ignored where it starts so.)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # --- lanes -----------------------------------------------------------------------------------------
 # `pytest -m fast` runs every test but those on the real Gemma or Qwen pair and the slow ones: it needs
