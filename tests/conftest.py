@@ -27,6 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
 # --- lanes -----------------------------------------------------------------------------------------
 # `pytest -m fast` runs every test but those on the real Gemma or Qwen pair and the slow ones: it needs
 # no weights but the tiny models tests/tiny_gguf.py writes. Marked here by rule, so a new test joins the

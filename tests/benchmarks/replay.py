@@ -229,7 +229,10 @@ def replay(
         policy.begin_reply()
         # As bench, each reply from nothing (a `suffix` source's store too), or as serve, from what
         # earlier replies left in its store (`remember`).
-        drafter.new_conversation() if remember else drafter.forget_all()
+        if remember:
+            drafter.new_conversation()
+        else:
+            drafter.forget_all()
         drafter.sync(reply.prompt)
         context, cost, t, steps = list(reply.prompt), 0.0, 0, []
         while t < len(reply.tokens):
