@@ -105,12 +105,19 @@ def choose_cmake_args(force_cuda: bool = False, cuda_arch: str | None = None,
                else f"CUDA, forced by --cuda, for compute capability {archs}")
         cmake_args = cuda_cmake_args(Path(nvcc), archs, pip_python or Path(sys.executable),
                                      sys.path if cublas_search_path is None else cublas_search_path)
+        if is_linux_x86_64():
+            # The CPU backend is built too, and its native build crashes on AMX CPUs (the lent H200's has AMX).
+            cmake_args = f"{x86_64_flags()} {cmake_args}"
         return cmake_args, why
     if sys.platform == "darwin":
         return "", "llama-cpp-python's default for macOS (Metal on Apple silicon)"
-    if sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64"):
+    if is_linux_x86_64():
         return x86_64_flags(), "this CPU's instruction sets without AMX (a native build crashes on AMX CPUs)"
     return "", "llama-cpp-python's default"
+
+
+def is_linux_x86_64() -> bool:
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
 def with_rpc(cmake_args: str) -> str:

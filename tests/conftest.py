@@ -84,6 +84,7 @@ SLOW_TESTS = frozenset({
     "tests/test_server.py::test_a_full_queue_answers_503_with_retry_after_rather_than_hanging",  # 13.7 s
     "tests/test_server.py::test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest",  # 6.2 s
     "tests/test_tiny_gguf.py::test_greedy_agreement_falls_as_eps_grows",  # 15.9 s
+    "tests/test_device_check.py::test_every_step_runs_and_passes_and_the_report_shows_each",  # 11.3 s, 2026-12-04
     # Timed alone on an idle machine (2 cores), 2026-12-02:
     "tests/test_rpc.py::test_sampling_with_the_target_over_rpc_gives_the_targets_distribution",  # 29.3 s
     "tests/test_rpc.py::test_a_server_lost_mid_reply_makes_serve_answer_503_and_say_why_on_health",  # 4.4 s

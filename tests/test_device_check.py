@@ -1,16 +1,21 @@
-"""The device check's own arithmetic (.ci/device/check.py), where it can be checked without a GPU:
-its chi-square p-values (the device has no scipy, so check.py computes them in closed form) and the
-size of the models it writes (the device target must hold 1-2 GB of F16 weights)."""
+"""The device check (.ci/device/check.py), where it can be checked without a GPU: its chi-square
+p-values (the device has no scipy, so check.py computes them in closed form), the size of the models
+it writes (the device target must hold 1-2 GB of F16 weights), and every step run here at the
+rehearsal scale, so that the steps keep up with the engine (the first lent GPU run found three calls
+of an older API in them)."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from scipy import stats
 
-CHECK_PY = Path(__file__).resolve().parent.parent / ".ci" / "device" / "check.py"
+ROOT = Path(__file__).resolve().parent.parent
+CHECK_PY = ROOT / ".ci" / "device" / "check.py"
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +61,51 @@ def test_written_models_match_the_size_arithmetic(check, tmp_path: Path) -> None
     for name, layers in (("target", scale.target_layers), ("draft", scale.draft_layers)):
         size = Path(written[name]).stat().st_size
         assert scale.layer_bytes() * layers <= size <= scale.layer_bytes() * layers + slack, (name, size)
+
+
+def run_step(*args: str) -> dict | None:
+    done = subprocess.run([sys.executable, str(CHECK_PY), *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout) if args[0] != "summary" else None
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("device-check")
+    run_step("models", "--scale", "rehearse", "--dir", str(work / "models"))
+    return work
+
+
+def test_every_step_runs_and_passes_and_the_report_shows_each(work: Path) -> None:
+    models = str(work / "models")
+    load = run_step("load", "--models", models, "--ngl", "99", "--out", str(work / "load.json"))
+    assert [way["loaded"] for way in load["ways"]] == [True] * len(load["ways"]) and not load["preload_llama_cpp"]
+    greedy = run_step("greedy", "--models", models, "--ngl", "99", "--out", str(work / "greedy.json"))
+    assert greedy["passed"] and greedy["failed"] == 0
+    assert all(config["accepted"] > 0 for config in greedy["configs"])
+    # 1000 samples: the broken-rule control still falls far below its threshold (p ~ 1e-39 at 3000).
+    chi2 = run_step("chi2", "--models", models, "--ngl", "99", "--samples", "1000", "--out", str(work / "chi2.json"))
+    assert chi2["passed"] and chi2["control_detected"]
+    speed = run_step("speed", "--models", models, "--gpu-tokens", "8", "--cpu-tokens", "4", "--out", str(work / "speed.json"))
+    assert speed["gpu"]["tokens_per_second"] > 0 and speed["cpu"]["tokens_per_second"] > 0
+    out = work / "out"
+    out.mkdir()  # check.sh makes $OUT
+    run_step("summary", "--work", str(work), "--out", str(out))
+    summary = (out / "summary.txt").read_text()
+    for heading in ("loading on the GPU (-ngl 99): PASSED", "greedy identity (-ngl 99, 8 prompts x 64 tokens): PASSED",
+                    "chi-square, first two tokens at temperature 0.8, top-k 12 (-ngl 99): PASSED; the broken-rule control was detected",
+                    "target alone, decode tok/s: GPU (-ngl 99, 8 tokens)"):
+        assert heading in summary, summary
+
+
+def test_a_way_of_loading_that_crashes_is_named_with_its_traceback_and_the_workaround_chosen(check, work: Path,
+                                                                                            monkeypatch) -> None:
+    monkeypatch.setattr(check, "LOAD_WAYS", [("crashes", "import ctypes; ctypes.string_at(0)", {}),
+                                             ("loads", check._LOAD_AND_DECODE, {})])
+    load = check.load_check(work / "models", 99)
+    assert [(way["name"], way["loaded"]) for way in load["ways"]] == [("crashes", False), ("loads", True)]
+    assert not load["passed"] and load["preload_llama_cpp"]
+    lines = check.load_lines(load)
+    assert lines[1] == "loading on the GPU (-ngl 99): FAILED; the later steps ran with llama_cpp imported first"
+    assert lines[2].split() == ["crashes", "FAILS", "(exit", "-11)"]
+    assert lines[3].strip() == "Fatal Python error: Segmentation fault"  # faulthandler's, as a crash in llama.cpp shows

@@ -1,6 +1,7 @@
 """The device check's measurements and its report (check.sh runs each step; this module owns what a step does).
 
     python .ci/device/check.py models   --scale device|rehearse --dir WORK/models
+    python .ci/device/check.py load     --models WORK/models --ngl 99 --out WORK/load.json
     python .ci/device/check.py greedy   --models WORK/models --ngl 99 --out WORK/greedy.json
     python .ci/device/check.py chi2     --models WORK/models --ngl 99 --samples 3000 --out WORK/chi2.json
     python .ci/device/check.py speed    --models WORK/models --out WORK/speed.json [--gpu-tokens 128 --cpu-tokens 16]
@@ -9,6 +10,10 @@
 * models: a related target/draft pair (tests/tiny_gguf.py's `write_related_pair`: the draft is the target's
   first layer, bit for bit). At the device scale the target holds ~1.8 GB of F16 weights in 8 wide layers,
   so one decode streams all of it and is memory-bound on a GPU; the rehearsal scale is small and quick.
+* load: whether a model loads and decodes on the GPU, each way of starting in its own process (the first
+  lent H200 run crashed in llama_model_load_from_file under speccli's Model, numpy imported before
+  llama_cpp, while llama-cpp-python's own Llama, llama_cpp imported first, ran): the report names which
+  ways crash, so one run tells the cause. check.sh then runs the rest the way that worked.
 * greedy: at temperature 0, speculative output equals the target's own greedy output, or parts only at a
   near-tie of the target's top two logits (speccli.core.parting, as the CPU tests and bench explain it).
 * chi2: the first two sampled tokens at temperature 0.8 follow the target's exact joint distribution
@@ -106,6 +111,64 @@ def load_pair(models: Path, n_gpu_layers: int, prefix: str = "", n_ctx: int = 10
     paths = json.loads((models / "models.json").read_text())
     options = LoadOptions(n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
     return Model(Path(paths[prefix + "target"]), options), Model(Path(paths[prefix + "draft"]), options)
+
+
+# --- loading on the GPU ---------------------------------------------------------------------------------
+
+# Each way is a Python program run in its own process with faulthandler on: {model} and {ngl} are filled in.
+_LOAD_AND_DECODE = """
+from pathlib import Path
+from speccli.llama.model import LoadOptions, Model
+with Model(Path({model!r}), LoadOptions(n_ctx=256, n_gpu_layers={ngl})) as model:
+    tokens = model.tokenizer.tokenize("the cat sat on")
+    print("decoded", model.decode(tokens).shape)
+"""
+LOAD_WAYS = [
+    # (name, program, environment): the first is speccli as shipped (numpy is imported before llama_cpp).
+    ("speccli Model, as shipped", _LOAD_AND_DECODE, {}),
+    ("speccli Model, llama_cpp imported first", "import llama_cpp\n" + _LOAD_AND_DECODE, {}),
+    ("speccli Model, OPENBLAS_NUM_THREADS=1", _LOAD_AND_DECODE, {"OPENBLAS_NUM_THREADS": "1"}),
+    ("speccli Model, OMP_NUM_THREADS=1", _LOAD_AND_DECODE, {"OMP_NUM_THREADS": "1"}),
+    ("llama-cpp-python's Llama, numpy imported first",
+     "import numpy, llama_cpp\nllama_cpp.Llama({model!r}, n_gpu_layers={ngl}, n_ctx=256, verbose=False)('the cat', max_tokens=2)\n"
+     "print('decoded')\n", {}),
+]
+
+
+def load_check(models: Path, n_gpu_layers: int, timeout: float = 60) -> dict:
+    """Each of LOAD_WAYS on the target: its exit status and its output's last lines (a crash's
+    faulthandler traceback among them)."""
+    import subprocess
+
+    model = json.loads((models / "models.json").read_text())["target"]
+    ways = []
+    for name, program, env in LOAD_WAYS:
+        started = time.perf_counter()
+        try:
+            done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", program.format(model=model, ngl=n_gpu_layers)],
+                                  capture_output=True, text=True, timeout=timeout, env={**os.environ, **env},
+                                  cwd=Path(__file__).resolve().parents[2])
+            rc, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as expired:
+            rc, output = 124, f"timed out after {timeout:.0f} s: {expired.stdout or ''}{expired.stderr or ''}"
+        ways.append({"name": name, "env": env, "rc": rc, "loaded": rc == 0 and "decoded" in output,
+                     "seconds": round(time.perf_counter() - started, 2), "tail": output.strip().splitlines()[-12:]})
+    return {"model": model, "n_gpu_layers": n_gpu_layers, "ways": ways, "passed": ways[0]["loaded"],
+            # check.sh runs the later steps with llama_cpp imported first when only that way loads.
+            "preload_llama_cpp": not ways[0]["loaded"] and ways[1]["loaded"]}
+
+
+def load_lines(load: dict | None) -> list[str]:
+    if not load:
+        return ["", "loading on the GPU: not run or failed (see log.txt)"]
+    lines = ["", f"loading on the GPU (-ngl {load['n_gpu_layers']}): {'PASSED' if load['passed'] else 'FAILED'}"
+                 + ("; the later steps ran with llama_cpp imported first" if load["preload_llama_cpp"] else "")]
+    for way in load["ways"]:
+        outcome = "loads" if way["loaded"] else f"FAILS (exit {way['rc']})"
+        lines.append(f"  {way['name']:<48} {outcome}")
+        if not way["loaded"]:
+            lines += [f"      {line}" for line in way["tail"][-6:]]
+    return lines
 
 
 # --- greedy identity ------------------------------------------------------------------------------------
@@ -289,7 +352,7 @@ def summarize(work: Path, out: Path) -> list[str]:
     steps = [json.loads(line) for line in (work / "steps.jsonl").read_text().splitlines()] if (
         work / "steps.jsonl").exists() else []
     parts = {}
-    for name in ("models", "greedy", "chi2", "speed"):
+    for name in ("models", "load", "greedy", "chi2", "speed"):
         parts[name] = read_json(work / "models" / "models.json" if name == "models" else work / f"{name}.json")
     for name in BENCH_PARTS:
         parts[name] = read_json(out / f"{name}.json")
@@ -326,7 +389,7 @@ def summary_lines(meta: dict, steps: list[dict], env_text: str, parts: dict) -> 
                      f"{chi2['n_embd']}, eps {chi2['eps']}")
     else:
         lines.append("models: not written (see log.txt)")
-    lines += greedy_lines(parts["greedy"]) + chi2_lines(parts["chi2"])
+    lines += load_lines(parts["load"]) + greedy_lines(parts["greedy"]) + chi2_lines(parts["chi2"])
     for name, title in BENCH_PARTS.items():
         lines += bench_lines(name, title, bench_digest(parts[name]))
     lines += speed_lines(parts["speed"])
@@ -446,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     models = commands.add_parser("models")
     models.add_argument("--scale", choices=sorted(SCALES), required=True)
     models.add_argument("--dir", type=Path, required=True)
-    for name in ("greedy", "chi2", "speed"):
+    for name in ("load", "greedy", "chi2", "speed"):
         sub = commands.add_parser(name)
         sub.add_argument("--models", type=Path, required=True)
         sub.add_argument("--out", type=Path, required=True)
@@ -462,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     steps: dict[str, Callable[[], tuple[Path, dict]]] = {
         "models": lambda: (args.dir / "models.json", write_models(SCALES[args.scale], args.dir)),
+        "load": lambda: (args.out, load_check(args.models, args.ngl)),
         "greedy": lambda: (args.out, greedy_check(args.models, args.ngl)),
         "chi2": lambda: (args.out, chi2_check(args.models, args.ngl, args.samples)),
         "speed": lambda: (args.out, speed_check(args.models, args.gpu_tokens, args.cpu_tokens)),

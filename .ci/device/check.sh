@@ -32,7 +32,8 @@ PY=${SPECCLI_DEVICE_PYTHON:-/opt/torch/.venv/bin/python}
 # cmake and ninja may live in the device's torch venv, nvcc in the toolkit: appended, never shadowing.
 command -v cmake >/dev/null || PATH=$PATH:/opt/torch/.venv/bin
 command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
-export PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+# PYTHONFAULTHANDLER: a crash in llama.cpp still shows the Python line that called it, in the log.
+export PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 
 if [ "$MODE" = device ]; then
     SCALE=device NGL=99 SAMPLES=3000 BENCH_N=128 RUNS=2 K_SWEEP=1,2,4,8,16,auto GPU_TOKENS=128 CPU_TOKENS=16
@@ -107,6 +108,14 @@ step models "$LIMIT_STEP" "${CHECK[@]}" models --scale "$SCALE" --dir "$WORK/mod
 # bench takes the files by name: models.json has them.
 TARGET=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["target"])' "$WORK/models/models.json" 2>/dev/null)
 DRAFT=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["draft"])' "$WORK/models/models.json" 2>/dev/null)
+step load "$LIMIT_STEP" "${CHECK[@]}" load --models "$WORK/models" --ngl "$NGL" --out "$WORK/load.json"
+# Where speccli as shipped crashes on load but loads with llama_cpp imported first (check.py's load), the
+# later steps import it first, through a .pth file in the venv, so that the run still yields its figures.
+if .venv/bin/python -c 'import json,sys; sys.exit(not json.load(open(sys.argv[1]))["preload_llama_cpp"])' "$WORK/load.json" 2>/dev/null; then
+    PRELOAD=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/00_speccli_check_preload.pth
+    echo "import llama_cpp" >"$PRELOAD"
+    echo "=== speccli crashed on load as shipped; the later steps import llama_cpp first ($PRELOAD)" | tee -a "$LOG"
+fi
 BENCH=(.venv/bin/speccli bench -m "$TARGET" -md "$DRAFT" -n "$BENCH_N" --runs "$RUNS" --warmup 1 -ngl "$NGL" -ngld "$NGL")
 step greedy "$LIMIT_STEP" "${CHECK[@]}" greedy --models "$WORK/models" --ngl "$NGL" --out "$WORK/greedy.json"
 step chi2 "$LIMIT_STEP" "${CHECK[@]}" chi2 --models "$WORK/models" --ngl "$NGL" --samples "$SAMPLES" --out "$WORK/chi2.json"
@@ -115,6 +124,13 @@ step bench-ngram "$LIMIT_STEP" "${BENCH[@]}" --spec ngram,ngram+model --k auto -
 step speed "$LIMIT_STEP" "${CHECK[@]}" speed --models "$WORK/models" --gpu-tokens "$GPU_TOKENS" --cpu-tokens "$CPU_TOKENS" \
     --out "$WORK/speed.json"
 
+if [ -n "${PRELOAD:-}" ] || ! .venv/bin/python -c 'import json,sys; sys.exit(not json.load(open(sys.argv[1]))["passed"])' "$WORK/load.json" 2>/dev/null; then
+    rm -f "${PRELOAD:-}"
+    # Last, as it is slow to start: llama.cpp's own stack at the crash (there is no gdb on the device).
+    MODEL=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["target"])' "$WORK/models/models.json")
+    PROGRAM=$(.venv/bin/python -c 'import sys; sys.path.insert(0, ".ci/device"); import check; print(check._LOAD_AND_DECODE.format(model=sys.argv[1], ngl=sys.argv[2]))' "$MODEL" "$NGL")
+    command -v cuda-gdb >/dev/null && step backtrace 120 cuda-gdb -batch -ex run -ex bt -ex quit --args .venv/bin/python -c "$PROGRAM"
+fi
 echo "=== report: $OUT (failed steps: $FAILED)" | tee -a "$LOG"
 cat "$OUT/summary.txt" 2>/dev/null
 rm -rf "$WORK/models"  # gigabytes; the rest of $WORK is small and stays for a look
