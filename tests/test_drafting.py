@@ -6,6 +6,7 @@ import subprocess
 import sys
 import tracemalloc
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -927,3 +928,13 @@ def test_the_engine_and_the_drafters_do_not_import_llama_cpp():
     code = f"import sys; import {', '.join(modules)}; print(sorted(m for m in sys.modules if m.startswith('llama_cpp')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the libraries mapped into the process")
+def test_importing_speccli_loads_llama_cpps_library_before_numpy_and_imports_neither():
+    """With a GPU backend a model load crashed where numpy came first (speccli/llama/load_order.py);
+    the command line still checks its options without importing llama_cpp or numpy."""
+    code = ("import sys, speccli; mapped = open('/proc/self/maps').read(); "
+            "print('numpy' in sys.modules, 'llama_cpp' in sys.modules, '/libllama.so' in mapped)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False", "True"]

@@ -12,8 +12,9 @@
   so one decode streams all of it and is memory-bound on a GPU; the rehearsal scale is small and quick.
 * load: whether a model loads and decodes on the GPU, each way of starting in its own process (the first
   lent H200 run crashed in llama_model_load_from_file under speccli's Model, numpy imported before
-  llama_cpp, while llama-cpp-python's own Llama, llama_cpp imported first, ran): the report names which
-  ways crash, so one run tells the cause. check.sh then runs the rest the way that worked.
+  llama_cpp, while llama-cpp-python's own Llama, llama_cpp imported first, ran; speccli now loads
+  llama.cpp's library first): the report names which ways crash, so one run tells the cause. check.sh
+  then runs the rest the way that worked.
 * greedy: at temperature 0, speculative output equals the target's own greedy output, or parts only at a
   near-tie of the target's top two logits (speccli.core.parting, as the CPU tests and bench explain it).
 * chi2: the first two sampled tokens at temperature 0.8 follow the target's exact joint distribution
@@ -124,9 +125,11 @@ with Model(Path({model!r}), LoadOptions(n_ctx=256, n_gpu_layers={ngl})) as model
     print("decoded", model.decode(tokens).shape)
 """
 LOAD_WAYS = [
-    # (name, program, environment): the first is speccli as shipped (numpy is imported before llama_cpp).
+    # (name, program, environment): the first is speccli as shipped, which loads llama.cpp's library
+    # before numpy (speccli/llama/load_order.py); the third, numpy first, is how the first run crashed.
     ("speccli Model, as shipped", _LOAD_AND_DECODE, {}),
     ("speccli Model, llama_cpp imported first", "import llama_cpp\n" + _LOAD_AND_DECODE, {}),
+    ("speccli Model, numpy imported before speccli", "import numpy\n" + _LOAD_AND_DECODE, {}),
     ("speccli Model, OPENBLAS_NUM_THREADS=1", _LOAD_AND_DECODE, {"OPENBLAS_NUM_THREADS": "1"}),
     ("speccli Model, OMP_NUM_THREADS=1", _LOAD_AND_DECODE, {"OMP_NUM_THREADS": "1"}),
     ("llama-cpp-python's Llama, numpy imported first",
