@@ -322,12 +322,13 @@ def chi2_survival(x: float, df: int) -> float:
 def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2) -> dict:
     """Decode tokens/s of the target alone with every layer on the GPU and with none (-ngl 0): the median
     over `prompts` generations, prefill excluded, after one unmeasured warm-up generation."""
-    import numpy as np
-
+    # speccli before numpy: importing speccli loads llama.cpp's library first (speccli/llama/load_order.py).
     from speccli.bench.prompts import load_prompt_set
     from speccli.core.generator import Generator
     from speccli.core.sampling import SamplingParams
     from speccli.llama.model import LoadOptions, Model
+
+    import numpy as np
 
     target_path = Path(json.loads((models / "models.json").read_text())["target"])
     texts = [p.prompt for p in load_prompt_set(None).prompts][: prompts + 1]
