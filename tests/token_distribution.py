@@ -14,7 +14,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, probabilities
@@ -151,4 +150,6 @@ def p_value_of(observed_counts: list[float], expected_counts: list[float], group
             draws = round(sum(observed_counts))
             test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
             file.write(json.dumps({"test": test, "statistic": statistic, "degrees": degrees, "draws": draws}) + "\n")
+    from scipy import stats  # here, not at the top: the device check imports `cells` where no scipy is
+
     return float(stats.chi2.sf(statistic, degrees))

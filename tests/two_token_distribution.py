@@ -57,20 +57,3 @@ def sampled_pairs_and_stats(generator: Generator, prompt: list[int], n: int, max
     return pairs, total
 
 
-def chi_square_cells(
-    observed: list[tuple[int, ...]], expected: dict[tuple[int, ...], float]
-) -> tuple[list[int], list[float]] | None:
-    """(observed counts, expected counts): cells expected >= 5 times one by one, the rest lumped into
-    one last cell. None where a pair was sampled that the target gives probability 0."""
-    counts: dict[tuple[int, ...], int] = {}
-    for pair in observed:
-        counts[pair] = counts.get(pair, 0) + 1
-    if not set(counts) <= set(expected):
-        return None
-    n = len(observed)
-    big = [cell for cell, probability in expected.items() if probability * n >= 5]
-    observed_counts = [counts.get(cell, 0) for cell in big]
-    expected_counts = [expected[cell] * n for cell in big]
-    observed_counts.append(n - sum(observed_counts))
-    expected_counts.append(n - sum(expected_counts))
-    return observed_counts, expected_counts
