@@ -13,7 +13,7 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, DraftRequest, Plan, no_take_over
+from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, DraftNotes, DraftRequest, Plan, no_take_over
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -141,8 +141,8 @@ def test_ngram_hands_a_match_it_is_told_not_to_draft_on_as_a_shadow() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
     draft = NgramDrafter().propose(request(context, length_for=lambda key, available, catch_up: 0))
     assert draft.tokens == [] and draft.key == ""  # nothing verified, nothing learnt as a draft
-    assert draft.shadow.tokens == [3, 4, 5, 1, 2] and draft.shadow.key == "ngram:1-2/once"
-    assert NgramDrafter().propose(request(context)).shadow is None  # drafted: judged by verifying it
+    assert draft.notes.shadow.tokens == [3, 4, 5, 1, 2] and draft.notes.shadow.key == "ngram:1-2/once"
+    assert NgramDrafter().propose(request(context)).notes.shadow is None  # drafted: judged by verifying it
 
 
 def test_ngram_index_after_forget_equals_a_fresh_index() -> None:
@@ -174,9 +174,9 @@ def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_h
         drafter.sync(grown)
         kept_up = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
     assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
-    assert behind.catch_up_seconds > 0 and kept_up.catch_up_seconds == 0
+    assert behind.notes.catch_up_seconds > 0 and kept_up.notes.catch_up_seconds == 0
     # The pending token is decoded with the draft's first: the 12 unseen ones but the last are caught up.
-    assert behind.catch_up_tokens == 12 and kept_up.catch_up_tokens == 0
+    assert behind.notes.catch_up_tokens == 12 and kept_up.notes.catch_up_tokens == 0
 
 
 def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(tiny_pair) -> None:
@@ -306,8 +306,8 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
 
 def test_auto_learns_a_taken_over_draft_by_source_and_ramps_by_every_token_it_led_to() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None, Plan(5))
-    handed = Draft("model", "model", [0, 0], None, Plan(2), continuation=lookup_tokens)
+    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None, notes=DraftNotes(Plan(5)))
+    handed = Draft("model", "model", [0, 0], None, lookup_tokens, DraftNotes(Plan(2)))
     observe(policy, handed, StepEvent(7, 6, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
     model, lookup = policy.keys["model"], policy.keys["ngram:6-11"]
     assert model.acceptance.judged_at == [1, 1] and model.acceptance.kept_at == [1, 1]  # its own two, both kept
@@ -341,7 +341,7 @@ class Fixed:
         if self.tokens:
             return Draft(self.name, self.name, self.tokens, None)
         if self.declined:
-            return replace(Draft.nothing(), shadow=Draft(self.name, self.name, self.declined, None))
+            return Draft.judged_only(Draft(self.name, self.name, self.declined, None))
         return Draft.nothing()
 
     def sync(self, context) -> None:
@@ -387,12 +387,12 @@ def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> No
     chain.sync(context)
     rates = {"ngram:1-2/once": 1.1, "model": 1.3}
     draft = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
-    assert draft.tokens == [6, 7] and draft.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
+    assert draft.tokens == [6, 7] and draft.notes.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
     not_drafted = chain.propose(request(context, length_for=lambda key, available, catch_up: 0, best_rate=lambda key, available, catch_up: rates[key]))
-    assert not_drafted.tokens == [6, 7] and not_drafted.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
+    assert not_drafted.tokens == [6, 7] and not_drafted.notes.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
     rates["ngram:1-2/once"] = 2.0
     drafted = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
-    assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.shadow is None
+    assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.notes.shadow is None
 
 
 def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups() -> None:
@@ -407,7 +407,7 @@ def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups
     realized_steps(chain, "model", 9, 0.25)  # 36 tokens/s
     realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
     plain = chain.propose(request([1], best_rate=estimates))
-    assert plain.tokens == [] and plain.shadow.tokens == [4, 5]  # a plain step; the match is judged all the same
+    assert plain.tokens == [] and plain.notes.shadow.tokens == [4, 5]  # a plain step; the match is judged all the same
     lookup.tokens = [4]
     assert chain.propose(request([1], best_rate=estimates)).source == "ngram"
     lookup.tokens, lookup.declined = [], None
@@ -485,8 +485,9 @@ def test_chain_uses_the_first_source_that_proposes() -> None:
 
 
 def drafted_by(key: str, tokens: int, plan: Plan = NO_PLAN, **fields) -> Draft:
-    """A draft of `tokens` tokens of `key`, made on `plan` (NO_PLAN: a step learnt, not asked)."""
-    return Draft(key, key, [0] * tokens, None, plan, **fields)
+    """A draft of `tokens` tokens of `key`, made on `plan` (NO_PLAN: a step learnt, not asked), with
+    these other notes."""
+    return Draft(key, key, [0] * tokens, None, notes=DraftNotes(plan, **fields))
 
 
 def step(drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.01) -> StepEvent:
@@ -713,7 +714,7 @@ def test_auto_judges_a_proposal_it_did_not_verify_against_what_the_step_yielded(
     policy = AutoK()
     shadow = Draft("ngram", "ngram:3-5", [5, 6, 7], None)
     for yielded in ([5, 6, 9], [5], [4, 6, 7]):  # two kept; a plain step's one token, kept; the first rejected
-        policy.observe(replace(Draft.nothing(), shadow=shadow), step(len(yielded) - 1, len(yielded) - 1), yielded)
+        policy.observe(Draft.judged_only(shadow), step(len(yielded) - 1, len(yielded) - 1), yielded)
     acceptance = policy.keys["ngram:3-5"].acceptance
     # Each step weighs the ones before it by RECENCY (0.9).
     assert acceptance.judged_at == pytest.approx([0.81 + 0.9 + 1, 0.81, 0.81])
@@ -727,7 +728,7 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
     policy = calibrated(COMPUTE_BOUND, {})
     learn(policy, "ngram:3-5", 3, 0, 20)
     assert policy.plan("ngram:3-5", 8).k == 0
-    copying = replace(Draft.nothing(), shadow=Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None))
+    copying = Draft.judged_only(Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None))
     came_back_after = None
     for steps in range(1, 6):
         policy.observe(copying, step(1, 1), [1, 2])  # a model draft kept one, the target yielded one more
@@ -756,7 +757,7 @@ def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_unt
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0
     learn(policy, "ngram:3-5/once", 3, 0, 1)
-    policy.observe(replace(Draft.nothing(), shadow=Draft("ngram", "ngram:1-2/varied", [1, 2], None)), step(0, 0), [7])
+    policy.observe(Draft.judged_only(Draft("ngram", "ngram:1-2/varied", [1, 2], None)), step(0, 0), [7])
     assert policy.plan("ngram:1-2/once", 8).k == 0
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0

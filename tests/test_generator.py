@@ -359,8 +359,8 @@ class LookupsNeverDrafted(AutoK):
         return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up)
 
     def observe(self, draft, step, yielded) -> None:
-        if draft.shadow is not None:
-            self.judged.append((list(draft.shadow.tokens), list(yielded)))
+        if draft.notes.shadow is not None:
+            self.judged.append((list(draft.notes.shadow.tokens), list(yielded)))
         super().observe(draft, step, yielded)
 
 
@@ -373,7 +373,7 @@ class LookupRecordingWhere(NgramDrafter):
 
     def propose(self, request):
         draft = super().propose(request)
-        if draft.shadow is not None:
+        if draft.notes.shadow is not None:
             self.shadowed_at.append(len(request.context))
         return draft
 
@@ -391,7 +391,7 @@ def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielde
     for (proposal, tokens_yielded), at in zip(policy.judged, lookup.shadowed_at):
         assert tokens_yielded == [generator.tokens[at]]
         not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available, catch_up: 0)
-        assert proposal and NgramDrafter().propose(not_drafted).shadow.tokens[: len(proposal)] == proposal
+        assert proposal and NgramDrafter().propose(not_drafted).notes.shadow.tokens[: len(proposal)] == proposal
     assert sum(state.acceptance.judged_at[0] for key, state in policy.keys.items() if key.startswith("ngram")) > 0
 
 

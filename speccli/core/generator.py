@@ -209,7 +209,7 @@ class Generator:
         taken_over = draft.continuation
         step = StepEvent(
             drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds, target_seconds=target_seconds,
-            other_seconds=other_seconds, source=draft.source or None, catch_up_seconds=draft.catch_up_seconds,
+            other_seconds=other_seconds, source=draft.source or None, catch_up_seconds=draft.notes.catch_up_seconds,
             compute_seconds=COMPUTE_CLOCK.seconds - computed_before,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )

@@ -36,14 +36,11 @@ NO_PLAN = Plan(0)
 
 
 @dataclass(frozen=True)
-class Draft:
-    """One source's proposal for a step."""
+class DraftNotes:
+    """What the K policy learns from a draft beside its tokens (`KPolicy.observe`): verifying the draft
+    never reads them."""
 
-    source: str  # "model" or "ngram", what statistics report; "" where it proposes no tokens
-    key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same"); "" for none
-    tokens: list[int]
-    q: list[Distribution] | None  # what each token was drawn from; None: proposed with certainty
-    plan: Plan = NO_PLAN  # what the policy answered for `key` (the policy counts it as the key's ask)
+    plan: Plan = NO_PLAN  # what the policy answered for the draft's key (the policy counts it as the key's ask)
     # A draft model's confidence in each token it drafted, where the policy asked for it, and whether it
     # then withheld the next token it decoded (unsure of it): the policy learns how unsure tokens fare.
     confidences: tuple[float, ...] = ()
@@ -52,17 +49,36 @@ class Draft:
     # how many tokens: part of this step's drafting time, but not a cost of the tokens drafted.
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
-    # Another source's draft that took over after these tokens (`DraftRequest.take_over`): verified with
-    # them in the same step, with certainty where it has no q rows; its source and key are counted apart.
-    continuation: Draft | None = None
     # A free source's proposal this step does not verify (its plan was 0, or a chain preferred another
     # source): the policy judges it against what the step yields, which is how verifying it would have
     # judged it, so a lookup's estimates follow the text at no cost.
     shadow: Draft | None = None
 
+
+NO_NOTES = DraftNotes()
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One source's proposal for a step: what verifying it reads, and `notes` for the policy."""
+
+    source: str  # "model" or "ngram", what statistics report; "" where it proposes no tokens
+    key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same"); "" for none
+    tokens: list[int]
+    q: list[Distribution] | None  # what each token was drawn from; None: proposed with certainty
+    # Another source's draft that took over after these tokens (`DraftRequest.take_over`): verified with
+    # them in the same step, with certainty where it has no q rows; its source and key are counted apart.
+    continuation: Draft | None = None
+    notes: DraftNotes = NO_NOTES
+
     @staticmethod
     def nothing() -> Draft:
         return Draft("", "", [], None)
+
+    @staticmethod
+    def judged_only(shadow: Draft) -> Draft:
+        """No tokens to verify, and `shadow` for the policy to judge (`DraftNotes.shadow`)."""
+        return Draft("", "", [], None, notes=DraftNotes(shadow=shadow))
 
     @property
     def proposed(self) -> list[int]:
@@ -141,7 +157,7 @@ class KPolicy(Protocol):
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
-        """What this step's draft (with its continuation and shadow) was planned as, yielded (`step`;
+        """What this step's draft (with its continuation and its notes' shadow) was planned as, yielded (`step`;
         `yielded`: the kept drafts, then the target's own token) and cost."""
 
 

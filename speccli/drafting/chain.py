@@ -75,13 +75,13 @@ class ChainDrafter:
         self._realized = self._no_steps_yet()
 
     def propose(self, request: DraftRequest) -> Draft:
-        passed_over = None  # a cheaper source's proposal, judged all the same (see `Draft.shadow`)
+        passed_over = None  # a cheaper source's proposal, judged all the same (see `DraftNotes.shadow`)
         policy = request.policy
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             # The next source's best, with what it must take in first; None under a fixed K.
             following_rate = policy.plan(following.name, request.limit, following.catch_up_tokens(request.context)).rate
-            proposal = draft if draft.tokens else draft.shadow  # drafted or not; None: no match at all
+            proposal = draft if draft.tokens else draft.notes.shadow  # drafted or not; None: no match at all
             if following_rate is not None and proposal is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
             if draft.tokens and not self._promises_more(following_rate, draft, request):
@@ -89,7 +89,7 @@ class ChainDrafter:
             passed_over = passed_over or proposal
         # The last source's draft, even an empty one: its key still tells the policy what it was asked.
         last = self.drafters[-1].propose(self._offering_take_over(len(self.drafters) - 1, request))
-        return replace(last, shadow=passed_over)
+        return replace(last, notes=replace(last.notes, shadow=passed_over))
 
     def _offering_take_over(self, position: int, request: DraftRequest) -> DraftRequest:
         """`request` for the source at `position`, whose draft the sources before it may take over."""
@@ -103,7 +103,7 @@ class ChainDrafter:
             for source in self.drafters[:position]:
                 draft = source.propose(extended)
                 source.forget(len(request.context))  # what it took in of the drafted tokens
-                if draft.tokens and not draft.plan.probe and not self._promises_more(rate_of_more, draft, extended):
+                if draft.tokens and not draft.notes.plan.probe and not self._promises_more(rate_of_more, draft, extended):
                     return draft
             return Draft.nothing()
 

@@ -5,7 +5,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample, top_probability
-from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
+from speccli.core.seam import Draft, DraftCosts, DraftNotes, DraftRequest, DraftSource
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -48,7 +48,7 @@ class ModelDrafter(DraftSource):
         catch_up = self.catch_up_tokens(request.context)
         plan = policy.plan(self.name, available, catch_up)
         if plan.k <= 0:  # not drafted: the policy still counts what it was asked
-            return Draft("", self.name, [], None, plan)
+            return Draft("", self.name, [], None, notes=DraftNotes(plan))
         q_rows = self._q_rows.take(plan.k, model.n_vocab)  # dense rows' weights (no filter bounds them)
         drawn_from: list[Distribution] = []
         drafted: list[int] = []
@@ -91,8 +91,8 @@ class ModelDrafter(DraftSource):
         # token unsure): otherwise, if all pass, the next step catches up.
         q_drawn = None if request.sampling.greedy or not drafted else drawn_from[: len(drafted)]
         return Draft(
-            self.name if drafted else "", self.name, drafted, q_drawn, plan, tuple(confidences), withheld,
-            catch_up_seconds, catch_up, continuation if continuation.tokens else None,
+            self.name if drafted else "", self.name, drafted, q_drawn, continuation if continuation.tokens else None,
+            DraftNotes(plan, tuple(confidences), withheld, catch_up_seconds, catch_up),
         )
 
     def visible(self, tokens: Sequence[int]) -> list[int]:

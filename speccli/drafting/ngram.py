@@ -20,19 +20,19 @@ word whose earlier occurrences went on differently.
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from speccli.core.seam import Draft, DraftRequest, DraftSource
+from speccli.core.seam import Draft, DraftNotes, DraftRequest, DraftSource
 from speccli.validation import MAX_K
 
 MATCH_LENGTHS = ((12, "12+"), (6, "6-11"), (3, "3-5"), (1, "1-2"))  # a key's match length, from the shortest of each
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
-# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.shadow`): as
+# Tokens of a proposal not drafted that are judged against what the step yields (`DraftNotes.shadow`): as
 # many as a step of the longest draft `auto` makes (24) yields.
 SHADOW_TOKENS = 25
 
@@ -48,12 +48,12 @@ class Match:
 
     def draft(self, source: str, request: DraftRequest) -> Draft:
         """The proposal, of the length the policy plans for this kind of match; where that is none, the
-        proposal judged all the same (see `Draft.shadow`)."""
+        proposal judged all the same (see `DraftNotes.shadow`)."""
         key = f"{source}:{next(name for shortest, name in MATCH_LENGTHS if self.length >= shortest)}/{self.went_on}"
         plan = request.policy.plan(key, len(self.following))
         if plan.k <= 0:
-            return replace(Draft.nothing(), shadow=Draft(source, key, self.following[:SHADOW_TOKENS], None, plan))
-        return Draft(source, key, self.following[: plan.k], None, plan)
+            return Draft.judged_only(Draft(source, key, self.following[:SHADOW_TOKENS], None, notes=DraftNotes(plan)))
+        return Draft(source, key, self.following[: plan.k], None, notes=DraftNotes(plan))
 
 
 def longest_matches(

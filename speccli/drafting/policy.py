@@ -222,14 +222,15 @@ class AutoK:
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
-        for asked in (draft, draft.continuation, draft.shadow):
-            if asked is not None and asked.key and asked.plan is not NO_PLAN:
+        notes = draft.notes
+        for asked in (draft, draft.continuation, notes.shadow):
+            if asked is not None and asked.key and asked.notes.plan is not NO_PLAN:
                 state = self._state(asked.key)
-                if asked.plan.probe:
+                if asked.notes.plan.probe:
                     state.acceptance.fade(RECHECK_CARRY)
-                state.schedule.asked(asked.plan.k)
+                state.schedule.asked(asked.notes.plan.k)
         if step.drafted:
-            if draft.plan.probe:
+            if notes.plan.probe:
                 self.reply.rechecks += 1
             else:
                 self.reply.chosen += 1
@@ -237,15 +238,15 @@ class AutoK:
         # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
         # them all, while its acceptance counts its own tokens only.
         self._learn(draft, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
-        if draft.catch_up_tokens:
-            self._state(draft.key).cost.learn_catch_up(draft.catch_up_tokens, step.catch_up_seconds, self.verify.level)
+        if notes.catch_up_tokens:
+            self._state(draft.key).cost.learn_catch_up(notes.catch_up_tokens, step.catch_up_seconds, self.verify.level)
         taken_over = draft.continuation
         if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
             self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
-        if draft.shadow is not None:
+        if notes.shadow is not None:
             # Proposed with certainty, a token is kept with the probability that the target yields it
             # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
-            shadow = draft.shadow
+            shadow = notes.shadow
             compared = min(len(shadow.tokens), len(yielded))
             self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
 
@@ -255,14 +256,14 @@ class AutoK:
             return
         # A token decoded but withheld (the source was unsure) counts as drafted and, where every token
         # before it was kept, as rejected: that is what stopping there yielded, and what it cost.
-        drafted = len(draft.tokens) + draft.withheld
+        drafted = len(draft.tokens) + draft.notes.withheld
         if not drafted:
             return
         state = self._state(draft.key)
-        self._judge(state, drafted, accepted, draft.confidences)
+        self._judge(state, drafted, accepted, draft.notes.confidences)
         state.schedule.last_kept, state.schedule.last_kept_whole = kept_run, kept_run >= drafted
         state.cost.learn_token(seconds / drafted / self.verify.level)
-        if draft.plan.probe:
+        if draft.notes.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample
-from speccli.core.seam import Draft, DraftCosts, DraftRequest, DraftSource
+from speccli.core.seam import Draft, DraftCosts, DraftNotes, DraftRequest, DraftSource
 from speccli.drafting.model import CATCH_UP_SIZES
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -65,18 +65,18 @@ class TranslatedDrafter(DraftSource):
         skipped = self.catch_up_tokens(request.context)
         plan = policy.plan(self.name, request.limit, skipped)
         if plan.k <= 0:
-            return Draft("", self.name, [], None, plan)
+            return Draft("", self.name, [], None, notes=DraftNotes(plan))
         read = self._read(request.context, catching_up=skipped > 0)
         if read is None:  # the context, as the draft's tokens, fills its window
-            return Draft("", self.name, [], None, plan)
+            return Draft("", self.name, [], None, notes=DraftNotes(plan))
         logits, catch_up, catch_up_seconds = read
         # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
         k = min(plan.k, model.n_ctx - model.n_past + 1)
         if self.shared is not None and not request.sampling.greedy:  # greedy, text is kept more (module docstring)
             proposal, q = self._draft_shared_tokens(logits, min(k, request.limit), request)
             self._covered = len(request.context) + len(proposal)
-            return Draft(self.name if proposal else "", self.name, proposal, q, plan,
-                         catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
+            return Draft(self.name if proposal else "", self.name, proposal, q,
+                         notes=DraftNotes(plan, catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up))
         drafted: list[int] = []
         for i in range(k):
             if request.sampling.greedy:
@@ -91,8 +91,8 @@ class TranslatedDrafter(DraftSource):
                 self._held.append(token)
         proposal = self._translate(request.context, model.tokenizer.detokenize(drafted))[:request.limit]
         self._covered = len(request.context) + len(proposal)
-        return Draft(self.name if proposal else "", self.name, proposal, None, plan,
-                     catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
+        return Draft(self.name if proposal else "", self.name, proposal, None,
+                     notes=DraftNotes(plan, catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up))
 
     def _draft_shared_tokens(self, logits: np.ndarray, k: int, request: DraftRequest) -> tuple[list[int], list[Distribution] | None]:
         """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution

@@ -361,11 +361,12 @@ def main() -> None:
     labels = list(results)
     tasks = list(results[labels[0]])
     width = max(10, *(len(task) + 1 for task in tasks))  # a prompt file's task names may be longer
-    print(f"{'task':<{width}}" + "".join(f"{label:>15}" for label in labels))
+    column = max(15, *(len(label) + 2 for label in labels))  # "suffix+model auto" ran into its neighbour
+    print(f"{'task':<{width}}" + "".join(f"{label:>{column}}" for label in labels))
     for task in tasks:
-        print(f"{task:<{width}}" + "".join(f"{statistics.mean(results[label][task]):>14.3f}x" for label in labels))
+        print(f"{task:<{width}}" + "".join(f"{statistics.mean(results[label][task]):>{column - 1}.3f}x" for label in labels))
     means = [statistics.geometric_mean([statistics.mean(results[label][task]) for task in tasks]) for label in labels]
-    print(f"{'geomean':<{width}}" + "".join(f"{mean:>14.3f}x" for mean in means))
+    print(f"{'geomean':<{width}}" + "".join(f"{mean:>{column - 1}.3f}x" for mean in means))
 
 
 if __name__ == "__main__":
