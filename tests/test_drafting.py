@@ -196,13 +196,49 @@ def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(ti
     assert asked == [0, 4]
 
 
+def test_model_drafter_takes_in_its_prompt_at_its_first_draft_reported_as_the_prefills(tiny_pair) -> None:
+    """A reply other sources draft throughout never pays for the draft model's prompt; one it drafts in
+    pays at its first draft, reported apart (the prefill's time: neither its per-token cost nor a
+    catch-up, and not priced as one), and the draft is what an eager sync would have drafted."""
+    prompt = list(range(3, 40))
+    asked = []
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt)
+        declined = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
+        assert model.n_past == 0 and declined.notes.prompt_tokens == 0
+        deferred = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 3))
+        drafter.new_conversation()
+        model.decode(prompt[:-1], n_logit_rows=0)  # what the sync did in the prefill before
+        eager = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 3))
+    assert asked == [0, 0]
+    assert deferred.notes.prompt_tokens == len(prompt) - 1 and deferred.notes.prompt_seconds > 0
+    assert deferred.notes.catch_up_tokens == 0 and deferred.notes.catch_up_seconds == 0
+    assert deferred.tokens == eager.tokens and len(eager.tokens) == 3 and eager.notes.prompt_tokens == 0
+
+
+def test_model_drafter_takes_in_all_but_the_last_batch_of_a_long_prompt_in_the_prefill(tiny_pair) -> None:
+    """A decode inside a draft cannot be stopped (the prefill checks for a stop between batches), so
+    what a sync defers is at most one batch."""
+    prompt = list(range(3, 103))
+    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_batch=32, n_threads=1)) as model:
+        drafter = ModelDrafter(model)
+        drafter.sync(prompt[:40])
+        assert model.n_past == 39 - 32
+        drafter.sync(prompt)
+        assert model.n_past == len(prompt) - 1 - 32
+        drafted = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 2))
+    assert drafted.notes.prompt_tokens == 32
+
+
 def test_model_drafter_times_a_token_and_catch_ups_and_leaves_its_cache_as_it_was(tiny_pair) -> None:
     prompt = list(range(3, 40))
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
+        model.decode(prompt[:10], n_logit_rows=0)  # what it held: the prompt itself it takes in at its first draft
         costs = drafter.costs(prompt)["model"]
-        assert model.n_past == len(prompt) - 1
+        assert model.n_past == 10
     assert costs.token_seconds > 0
     assert sorted(costs.catch_up_seconds) == list(CATCH_UP_SIZES) and all(s > 0 for s in costs.catch_up_seconds.values())
 

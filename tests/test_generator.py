@@ -7,6 +7,7 @@ on tiny real models, as are a full context and a prefill stopped between batches
 from __future__ import annotations
 
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from speccli.core import verify as verify_module
 from speccli.core.generator import GenerationLimits, Generator, measure_costs
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import Plan
-from speccli.core.stats import DoneEvent, Source, StepEvent, TokenEvent
+from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
@@ -139,6 +140,25 @@ def test_a_second_call_decodes_only_the_new_tokens() -> None:
     # decodes that last token and the drafts. Nothing from the first call is decoded again.
     assert done.stats.steps == 1
     assert target.decoded_tokens - decoded_before == len(new_text) + 1 + done.stats.drafted_counted
+
+
+class NeverDrafts(FixedK):
+    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        return Plan(0)
+
+
+def test_a_draft_model_takes_in_a_prompt_only_in_a_reply_it_drafts_in_and_as_the_prefills_time() -> None:
+    target, draft = stand_in_pair()
+    prompt = target.tokenizer.tokenize("the cat sat on the mat and")
+    run(Generator(target, ModelDrafter(draft), SAMPLED, NeverDrafts(4), seed=3), prompt, max_tokens=6)
+    assert draft.decoded_tokens == 0  # it owed the prompt, never drafted, and never paid for it
+    _, steps, done = run(Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=3), prompt, max_tokens=6)
+    assert draft.decode_sizes[0] == (len(prompt) - 1, 0)  # at its first draft, before the draft's own decodes
+    assert steps[0].prompt_seconds > 0 and not any(step.prompt_seconds for step in steps[1:])
+    # Counted as the prefill's time, not the step's drafting.
+    counted = RunStats()
+    counted.add(replace(steps[0], prompt_seconds=0.25))
+    assert counted.prefill_seconds == 0.25 and counted.draft_seconds == steps[0].draft_seconds
 
 
 def test_reset_frees_the_rows_a_draft_model_drafted_into() -> None:
@@ -284,7 +304,9 @@ def check_a_prefill_stopped_between_batches(target, draft) -> None:
     assert target.n_past == draft.n_past == 0 and generator.tokens == prompt[:1]
     asked = []
     assert list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: asked.append(1) or len(asked) > 2)) == []
-    assert target.n_past == draft.n_past == 2 * target.n_batch and generator.tokens == prompt[: 2 * target.n_batch + 1]
+    # The draft model owes the last batch it was given (ModelDrafter.sync): taken in at its first draft.
+    assert target.n_past == 2 * target.n_batch and draft.n_past == 2 * target.n_batch - draft.n_batch
+    assert generator.tokens == prompt[: 2 * target.n_batch + 1]
     decoded_before = target.decoded_tokens
     tokens, _, done = run(generator, prompt, max_tokens=8)
     assert done.stats.prompt_tokens == len(prompt)

@@ -207,10 +207,13 @@ class Generator:
         sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
         taken_over = draft.continuation
+        prompt_seconds = draft.notes.prompt_seconds  # the prefill's, deferred to the first draft
         step = StepEvent(
-            drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds, target_seconds=target_seconds,
-            other_seconds=other_seconds, source=draft.source or None, catch_up_seconds=draft.notes.catch_up_seconds,
-            compute_seconds=COMPUTE_CLOCK.seconds - computed_before,
+            drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds - prompt_seconds,
+            target_seconds=target_seconds, other_seconds=other_seconds, source=draft.source or None,
+            catch_up_seconds=draft.notes.catch_up_seconds,
+            compute_seconds=max(0.0, COMPUTE_CLOCK.seconds - computed_before - prompt_seconds),
+            prompt_seconds=prompt_seconds,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:

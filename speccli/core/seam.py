@@ -49,6 +49,10 @@ class DraftNotes:
     # how many tokens: part of this step's drafting time, but not a cost of the tokens drafted.
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
+    # Seconds and tokens of the prompt a draft model took in at its first draft of the reply, deferred
+    # from the prefill (`ModelDrafter.sync`): the prefill's time, not this step's drafting.
+    prompt_seconds: float = 0.0
+    prompt_tokens: int = 0
     # A free source's proposal this step does not verify (its plan was 0, or a chain preferred another
     # source): the policy judges it against what the step yields, which is how verifying it would have
     # judged it, so a lookup's estimates follow the text at no cost.

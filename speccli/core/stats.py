@@ -42,6 +42,9 @@ class StepEvent:
     source: str | None = None  # the draft source ("model", "ngram"); None when nothing was drafted
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in context it had not seen
     compute_seconds: float = 0.0  # of the step's time: inside llama.cpp's decode (both models)
+    # Not in the three above: a draft model taking in the prompt at its first draft of the reply,
+    # deferred from the prefill (`ModelDrafter.sync`), and counted as the prefill's time.
+    prompt_seconds: float = 0.0
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
     # Where the reply ended inside this step's kept drafts (an end of generation, a stop string): how
@@ -161,6 +164,7 @@ class RunStats:
 
     def add(self, step: StepEvent) -> None:
         self.steps += 1
+        self.prefill_seconds += step.prompt_seconds
         parts = step.parts()
         self.positions.add(sum(part.drafted for part in parts), sum(part.accepted for part in parts))
         for part in parts:

@@ -25,19 +25,36 @@ class ModelDrafter(DraftSource):
     def __init__(self, model: Model) -> None:
         self.model = model
         self._q_rows = RowBuffer()
+        self._prompt_end = 0  # the cache must hold the context this far before drafting (see `sync`)
 
     def sync(self, context: Sequence[int]) -> None:
-        """Make the cache hold context[:-1] (it holds a prefix of it already: see `forget`)."""
-        if self.model.n_past < len(context) - 1:
-            self.model.decode(self.visible(context[self.model.n_past : -1]), n_logit_rows=0)
+        """Owe context[:-1] (the cache holds a prefix of it already: see `forget`): taken in at this
+        model's first draft of the reply, so a reply that other sources draft throughout never pays
+        for it (Qwen's agent workload under the default chain: a tenth of its time). Only the part
+        more than one batch from the end is taken in now, in the prefill, where a stop request is
+        seen between batches."""
+        self._prompt_end = len(context) - 1
+        taken_in_now = self._prompt_end - self.model.n_batch
+        if self.model.n_past < taken_in_now:
+            self.model.decode(self.visible(context[self.model.n_past : taken_in_now]), n_logit_rows=0)
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         """Tokens taken in as one batched decode before drafting at the end of `context`: the context
         grew without this model (lookup drafts or plain steps meanwhile) by more than the two a drafting
         step leaves behind (the pending token, and the previous bonus token if the draft never decoded
-        it). All but the last: that one is decoded with the first draft token."""
-        pending = len(context) - self.model.n_past
+        it). All but the last: that one is decoded with the first draft token. The prompt it owes is not
+        counted: that is the prefill's cost, paid wherever the model drafts at all."""
+        pending = len(context) - max(self.model.n_past, self._prompt_end)
         return pending - 1 if pending > 2 else 0
+
+    def _take_in_prompt(self, context: Sequence[int]) -> tuple[float, int]:
+        """Decode the prompt `sync` deferred, if the cache does not hold it yet: (seconds, tokens)."""
+        owed = self._prompt_end - self.model.n_past
+        if owed <= 0:
+            return 0.0, 0
+        began = time.perf_counter()
+        self.model.decode(self.visible(context[self.model.n_past : self._prompt_end]), n_logit_rows=0)
+        return time.perf_counter() - began, owed
 
     def propose(self, request: DraftRequest) -> Draft:
         model, policy = self.model, request.policy
@@ -49,6 +66,7 @@ class ModelDrafter(DraftSource):
         plan = policy.plan(self.name, available, catch_up)
         if plan.k <= 0:  # not drafted: the policy still counts what it was asked
             return Draft("", self.name, [], None, notes=DraftNotes(plan))
+        prompt_seconds, prompt_tokens = self._take_in_prompt(request.context)
         q_rows = self._q_rows.take(plan.k, model.n_vocab)  # dense rows' weights (no filter bounds them)
         drawn_from: list[Distribution] = []
         drafted: list[int] = []
@@ -92,7 +110,7 @@ class ModelDrafter(DraftSource):
         q_drawn = None if request.sampling.greedy or not drafted else drawn_from[: len(drafted)]
         return Draft(
             self.name if drafted else "", self.name, drafted, q_drawn, continuation if continuation.tokens else None,
-            DraftNotes(plan, tuple(confidences), withheld, catch_up_seconds, catch_up),
+            DraftNotes(plan, tuple(confidences), withheld, catch_up_seconds, catch_up, prompt_seconds, prompt_tokens),
         )
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
@@ -103,9 +121,11 @@ class ModelDrafter(DraftSource):
 
     def forget(self, n_tokens: int) -> None:
         self.model.truncate(min(self.model.n_past, n_tokens))
+        self._prompt_end = min(self._prompt_end, n_tokens)
 
     def new_conversation(self) -> None:
         self.model.reset()
+        self._prompt_end = 0
         self._q_rows = RowBuffer()  # K rows of the vocabulary (64 MiB at K=64, 262k tokens): not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:

@@ -109,7 +109,7 @@ class RecordedDraftModel:
     ids are compacted (`compact`), so a row is as wide as the ids the recording uses, not a vocabulary.
     A confidence read back from a row is the recorded one to float32 rounding (within 3e-7)."""
 
-    n_ctx = 1 << 30  # the recording's replies fit
+    n_ctx = n_batch = 1 << 30  # the recording's replies fit in both
 
     def __init__(self, n_vocab: int) -> None:
         self.n_vocab = n_vocab  # the id n_vocab - 1 occurs nowhere in the recording: a miss
@@ -245,7 +245,8 @@ def replay(
             truth = reply.tokens[t:]
             accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
             new_tokens = truth[: accepted + 1]
-            catch_up_cost = catch_up_decodes(model.caught_up)
+            # The prompt a draft model took in only at its first draft is the prefill's cost: not counted.
+            catch_up_cost = catch_up_decodes(model.caught_up - draft.notes.prompt_tokens)
             step = StepEvent(
                 drafted=len(proposed), accepted=accepted,
                 draft_seconds=((model.decodes + catch_up_cost) * c + model.decodes * host_row) * UNIT,
