@@ -30,9 +30,8 @@ class ModelDrafter(DraftSource):
     def sync(self, context: Sequence[int]) -> None:
         """Owe context[:-1] (the cache holds a prefix of it already: see `forget`): taken in at this
         model's first draft of the reply, so a reply that other sources draft throughout never pays
-        for it (Qwen's agent workload under the default chain: a tenth of its time). Only the part
-        more than one batch from the end is taken in now, in the prefill, where a stop request is
-        seen between batches."""
+        for it (docs/results.md: Qwen's agent workload). Only the part more than one batch from the
+        end is taken in now, in the prefill, where a stop request is seen between batches."""
         self._prompt_end = len(context) - 1
         taken_in_now = self._prompt_end - self.model.n_batch
         if self.model.n_past < taken_in_now:
