@@ -10,10 +10,8 @@
 * models: a related target/draft pair (tests/tiny_gguf.py's `write_related_pair`: the draft is the target's
   first layer, bit for bit). At the device scale the target holds ~1.8 GB of F16 weights in 8 wide layers,
   so one decode streams all of it and is memory-bound on a GPU; the rehearsal scale is small and quick.
-* load: whether a model loads and decodes on the GPU, each way of starting in its own process (the first
-  lent H200 run crashed in llama_model_load_from_file under speccli's Model, numpy imported before
-  llama_cpp, while llama-cpp-python's own Llama, llama_cpp imported first, ran; speccli now loads
-  llama.cpp's library first): the report names which ways crash, so one run tells the cause. check.sh
+* load: whether a model loads and decodes on the GPU, each way of starting in its own process (why:
+  docs/gpu.md, "GPU figures"): the report names which ways crash, so one run tells the cause. check.sh
   then runs the rest the way that worked.
 * greedy: at temperature 0, speculative output equals the target's own greedy output, or parts only at a
   near-tie of the target's top two logits (speccli.core.parting, as the CPU tests and bench explain it).

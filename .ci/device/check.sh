@@ -127,8 +127,8 @@ step speed "$LIMIT_STEP" "${CHECK[@]}" speed --models "$WORK/models" --gpu-token
 if [ -n "${PRELOAD:-}" ] || ! .venv/bin/python -c 'import json,sys; sys.exit(not json.load(open(sys.argv[1]))["passed"])' "$WORK/load.json" 2>/dev/null; then
     rm -f "${PRELOAD:-}"
     # Last, as it is slow to start: llama.cpp's own stack at the crash (there is no gdb on the device).
-    MODEL=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["chi2_target"])' "$WORK/models/models.json")
-    PROGRAM=$(.venv/bin/python -c 'import sys; sys.path.insert(0, ".ci/device"); import check; print(check._LOAD_AND_DECODE.format(model=sys.argv[1], ngl=sys.argv[2]))' "$MODEL" "$NGL")
+    PROGRAM=$(.venv/bin/python -c 'import json, sys; sys.path.insert(0, ".ci/device"); import check
+print(check._LOAD_AND_DECODE.format(model=json.load(open(sys.argv[1]))["chi2_target"], ngl=sys.argv[2]))' "$WORK/models/models.json" "$NGL")
     command -v cuda-gdb >/dev/null && step backtrace 120 cuda-gdb -batch -ex run -ex bt -ex quit --args .venv/bin/python -c "$PROGRAM"
 fi
 echo "=== report: $OUT (failed steps: $FAILED)" | tee -a "$LOG"

@@ -1,11 +1,8 @@
 """llama.cpp's native library, loaded before numpy's.
 
-With a GPU backend, loading a model crashed where numpy had been imported before llama.cpp's library
-was loaded: on the lent H200, speccli's Model crashed in llama_model_load_from_file while the same
-load with llama_cpp imported first ran (docs/gpu.md); llama-cpp-python's issues #1581 and #1903 report
-the same with CUDA and Vulkan builds, pandas or numpy imported first. `speccli/__init__.py` calls this
-before anything else, so that every speccli process loads them in the order that works. It loads the
-library alone, not the llama_cpp module: the command line still checks its options without it.
+With a GPU backend, a model load crashed where numpy had been imported first (docs/gpu.md, "GPU
+figures"). `speccli/__init__.py` calls this before anything else. It loads the library alone, not the
+llama_cpp module: the command line still checks its options without it.
 """
 from __future__ import annotations
 
