@@ -28,6 +28,7 @@ class VerifyCosts:
         self.decode_seconds: dict[int, float] = {}  # the curve's shape at level 1, by rows
         self._sizes: list[int] = []
         self._envelope: list[float] = []
+        self._shapes: list[float] = []  # _shape(n) at index n, up to the widest size profiled
         self.add_points(decode_seconds or {})
 
     def add_points(self, decode_seconds: dict[int, float]) -> None:
@@ -38,13 +39,21 @@ class VerifyCosts:
         for i in range(len(values) - 2, -1, -1):
             values[i] = min(values[i], values[i + 1])
         self._envelope = values
+        self._shapes = [0.0] + [self._shape(n) for n in range(1, self._sizes[-1] + 1)] if values else []
 
     def __call__(self, n: int) -> float:
         return self.decode(n) + self.per_row_seconds * n
 
     def decode(self, n: int) -> float:
         """The decode part of V(n), from the measured points."""
-        return self.level * self._shape(n)
+        return self.level * (self._shapes[n] if n < len(self._shapes) else self._shape(n))
+
+    def curve(self, rows: int) -> list[float]:
+        """[V(1), .., V(rows)]: `auto` reads it for every length at every step, so the shapes are kept."""
+        level, per_row, shapes = self.level, self.per_row_seconds, self._shapes
+        if rows >= len(shapes):
+            return [self(n) for n in range(1, rows + 1)]
+        return [level * shapes[n] + per_row * n for n in range(1, rows + 1)]
 
     def _shape(self, n: int) -> float:
         sizes, values = self._sizes, self._envelope

@@ -108,11 +108,16 @@ class Schedule:
 
 class ModelSchedule(Schedule):
     """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
-    the loss bound; re-checked only where a reply first asks it, and once measured, only where it holds
-    the context then: a chain may first ask it mid-reply, where it must first decode every token the
-    lookup drafted (dozens, a re-check costing several steps: RESULTS.md)."""
+    the loss bound; re-checked where a reply first asks it and, as a lookup is, after idle steps within
+    a reply, but once measured only where what it skipped costs at most RAMP_LOSS plain steps to take
+    in: a chain may first ask it after the lookup drafted dozens of tokens (RESULTS.md), and a model
+    ruled out by two misses in a row must come back within the reply where it can (docs/gpu.md)."""
 
     loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
+
+    def begin_reply(self) -> None:
+        super().begin_reply()
+        self.idle_steps = 0  # a re-check within a reply counts that reply's steps only
 
     def ramp(self, lookup_start: int) -> int:
         if self.last_kept is None:
@@ -129,8 +134,15 @@ class ModelSchedule(Schedule):
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
+    def horizon(self, ramp: int) -> int:
+        """The longest length `choose` needs priced: all, as its best may lie past the ramp (and the
+        rates need not have one peak: on Qwen's CPU curve they fall past 4 rows and rise again)."""
+        return AUTO_MAX_K
+
     def probe_due(self) -> bool:
-        return not self.asked_in_reply and self.idle_replies >= min(self.backoff(), MAX_REPLIES_BETWEEN_CHECKS) - 1
+        if not self.asked_in_reply:
+            return self.idle_replies >= min(self.backoff(), MAX_REPLIES_BETWEEN_CHECKS) - 1
+        return self.idle_steps >= FIRST_PROBE_AFTER * self.backoff()
 
 
 class LookupSchedule(Schedule):
@@ -146,6 +158,10 @@ class LookupSchedule(Schedule):
         """The best length within the ramp, none where none pays: a lone long draft past it rests on
         positions its drafts seldom reach (Qwen 1.5B's steep curve)."""
         return fastest(rates[: ramp + 1])
+
+    def horizon(self, ramp: int) -> int:
+        """The longest length `choose` needs priced: the ramp's."""
+        return ramp
 
     def probe_due(self) -> bool:
         return self.idle_steps >= FIRST_PROBE_AFTER * self.backoff()
@@ -200,14 +216,17 @@ class AutoK:
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
-        acceptance = state.acceptance.rates(max(limit, 0))
+        ramp = state.schedule.ramp(self.lookup_start)
+        # Only the lengths `choose` compares are priced: this runs for every source at every step.
+        acceptance = state.acceptance.rates(max(min(limit, state.schedule.horizon(ramp)), 0))
         if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
             acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
         rates = self._rates(state, acceptance, catch_up)
-        k = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start))
-        # A source measured before is re-checked where it holds the context (a catch-up would cost more
-        # than its 2 tokens tell); one never measured is tried where first asked.
-        held = not catch_up or not state.acceptance.judged_at
+        k = state.schedule.choose(rates, ramp)
+        # A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
+        # would cost more than its 2 tokens tell); one never measured is tried where first asked.
+        catch_up_seconds = (state.cost.drafting(1, catch_up) - state.cost.drafting(1, 0)) * self.verify.level
+        held = not state.acceptance.judged_at or catch_up_seconds <= RAMP_LOSS * self.verify(1)
         if limit > 0 and not k and held and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(k, rates[k])
@@ -279,12 +298,15 @@ class AutoK:
 
     def _rates(self, state: KeyState, acceptance: list[float], catch_up: int = 0) -> list[float]:
         """Expected tokens per second of each draft length, 0 (a plain step) included."""
-        rates, tokens, kept_so_far = [], 1.0, 1.0
-        for k in range(len(acceptance) + 1):
-            if k:
-                kept_so_far *= acceptance[k - 1]
-                tokens += kept_so_far
-            rates.append(tokens / (state.cost.drafting(k, catch_up) * self.verify.level + self.verify(k + 1)))
+        verify = self.verify.curve(len(acceptance) + 1)
+        # drafting(k, m) is k tokens plus, for any k > 0, the same catch-up: read once, not per length.
+        token = state.cost.drafting(1, 0) * self.verify.level
+        catch_up_seconds = state.cost.drafting(1, catch_up) * self.verify.level - token
+        rates, tokens, kept_so_far = [1.0 / verify[0]], 1.0, 1.0
+        for k, accepted in enumerate(acceptance, 1):
+            kept_so_far *= accepted
+            tokens += kept_so_far
+            rates.append(tokens / (k * token + catch_up_seconds + verify[k]))
         return rates
 
     def _could_pay(self, state: KeyState, limit: int, acceptance: float = 1.0) -> bool:

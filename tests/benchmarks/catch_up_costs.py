@@ -10,10 +10,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from speccli.llama.model import LoadOptions, Model
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pair_files import pair_files  # noqa: E402
 
 SIZES = (2, 4, 8, 16, 24)
 PROMPT = list(range(1000, 1200))  # any tokens: a decode's cost does not depend on them
@@ -30,7 +32,7 @@ def timed(model: Model, tokens: list[int], n_logit_rows: int) -> float:
 
 
 def main(pair: str) -> None:
-    files = resolve_pair(pair, None, None, load_registry(), quiet=True)
+    files = pair_files(pair)
     with Model(files.draft_path, LoadOptions(n_ctx=1024)) as draft:
         draft.decode(PROMPT, n_logit_rows=0)
         timed(draft, [PROMPT[0]], 1)  # the first decode pays set-up

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
@@ -28,8 +30,9 @@ from speccli.drafting.model import ModelDrafter
 from speccli.drafting.policy import AutoK, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pair_files import HELP as PAIR_HELP, pair_files  # noqa: E402
 
 from replay import parse_costs  # a sibling script: this one is run as a script too
 
@@ -49,14 +52,14 @@ def profiled_costs(target: Model, draft: Model, prompt: list[int]) -> tuple[floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pair")
+    parser.add_argument("pair", help=PAIR_HELP)
     parser.add_argument("--spec", default="ngram+model,model,ngram")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--costs", help="C:V2,V4,V8,V16 (target 1-token decodes) instead of profiling them")
     args = parser.parse_args()
     specs = args.spec.split(",")
-    files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
+    files = pair_files(args.pair)
     options = LoadOptions(n_ctx=2048)
     with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
         prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in load_prompt_set(None).prompts]

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
@@ -26,8 +28,9 @@ from speccli.core.stats import DoneEvent, StepEvent
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pair_files import HELP as PAIR_HELP, pair_files  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -59,12 +62,12 @@ def generate(generator: Generator, prompt: list[int], n: int) -> tuple[float, li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pair")
+    parser.add_argument("pair", help=PAIR_HELP)
     parser.add_argument("--task", default="story")
     parser.add_argument("-n", "--n-predict", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
+    files = pair_files(args.pair)
     options = LoadOptions(n_ctx=2048)
     with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
         prompt_text = next(p.prompt for p in load_prompt_set(None).prompts if p.task == args.task)

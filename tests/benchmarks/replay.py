@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -50,10 +51,11 @@ from speccli.drafting.policy import AUTO_MAX_K, PROFILED_SIZES, VerifyCosts
 from speccli.drafting.registry import SPECS, DraftInputs, make_source, source_named, uses_draft_model
 from speccli.drafting.specs import make_policy
 from speccli.llama.model import LoadOptions, Model
-from speccli.models.config import load_registry
-from speccli.models.resolve import resolve_pair
 from speccli.util.sequences import common_prefix_length
 from speccli.validation import AUTO_K, K, parse_k
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pair_files import HELP as PAIR_HELP, pair_files  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply
@@ -306,7 +308,7 @@ def step_text(step: StepEvent) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("pair")
+    parser.add_argument("pair", help=PAIR_HELP)
     parser.add_argument(
         "--costs", required=True, help="C:V2,V4,V8,V16 (or C:V1,..,V25) in target 1-token decodes"
     )
@@ -340,7 +342,7 @@ def main() -> None:
     if unknown := [spec for spec in args.spec.split(",") if spec not in SPECS]:
         parser.error(f"--spec: unknown {', '.join(map(repr, unknown))}; expected some of {', '.join(SPECS)}")
     if not args.recording.exists():
-        files = resolve_pair(args.pair, None, None, load_registry(), quiet=True)
+        files = pair_files(args.pair)
         options = LoadOptions(n_ctx=2048)
         with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
             prompt_set = load_prompt_set(args.prompts)  # the built-in set where none is given
