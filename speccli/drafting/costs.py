@@ -95,10 +95,12 @@ class DraftCost:
 
     def drafting(self, k: int, catch_up: int) -> float:
         """Seconds (at level 1) to draft k tokens after taking in `catch_up` skipped ones."""
-        seconds = k * (self.token_seconds or 0.0)
-        if k and catch_up:  # a source that drafts must first take in what it skipped (RESULTS.md)
-            seconds += self.catch_up_fixed + self.catch_up_per_token * catch_up
-        return seconds
+        # A source that drafts must first take in what it skipped (RESULTS.md).
+        return k * (self.token_seconds or 0.0) + (self.taking_in(catch_up) if k else 0.0)
+
+    def taking_in(self, catch_up: int) -> float:
+        """Seconds (at level 1) to take in `catch_up` skipped tokens before drafting."""
+        return self.catch_up_fixed + self.catch_up_per_token * catch_up if catch_up else 0.0
 
     def calibrate(self, token_seconds: float, catch_up_seconds: dict[int, float], level: float) -> None:
         """The measured cost of a token, and the line through the smallest and largest catch-ups timed

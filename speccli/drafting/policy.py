@@ -225,8 +225,8 @@ class AutoK:
         k = state.schedule.choose(rates, ramp)
         # A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
         # would cost more than its 2 tokens tell); one never measured is tried where first asked.
-        catch_up_seconds = (state.cost.drafting(1, catch_up) - state.cost.drafting(1, 0)) * self.verify.level
-        held = not state.acceptance.judged_at or catch_up_seconds <= RAMP_LOSS * self.verify(1)
+        cheap = state.cost.taking_in(catch_up) * self.verify.level <= RAMP_LOSS * self.verify(1)
+        held = not state.acceptance.judged_at or cheap
         if limit > 0 and not k and held and state.schedule.probe_due() and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(k, rates[k])
@@ -298,10 +298,9 @@ class AutoK:
 
     def _rates(self, state: KeyState, acceptance: list[float], catch_up: int = 0) -> list[float]:
         """Expected tokens per second of each draft length, 0 (a plain step) included."""
-        verify = self.verify.curve(len(acceptance) + 1)
-        # drafting(k, m) is k tokens plus, for any k > 0, the same catch-up: read once, not per length.
-        token = state.cost.drafting(1, 0) * self.verify.level
-        catch_up_seconds = state.cost.drafting(1, catch_up) * self.verify.level - token
+        # drafting(k, m) read as k tokens and one catch-up, priced once each rather than per length.
+        verify, level = self.verify.curve(len(acceptance) + 1), self.verify.level
+        token, catch_up_seconds = state.cost.drafting(1, 0) * level, state.cost.taking_in(catch_up) * level
         rates, tokens, kept_so_far = [1.0 / verify[0]], 1.0, 1.0
         for k, accepted in enumerate(acceptance, 1):
             kept_so_far *= accepted
