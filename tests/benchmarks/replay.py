@@ -201,6 +201,7 @@ def replay(
     warmup: int = 0,
     host: tuple[float, float] = (0.0, 0.0),
     remember: bool = False,
+    draft_first: float = 0.0,
 ) -> dict[str, list[float]]:
     """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
     after `warmup` unmeasured replays of the first reply; K chosen per step where `k` is 'auto'. A draft
@@ -208,7 +209,9 @@ def replay(
     `host` = (per row, per step) in target 1-token decodes, is added to each step (a row for each row
     the target verifies and each token a draft model draws), as to the target alone's tokens: the
     speedup is over the target alone with its host time. `remember`: a `suffix` source keeps what
-    earlier replies said (in order, the warm-up's and earlier rounds' included), as in serve."""
+    earlier replies said (in order, the warm-up's and earlier rounds' included), as in serve.
+    `draft_first`: what a draft model's first decode of each draft costs more than the others, in target
+    1-token decodes (on the H200 its caches or graphs are cold after the target's verify: docs/gpu.md)."""
     host_row, host_step = host
     replies, n_vocab = compact(replies)
     model = RecordedDraftModel(n_vocab)
@@ -251,7 +254,8 @@ def replay(
             catch_up_cost = catch_up_decodes(model.caught_up - draft.notes.prompt_tokens)
             step = StepEvent(
                 drafted=len(proposed), accepted=accepted,
-                draft_seconds=((model.decodes + catch_up_cost) * c + model.decodes * host_row) * UNIT,
+                draft_seconds=((model.decodes + catch_up_cost) * c + model.decodes * host_row
+                               + (draft_first if model.decodes else 0.0)) * UNIT,
                 target_seconds=verify.decode(len(proposed) + 1) * UNIT,
                 other_seconds=((len(proposed) + 1) * host_row + host_step) * UNIT, source=draft.source or None,
                 catch_up_seconds=catch_up_cost * c * UNIT,
@@ -325,6 +329,10 @@ def main() -> None:
         "--host", default="0,0", help="ROW,STEP: the host's own work per target or draft row and per step, in "
         "target 1-token decodes (tests/benchmarks/loop_overhead.py measures it in µs)"
     )
+    parser.add_argument(
+        "--draft-first", type=float, default=0.0,
+        help="what a draft model's first decode of each draft costs more than the others, in target 1-token decodes",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
         "--warmup", type=int, default=0, help="unmeasured replays of the first prompt first, as bench's warm-up"
@@ -359,7 +367,7 @@ def main() -> None:
     for spec, k in configurations:
         results[f"{spec} {k}"] = replay(
             replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup,
-            tuple(map(float, args.host.split(","))), args.remember,
+            tuple(map(float, args.host.split(","))), args.remember, args.draft_first,
         )
     labels = list(results)
     tasks = list(results[labels[0]])
