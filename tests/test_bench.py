@@ -21,9 +21,9 @@ import speccli.bench.measure as measure
 import speccli.models.pair as pair_module
 from speccli.bench.prompts import load_prompt_set
 from speccli.bench.render import _split_text, by_source_text
-from speccli.bench.report import Summary, report_schema
-from speccli.bench.settings import BenchRequest, BenchSettings
-from speccli.bench.summary import _by_source, _time_split
+from speccli.bench.report import Costs, Measurement, Summary, report_schema
+from speccli.bench.settings import BenchRequest, BenchSettings, Configuration
+from speccli.bench.summary import Round, _by_source, _time_split, summarize
 from speccli.bench.theory import estimate_alpha, expected_tokens_per_verify, predicted_speedup
 from speccli.cli.app import app
 from speccli.core.generator import PROFILE_TIMINGS
@@ -32,7 +32,7 @@ from speccli.core.stats import RunStats, StepEvent
 from speccli.core.verify import DraftVerdict, verify_greedy
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.pair import PairRequest
-from speccli.validation import K
+from speccli.validation import AUTO_K, K
 from tests.conftest import widest_verify_timings
 from tests.tiny_gguf import TinyConfig, write_related_pair
 
@@ -617,6 +617,24 @@ def test_take_overs_and_catch_ups_are_counted_and_shown() -> None:
     host = "host 6250 µs/row, 33333 µs/step"
     assert _split_text(split, True) == f"draft 22% (catch-up 5%) · target 75% · other 0% · between steps 2% · {host}"
     assert _split_text(split, False) == f"target 75% · other 0% · between steps 2% · {host}"
+
+
+def test_in_run_draft_cost_is_per_drafted_token_without_the_steps_that_drafted_nothing() -> None:
+    """A draft model asked on 1,000 steps (0.01 ms each: the policy's plan) that drafted 2 tokens in one
+    step of 0.4 ms: its tokens cost 0.2 ms each, not (10 + 0.4) / 2 ms (on the tiny pair bench printed
+    c = 124 so)."""
+    plain = Measurement(task="t", prompt_index=0, run=0, mode="target", spec=None, k=0, seed=0, reason="max_tokens",
+                        decode_wall_seconds=1.0, stats=RunStats())
+    spec = plain.model_copy(update={"mode": "speculative", "spec": "model", "k": None, "stats": RunStats()})
+    for _ in range(1000):
+        plain.stats.add(StepEvent(0, 0, 0.0, 0.001, 0.0))
+        spec.stats.add(StepEvent(0, 0, 0.00001, 0.001, 0.0))
+    spec.stats.add(StepEvent(2, 2, 0.0004, 0.0012, 0.0, "model"))
+    configuration = Configuration("model", AUTO_K)
+    costs = Costs(position=0, reps=1, target_decode_1_seconds=0.001, draft_decode_1_seconds=0.0002, c=0.2, verify=[])
+    summary = summarize([Round("t", 0, 0, plain, {configuration: spec})], configuration, costs)
+    assert summary.observed_costs.c == pytest.approx(0.2)
+    assert spec.stats.undrafted_seconds == pytest.approx(0.01)
 
 
 def test_builtin_prompts_cover_the_task_kinds() -> None:

@@ -18,7 +18,8 @@ Figures and formulas
 * c, v(K+1)               = draft 1-token decode / target 1-token decode, and (K+1)-token verify /
                             target 1-token decode, profiled with Model.decode at the first prompt's
                             position (medians over the whole run); the same ratios from the runs' own
-                            per-step timers are reported beside them as "in-run costs"
+                            per-step timers are reported beside them as "in-run costs" (c over the
+                            steps that drafted: the others only asked the sources)
 * E(alpha, K) = (1 - alpha^(K+1)) / (1 - alpha), S_pred(K) = E / (K*c + v(K+1))  (Leviathan et al. 2023),
                             for a fixed K with a model draft only (n/a for auto and n-gram sources)
 * K chosen                = RunStats.draft_lengths: target decodes by tokens drafted before them, 0 included

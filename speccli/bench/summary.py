@@ -69,7 +69,9 @@ def summarize(rounds: Sequence[Round], configuration: Configuration, costs: Cost
     observed = None
     if base_stats.steps and base_stats.target_seconds and drafted and steps:
         target_per_step = base_stats.target_seconds / base_stats.steps
-        c = (spec_stats.draft_seconds / spec_stats.drafted_whole) / target_per_step
+        # Per drafted token: the steps that drafted nothing (the sources asked, the policy's plan) are
+        # not a token's cost, and where a source drafted on a handful of steps would swamp it.
+        c = ((spec_stats.draft_seconds - spec_stats.undrafted_seconds) / spec_stats.drafted_whole) / target_per_step
         verify = (spec_stats.target_seconds / steps) / target_per_step
         observed = ObservedCosts(
             c=c,

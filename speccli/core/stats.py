@@ -154,6 +154,7 @@ class RunStats:
     steps: int = 0  # target decodes in the decode phase
     draft_seconds: float = 0.0  # drafting: draft-model decodes and sampling, n-gram lookups
     catch_up_seconds: float = 0.0  # of draft_seconds: a draft model taking in tokens it skipped
+    undrafted_seconds: float = 0.0  # of draft_seconds: steps that drafted nothing (asking the sources)
     target_seconds: float = 0.0  # target decodes (verification)
     other_seconds: float = 0.0  # the rest of each step: probabilities, verification rule, bookkeeping
     compute_seconds: float = 0.0  # of the three above: inside llama.cpp's decode; the rest is the host's
@@ -174,6 +175,7 @@ class RunStats:
             self.take_overs[step.continuation[0]] = self.take_overs.get(step.continuation[0], 0) + 1
         self.draft_seconds += step.draft_seconds
         self.catch_up_seconds += step.catch_up_seconds
+        self.undrafted_seconds += 0.0 if step.drafted else step.draft_seconds
         self.target_seconds += step.target_seconds
         self.other_seconds += step.other_seconds
         self.compute_seconds += step.compute_seconds
@@ -193,6 +195,7 @@ class RunStats:
             steps=self.steps + other.steps,
             draft_seconds=self.draft_seconds + other.draft_seconds,
             catch_up_seconds=self.catch_up_seconds + other.catch_up_seconds,
+            undrafted_seconds=self.undrafted_seconds + other.undrafted_seconds,
             target_seconds=self.target_seconds + other.target_seconds,
             other_seconds=self.other_seconds + other.other_seconds,
             compute_seconds=self.compute_seconds + other.compute_seconds,
