@@ -39,12 +39,13 @@ class Acceptance:
     kept_at: list[float] = field(default_factory=list)
     unsure_judged: float = 0.0
     unsure_kept: float = 0.0
+    recency: float = RECENCY  # what each judged draft weighs the earlier ones by
 
     def add(self, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
         """One draft: `drafted` tokens (a withheld one included), the first `accepted` kept;
         `confidences` of its tokens where the source gave them."""
         judged = min(drafted, accepted + 1)
-        self.fade(RECENCY)
+        self.fade(self.recency)
         while len(self.judged_at) < judged:
             self.judged_at.append(0.0)
             self.kept_at.append(0.0)

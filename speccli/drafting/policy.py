@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
+from speccli.drafting.acceptance import PRIOR_ACCEPTANCE, RECENCY, UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -51,6 +51,12 @@ PROBE_LENGTH = 2
 # ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
 # kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
 LOOKUP_REPLY_PRIOR = 0.5
+# A draft model whose drafts, kept at the prior's rate, would gain LONG_MEMORY_GAIN or more over plain
+# steps at the measured costs (the H200's: 1.52x) weighs its earlier drafts by LONG_RECENCY: there two
+# misses in a row ruled out a draft that keeps 0.85 of its tokens. Where drafting gains less (this
+# CPU: Gemma 1.18x, Qwen 1.14x), the short memory keeps it out of text it fails on (RESULTS.md).
+LONG_MEMORY_GAIN = 1.25
+LONG_RECENCY = 0.95
 
 
 class FixedK:
@@ -319,6 +325,8 @@ class AutoK:
             if isinstance(state.schedule, ModelSchedule):
                 token_seconds = (state.cost.token_seconds or 0.0) * self.verify.level
                 state.schedule.loss_bound = max(1, self._loss_bound(token_seconds))
+                rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
+                state.acceptance.recency = LONG_RECENCY if max(rates) >= LONG_MEMORY_GAIN * rates[0] else RECENCY
 
     def _loss_bound(self, token_seconds: float) -> int:
         """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
