@@ -887,6 +887,25 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
     assert mid_reply == [first, first + 4 * FIRST_PROBE_AFTER + 1], cheap
 
 
+def test_auto_does_not_price_again_a_draft_model_that_drafted_nothing_last_step(monkeypatch) -> None:
+    """On a launch-bound pair (a 0.3 ms step) pricing 24 lengths every plain step cost `auto` about 5% of
+    the target alone's speed where it drafted nothing. Once a draft model has declined a step, only what it
+    skipped grows until it drafts again or a re-check is due and affordable, so it is not priced again."""
+    policy = calibrated(COMPUTE_BOUND, {"model": 0.3})
+    learn(policy, "model", 4, 0, 30, token_cost=0.3)  # ruled out
+    priced = []
+    rates = policy._rates
+    monkeypatch.setattr(policy, "_rates", lambda *args: priced.append(1) or rates(*args))
+    policy.begin_reply()
+    assert ask(policy, "model", 16, token_cost=0.3) == 2  # the reply's first ask: a re-check, which fails
+    priced.clear()
+    for index in range(1, 2 * FIRST_PROBE_AFTER):
+        assert ask(policy, "model", 16, token_cost=0.3, catch_up=index) == 0
+    # Priced once, on the step after the re-check (it learnt from it), then not while idle: the next
+    # re-check is due after 32 idle steps.
+    assert len(priced) == 1
+
+
 H200 = {1: 1.0, 2: 1.38, 4: 1.56, 8: 1.66, 16: 1.82, 25: 1.77}  # the device check's pair (docs/gpu.md)
 
 

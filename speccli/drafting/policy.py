@@ -222,6 +222,11 @@ class AutoK:
     def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
+        recheck = state.schedule.probe_due() and self._recheck_affordable(state, catch_up)
+        if isinstance(state.schedule, ModelSchedule) and state.schedule.idle_steps and not recheck:
+            # It drafted nothing last step, and nothing learnt of it since: only what it has skipped grew,
+            # so it still would not pay. Not priced again: a plain step's cost is the target's alone.
+            return Plan(0, 1.0 / self.verify(1))
         ramp = state.schedule.ramp(self.lookup_start)
         # Only the lengths `choose` compares are priced: this runs for every source at every step.
         acceptance = state.acceptance.rates(max(min(limit, state.schedule.horizon(ramp)), 0))
@@ -229,13 +234,15 @@ class AutoK:
             acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
         rates = self._rates(state, acceptance, catch_up)
         k = state.schedule.choose(rates, ramp)
-        # A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
-        # would cost more than its 2 tokens tell); one never measured is tried where first asked.
-        cheap = state.cost.taking_in(catch_up) * self.verify.level <= RAMP_LOSS * self.verify(1)
-        held = not state.acceptance.judged_at or cheap
-        if limit > 0 and not k and held and state.schedule.probe_due() and self._could_pay(state, limit):
+        if limit > 0 and not k and recheck and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(k, rates[k])
+
+    def _recheck_affordable(self, state: KeyState, catch_up: int) -> bool:
+        """A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
+        would cost more than its 2 tokens tell); one never measured is tried where first asked."""
+        cheap = state.cost.taking_in(catch_up) * self.verify.level <= RAMP_LOSS * self.verify(1)
+        return not state.acceptance.judged_at or cheap
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         # A re-check is there to measure the key: it does not stop on the draft's own doubts.
