@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (docs/gpu.md)
 import numpy as np
 
 from speccli.bench.prompts import load_prompt_set

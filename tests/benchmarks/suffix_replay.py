@@ -30,6 +30,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (docs/gpu.md)
 import numpy as np
 
 from speccli.chat.template import chat_format_for, tokenize_rendered

@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (docs/gpu.md)
 import numpy as np
 
 from speccli.core.sampling import SamplingParams
