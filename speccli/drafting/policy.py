@@ -52,9 +52,9 @@ PROBE_LENGTH = 2
 # kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
 LOOKUP_REPLY_PRIOR = 0.5
 # A draft model whose drafts, kept at the prior's rate, would gain LONG_MEMORY_GAIN or more over plain
-# steps at the measured costs (the H200's: 1.52x) weighs its earlier drafts by LONG_RECENCY: there two
-# misses in a row ruled out a draft that keeps 0.85 of its tokens. Where drafting gains less (this
-# CPU: Gemma 1.18x, Qwen 1.14x), the short memory keeps it out of text it fails on (RESULTS.md).
+# steps at the measured costs (a GPU's) weighs its earlier drafts by LONG_RECENCY: there two misses in
+# a row ruled out a draft that keeps most of its tokens. Where drafting gains less (this project's CPU
+# pairs), the short memory keeps it out of text it fails on (RESULTS.md, "At the H200's costs").
 LONG_MEMORY_GAIN = 1.25
 LONG_RECENCY = 0.95
 
