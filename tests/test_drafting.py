@@ -458,6 +458,22 @@ def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups
     assert len(lookup.observed) == len(model.observed) == 54  # every step reaches every source
 
 
+def test_chain_counts_a_taken_over_step_for_the_source_whose_token_failed() -> None:
+    """The model drafts 2 tokens, the lookup takes over with 8: where the model's tokens were kept and
+    the lookup's failed, the step's poor yield is the lookup's, and does not pass the model over; where
+    the model's own token failed, it is the model's."""
+    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
+    chain = ChainDrafter([lookup, model])
+    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
+    realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
+    for _ in range(12):  # 3 tokens in 0.25 s: 12 tokens/s
+        chain.observe(StepEvent(10, 2, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 3)
+    assert chain.propose(request([1], best_rate=estimates)).source == "model"
+    for _ in range(12):  # its second token failed
+        chain.observe(StepEvent(10, 1, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 2)
+    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # passed over: a plain step
+
+
 def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
     """A new prompt (a chat turn, the next bench prompt): the last one's stretches say nothing of it,
     so its sources are weighed by their estimates again until its own steps are realized."""

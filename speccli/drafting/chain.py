@@ -10,7 +10,8 @@ the tokens a model draft takes at its price are mostly ones the lookup would hav
 almost for free: on Gemma's qa task the model drafted wherever a lookup's match was short, and in three
 runs the chain reached 1.5-2.0x where the lookup alone, plain steps in between, reached 2.0-2.4x. So
 the chain also keeps the realized rate of each source's steps (a step counts for the source that
-drafted it; a plain step for the first source, whose stretch it belongs to), and passes over a source
+drafted it, a step taken over for the source whose token failed, and a plain step for the first source,
+whose stretch it belongs to), and passes over a source
 whose steps have done no better than those of the sources before it, where one of those has a
 proposal (drafted or declined). Its rate is then not refreshed, but theirs is: when the copying stops,
 their rate falls back to plain steps' and the source is asked again. Those rates are kept per prompt
@@ -111,6 +112,10 @@ class ChainDrafter:
 
     def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
         source = step.source if step.source in self._realized else self.drafters[0].name
+        if step.continuation is not None and step.drafted - step.continuation[1] <= step.accepted < step.drafted:
+            # The costlier source's tokens were kept, the take-over's failed: that poor yield is not its
+            # own (counted as its own, it passed the model over: RESULTS.md, "A failed take-over").
+            source = step.continuation[0] if step.continuation[0] in self._realized else self.drafters[0].name
         self._realized[source].add(step.accepted + 1, step.draft_seconds + step.target_seconds + step.other_seconds)
         for drafter in self.drafters:
             drafter.observe(step, kept)
