@@ -2,6 +2,7 @@
 source, which K `auto` chooses for given costs and acceptance, and how --spec/--k are checked."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -1063,3 +1064,19 @@ def test_importing_speccli_loads_llama_cpps_library_before_numpy_and_imports_nei
             "print('numpy' in sys.modules, 'llama_cpp' in sys.modules, '/libllama.so' in mapped)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False", "True"]
+
+
+def test_numpy_imported_before_speccli_is_warned_of_only_where_llama_cpp_has_a_gpu_backend(tmp_path):
+    """This install is a CPU build: numpy first is fine, and no warning. A CUDA build cannot run here, so
+    its layout stands in for it: a llama_cpp package whose lib/ holds libggml-cuda.so."""
+    quiet = subprocess.run([sys.executable, "-W", "error", "-c", "import numpy, speccli"], capture_output=True, text=True)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    (tmp_path / "llama_cpp" / "lib").mkdir(parents=True)
+    (tmp_path / "llama_cpp" / "__init__.py").write_text("")
+    (tmp_path / "llama_cpp" / "lib" / "libggml-cuda.so").write_bytes(b"")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    warned = subprocess.run([sys.executable, "-c", "import numpy, speccli"], capture_output=True, text=True, env=env)
+    assert warned.returncode == 0
+    assert "numpy was imported before speccli: with llama.cpp's CUDA backend a model load may crash" in warned.stderr
+    speccli_first = subprocess.run([sys.executable, "-W", "error", "-c", "import speccli, numpy"], capture_output=True, text=True, env=env)
+    assert speccli_first.returncode == 0 and speccli_first.stderr == ""
