@@ -154,6 +154,7 @@ def load_check(models: Path, n_gpu_layers: int, timeout: float = 60) -> dict:
         except subprocess.TimeoutExpired as expired:
             rc, output = 124, f"timed out after {timeout:.0f} s: {expired.stdout or ''}{expired.stderr or ''}"
         ways.append({"name": name, "env": env, "rc": rc, "loaded": rc == 0 and "decoded" in output,
+                     "warned": "numpy was imported before speccli" in output,  # speccli/llama/load_order.py
                      "seconds": round(time.perf_counter() - started, 2), "tail": output.strip().splitlines()[-12:]})
     return {"model": model, "n_gpu_layers": n_gpu_layers, "ways": ways, "passed": ways[0]["loaded"],
             # check.sh runs the later steps with llama_cpp imported first when only that way loads.
@@ -166,7 +167,7 @@ def load_lines(load: dict | None) -> list[str]:
     lines = ["", f"loading on the GPU (-ngl {load['n_gpu_layers']}): {'PASSED' if load['passed'] else 'FAILED'}"
                  + ("; the later steps ran with llama_cpp imported first" if load["preload_llama_cpp"] else "")]
     for way in load["ways"]:
-        outcome = "loads" if way["loaded"] else f"FAILS (exit {way['rc']})"
+        outcome = ("loads" if way["loaded"] else f"FAILS (exit {way['rc']})") + (", warned first" if way.get("warned") else "")
         lines.append(f"  {way['name']:<48} {outcome}")
         if not way["loaded"]:
             lines += [f"      {line}" for line in way["tail"][-6:]]
