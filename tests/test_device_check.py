@@ -88,13 +88,15 @@ def test_every_step_runs_and_passes_and_the_report_shows_each(work: Path) -> Non
     assert chi2["passed"] and chi2["control_detected"]
     speed = run_step("speed", "--models", models, "--gpu-tokens", "8", "--cpu-tokens", "4", "--out", str(work / "speed.json"))
     assert speed["gpu"]["tokens_per_second"] > 0 and speed["cpu"]["tokens_per_second"] > 0
+    for shapes in (speed["decode_shapes"]["reused"], speed["decode_shapes"]["rebuilt"]):
+        assert list(shapes) == ["1 token", "2 tokens"] and all(len(ms) == 4 and min(ms) > 0 for ms in shapes.values())
     out = work / "out"
     out.mkdir()  # check.sh makes $OUT
     run_step("summary", "--work", str(work), "--out", str(out))
     summary = (out / "summary.txt").read_text()
     for heading in ("loading on the GPU (-ngl 99): PASSED", "greedy identity (-ngl 99, 8 prompts x 64 tokens): PASSED",
                     "chi-square, first two tokens at temperature 0.8, top-k 12 (-ngl 99): PASSED; the broken-rule control was detected",
-                    "target alone, decode tok/s: GPU (-ngl 99, 8 tokens)"):
+                    "target alone, decode tok/s: GPU (-ngl 99, 8 tokens)", "a draft of 4 (graphs rebuilt), ms a decode, first taking 1 token: "):
         assert heading in summary, summary
 
 

@@ -341,7 +341,44 @@ def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2
                 rates.append(len(tokens) / (time.perf_counter() - started - stats.prefill_seconds))
             sides[name] = {"n_gpu_layers": n_gpu_layers, "max_tokens": max_tokens,
                            "tokens_per_second": float(np.median(rates[1:])), "runs": [round(r, 2) for r in rates[1:]]}
-    return {**sides, "gpu_over_cpu": sides["gpu"]["tokens_per_second"] / sides["cpu"]["tokens_per_second"]}
+    return {**sides, "gpu_over_cpu": sides["gpu"]["tokens_per_second"] / sides["cpu"]["tokens_per_second"],
+            "decode_shapes": {reuse: decode_shapes(models, 99, reuse) for reuse in ("reused", "rebuilt")}}
+
+
+def decode_shapes(models: Path, n_gpu_layers: int, graphs: str, rounds: int = 60) -> dict:
+    """Milliseconds (medians) of the draft model's decodes in a draft of 4, a 4-row verify of the target
+    before each: its first decode takes 1 token (a draft cut short) or 2 (all kept: the last drafted
+    token and the bonus), the rest 1. llama.cpp reuses a context's graph where a decode has the last
+    one's shape; a new shape rebuilds it (and on CUDA recaptures its graph): the fixed part per draft the
+    H200 showed? `graphs` "rebuilt" sets LLAMA_GRAPH_REUSE_DISABLE for the comparison."""
+    import statistics
+
+    from speccli.llama.model import LoadOptions, Model
+
+    files = json.loads((models / "models.json").read_text())
+    os.environ["LLAMA_GRAPH_REUSE_DISABLE"] = "1" if graphs == "rebuilt" else "0"  # read as a context is made
+    options = LoadOptions(n_ctx=512, n_gpu_layers=n_gpu_layers)
+    try:
+        with Model(Path(files["target"]), options) as target, Model(Path(files["draft"]), options) as draft:
+            prompt = target.tokenizer.tokenize("The quick brown fox jumps over the lazy dog. " * 3)
+            target.decode(prompt)
+            draft.decode(prompt)
+            result = {}
+            for first in (1, 2):
+                times: list[list[float]] = [[] for _ in range(4)]
+                for round_ in range(rounds + 5):  # the first 5 unmeasured
+                    target.truncate(len(prompt))
+                    draft.truncate(len(prompt))
+                    target.decode(prompt[:4], n_logit_rows=4)
+                    for position, n_tokens in enumerate((first, 1, 1, 1)):
+                        started = time.perf_counter()
+                        draft.decode(prompt[:n_tokens], n_logit_rows=1)
+                        if round_ >= 5:
+                            times[position].append(time.perf_counter() - started)
+                result[f"{first} token{'s' if first > 1 else ''}"] = [round(statistics.median(t) * 1e3, 4) for t in times]
+            return result
+    finally:
+        os.environ.pop("LLAMA_GRAPH_REUSE_DISABLE", None)
 
 
 # --- the report ---------------------------------------------------------------------------------------------
@@ -486,7 +523,10 @@ def speed_lines(speed: dict | None) -> list[str]:
     gpu, cpu = speed["gpu"], speed["cpu"]
     return ["", f"target alone, decode tok/s: GPU (-ngl {gpu['n_gpu_layers']}, {gpu['max_tokens']} tokens) "
                 f"{gpu['tokens_per_second']:.1f}; CPU (-ngl 0, {cpu['max_tokens']} tokens) {cpu['tokens_per_second']:.1f}; "
-                f"GPU/CPU {speed['gpu_over_cpu']:.1f}x"]
+                f"GPU/CPU {speed['gpu_over_cpu']:.1f}x"] + [
+        f"a draft of 4 (graphs {graphs}), ms a decode, first taking " + "; ".join(
+            f"{first}: {', '.join(f'{ms:.3f}' for ms in times)}" for first, times in shapes.items())
+        for graphs, shapes in speed.get("decode_shapes", {}).items()]
 
 
 def read_json(path: Path) -> dict | None:
