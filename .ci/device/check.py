@@ -349,8 +349,8 @@ def decode_shapes(models: Path, n_gpu_layers: int, graphs: str, rounds: int = 60
     """Milliseconds (medians) of the draft model's decodes in a draft of 4, a 4-row verify of the target
     before each: its first decode takes 1 token (a draft cut short) or 2 (all kept: the last drafted
     token and the bonus), the rest 1. llama.cpp reuses a context's graph where a decode has the last
-    one's shape; a new shape rebuilds it (and on CUDA recaptures its graph): the fixed part per draft the
-    H200 showed? `graphs` "rebuilt" sets LLAMA_GRAPH_REUSE_DISABLE for the comparison."""
+    one's shape; a new shape rebuilds it (and on CUDA recaptures its graph), a candidate for the fixed
+    part per draft the H200 showed (docs/gpu.md). `graphs` "rebuilt" sets LLAMA_GRAPH_REUSE_DISABLE."""
     import statistics
 
     from speccli.llama.model import LoadOptions, Model
