@@ -111,11 +111,12 @@ class ChainDrafter:
         return replace(request, take_over=take_over)
 
     def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
-        source = step.source if step.source in self._realized else self.drafters[0].name
+        counted = step.source
         if step.continuation is not None and step.drafted - step.continuation[1] <= step.accepted < step.drafted:
             # The costlier source's tokens were kept, the take-over's failed: that poor yield is not its
             # own (counted as its own, it passed the model over: RESULTS.md, "A failed take-over").
-            source = step.continuation[0] if step.continuation[0] in self._realized else self.drafters[0].name
+            counted = step.continuation[0]
+        source = counted if counted in self._realized else self.drafters[0].name
         self._realized[source].add(step.accepted + 1, step.draft_seconds + step.target_seconds + step.other_seconds)
         for drafter in self.drafters:
             drafter.observe(step, kept)
