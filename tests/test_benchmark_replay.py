@@ -84,21 +84,48 @@ def test_the_same_recording_and_costs_give_the_same_figures(replies) -> None:
         assert replay(replies, spec, "auto", 2, C, COSTS) == replay(replies, spec, "auto", 2, C, COSTS)
 
 
-def test_a_draft_models_catch_up_is_priced_where_it_skipped_the_lookups_steps() -> None:
+def test_a_draft_models_catch_up_and_prompt_intake_are_priced_where_it_pays_them() -> None:
     """The reply copies the prompt's 3..8 (the lookup drafts it, K=2), then goes on with tokens never
-    seen, where the lookup has no match and the model drafts: it first takes in what it skipped."""
+    seen, where the lookup has no match and the model drafts: it first takes in the prompt it never
+    saw (at its first draft), then what it skipped of the reply."""
     prompt, tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2], [3, 4, 5, 6, 7, 8, 90, 91, 92, 93, 94]
-    drafts = [[(token, 0.9) for token in tokens[t:]] or [(0, 0.9)] for t in range(len(tokens))]  # the model is always right
-    reply = Reply("copy", prompt, tokens, drafts)
+    reply = copying_reply(prompt, tokens)
     free, priced = (replay([reply], "ngram+model", 2, 1, C, COSTS, catch_up=costs)["copy"] for costs in ((0, 0), (0.5, 0.25)))
     # Lookup steps n2/2 n2/2, and n2/0 (8 went on with 1 2 in the prompt; the target yields 90). Then the
-    # model, 8 tokens behind (7 caught up, the pending one decoded with its first draft): m2/2, and a
-    # plain step for the last token.
+    # model, its 9 prompt tokens and 8 of the reply behind (7 caught up, the pending one decoded with its
+    # first draft): m2/2, and a plain step for the last token.
     cost = 3 * COSTS.decode(3) + 2 * C + COSTS.decode(3) + COSTS.decode(1)
+    intake = (0.5 + 0.25 * 9) * C
     assert free == [pytest.approx(len(tokens) / cost)]
-    assert priced == [pytest.approx(len(tokens) / (cost + (0.5 + 0.25 * 7) * C))]
-    # Drafting every step, the model alone never falls behind: nothing to catch up.
-    assert replay([reply], "model", 2, 1, C, COSTS, catch_up=(0.5, 0.25)) == replay([reply], "model", 2, 1, C, COSTS)
+    assert priced == [pytest.approx(len(tokens) / (cost + intake + (0.5 + 0.25 * 7) * C))]
+    # Drafting every step, the model alone never falls behind: its prompt is all it takes in.
+    alone_free = replay([reply], "model", 2, 1, C, COSTS)["copy"][0]
+    alone_priced = replay([reply], "model", 2, 1, C, COSTS, catch_up=(0.5, 0.25))["copy"][0]
+    assert len(tokens) / alone_priced == pytest.approx(len(tokens) / alone_free + intake)
+
+
+def copying_reply(prompt: list[int], tokens: list[int], task: str = "copy") -> Reply:
+    drafts = [[(token, 0.9) for token in tokens[t:]] or [(0, 0.9)] for t in range(len(tokens))]  # the model is always right
+    return Reply(task, prompt, tokens, drafts)
+
+
+def test_remembering_as_serve_keeps_the_prompt_a_request_shares_with_the_last_in_the_draft_cache() -> None:
+    """The same request twice (a regeneration): as bench, each reply's draft model takes in the whole
+    prompt; as serve (`remember`), the second finds it in its cache and takes in nothing."""
+    reply = copying_reply([1, 2, 3, 4, 5, 6, 7, 8, 1, 2], [3, 4, 5, 6, 7, 8, 90, 91, 92, 93, 94])
+    free = replay([reply], "model", 2, 1, C, COSTS)["copy"][0]
+    fresh = replay([reply], "model", 2, 2, C, COSTS, catch_up=(0.5, 0.25))["copy"]
+    remembered = replay([reply], "model", 2, 2, C, COSTS, catch_up=(0.5, 0.25), remember=True)["copy"]
+    assert fresh[0] == fresh[1] == remembered[0] < free
+    assert remembered[1] == pytest.approx(free)
+
+
+def test_a_tasks_replies_in_a_round_are_summed_as_a_workloads_requests() -> None:
+    """A workload's requests share a task: its figure for a round is their tokens over their cost."""
+    short, long = copying_reply([1, 2], [3, 4], "w"), copying_reply([5, 6], list(range(10, 30)), "w")
+    alone = {len(r.tokens): replay([r], "model", 2, 1, C, COSTS)["w"][0] for r in (short, long)}
+    cost = sum(tokens / speedup for tokens, speedup in alone.items())
+    assert replay([short, long], "model", 2, 1, C, COSTS)["w"] == [pytest.approx(sum(alone) / cost)]
 
 
 def test_the_stand_in_draft_model_gives_each_recorded_token_at_its_confidence_then_misses() -> None:

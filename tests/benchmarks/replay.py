@@ -10,13 +10,17 @@ positions, the draft model's greedy continuation with its confidences (to a few 
 miss). Then each spec's real drafters, chain and `auto` policy step through the replies (ModelDrafter
 over a stand-in for the draft model that returns the recorded tokens and confidences) with their
 costs fixed (c per draft-model decode, V(n) per verify of n rows, A + B*m draft decodes for a draft
-model to take in m tokens it skipped while the lookup drafted; catch_up_costs.py measures them, here
-Qwen 0.55,0.178 and Gemma 0.23,0.097): a draft is kept up to its first token that differs from the
-recorded reply. The same code and costs give the same figures, in seconds.
+model to take in m tokens it skipped while the lookup drafted, and as much for the prompt it takes in
+at its first draft of a reply; catch_up_costs.py measures them, here Qwen 0.55,0.178 and Gemma
+0.23,0.097): a draft is kept up to its first token that differs from the recorded reply. The same code
+and costs give the same figures, in seconds.
 `--prompts heldout_prompts.jsonl -n 64` records 12 prompts no version of the policy was tuned on;
 `--prompts long_prompts.jsonl -n 200` 3 chat-style requests that copy their input after a sentence.
+`--workload agent` (json, regenerate) records serve_workload.py's requests to their stop strings, as one
+task whose figure is its requests' tokens over their cost.
 Every `--spec` is replayed (`suffix` chains too): each reply starts from nothing, as in bench, or with
-`--remember` a `suffix` source keeps the earlier replies' text, as serve's store does.
+`--remember` as in serve: a `suffix` source keeps the earlier replies' text, and the caches the prefix
+a request shares with the one before (use `--rounds 1`: a second round recalls the first's replies).
 One policy is kept across the rounds, as bench keeps one across its runs; `--warmup N` first replays
 the first prompt N times unmeasured, as bench's warm-up generates it (what the policy learns there
 carries over). `--costs` also takes a curve timed at every size, V(1)..V(25), priced as given: on a CPU
@@ -57,6 +61,7 @@ from speccli.validation import AUTO_K, K, parse_k
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pair_files import HELP as PAIR_HELP, pair_files  # noqa: E402
+from serve_workload import WORKLOADS, Prompts  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PAST_FIRST_MISS = 4  # draft tokens recorded past the first that differs from the reply
@@ -72,13 +77,16 @@ class Reply:
     drafts: list[list[tuple[int, float]]]  # at each position: the draft model's (token, confidence) continuation
 
 
-def record(target: Model, draft: Model, prompts: Sequence[tuple[str, list[int]]], n_predict: int) -> list[Reply]:
-    """For each (task, prompt): the target's greedy reply and the draft's continuation at each position."""
+def record(
+    target: Model, draft: Model, prompts: Sequence[tuple[str, list[int]]], n_predict: int, stop: tuple[str, ...] = ()
+) -> list[Reply]:
+    """For each (task, prompt): the target's greedy reply (to `n_predict` tokens or a `stop` string) and
+    the draft's continuation at each position."""
     scratch = np.empty(draft.n_vocab, dtype=np.float32)
     replies = []
     for task, prompt in prompts:
         target.reset()
-        events = Generator(target, None, GREEDY).generate(prompt, GenerationLimits(max_tokens=n_predict))
+        events = Generator(target, None, GREEDY).generate(prompt, GenerationLimits(max_tokens=n_predict, stop=stop))
         tokens = [event.token for event in events if isinstance(event, TokenEvent)]
         draft.reset()
         draft.decode(prompt[:-1], n_logit_rows=0)
@@ -203,14 +211,19 @@ def replay(
     host: tuple[float, float] = (0.0, 0.0),
     remember: bool = False,
     draft_first: float = 0.0,
+    max_tokens: int = 0,
 ) -> dict[str, list[float]]:
-    """Tokens per unit of cost (target 1-token decodes) of each reply, by task, over `rounds` rounds,
+    """Tokens per unit of cost (target 1-token decodes) of each task's replies, by round, over `rounds` rounds,
     after `warmup` unmeasured replays of the first reply; K chosen per step where `k` is 'auto'. A draft
     model's catch-up of m tokens costs A + B * m draft decodes, `catch_up` = (A, B). The host's own work,
     `host` = (per row, per step) in target 1-token decodes, is added to each step (a row for each row
     the target verifies and each token a draft model draws), as to the target alone's tokens: the
-    speedup is over the target alone with its host time. `remember`: a `suffix` source keeps what
-    earlier replies said (in order, the warm-up's and earlier rounds' included), as in serve.
+    speedup is over the target alone with its host time. A draft model's deferred intake of a prompt
+    costs as a catch-up of its tokens does, counted in the reply's cost (as the prefill's, not the step's,
+    which the policy learns from). `remember`: as serve, a `suffix` source keeps what earlier replies said
+    (in order, the warm-up's and earlier rounds' included) and the caches keep the prefix a prompt shares
+    with the one before it and its reply. `max_tokens`: the reply's limit, as a request's max_tokens
+    (a recorded reply may end sooner, at a stop string); 0: each reply's own length.
     `draft_first`: what a draft model's first decode of each draft costs more than the others, in target
     1-token decodes (on the H200 its caches or graphs are cold after the target's verify: docs/gpu.md)."""
     host_row, host_step = host
@@ -229,20 +242,21 @@ def replay(
     draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if uses_draft_model(spec) else {}
     policy.calibrate(CostProfile({n: verify.decode(n) * UNIT for n in (1, *PROFILED_SIZES)}, draft_costs))
     rng = np.random.default_rng(0)
-    speedups: dict[str, list[float]] = {}
-    for reply, measured in schedule(replies, rounds, warmup):
+    totals: dict[tuple[str, int], list[float]] = {}  # (task, measured reply index // tasks): [tokens, cost]
+    held: list[int] = []
+    for index, (reply, measured) in enumerate(schedule(replies, rounds, warmup)):
         model.reply = reply
         policy.begin_reply()
         # As bench, each reply from nothing (a `suffix` source's store too), or as serve, from what
-        # earlier replies left in its store (`remember`).
+        # earlier replies left in its store and caches (`remember`).
         if remember:
-            drafter.new_conversation()
+            drafter.forget(common_prefix_length(held, reply.prompt[:-1]))
         else:
             drafter.forget_all()
         drafter.sync(reply.prompt)
         context, cost, t, steps = list(reply.prompt), 0.0, 0, []
         while t < len(reply.tokens):
-            limit = len(reply.tokens) - t - 1
+            limit = (max_tokens or len(reply.tokens)) - t - 1
             model.step_from(len(context))
             draft = Draft.nothing()
             if limit > 0:
@@ -251,7 +265,8 @@ def replay(
             truth = reply.tokens[t:]
             accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
             new_tokens = truth[: accepted + 1]
-            # The prompt a draft model took in only at its first draft is the prefill's cost: not counted.
+            # The prompt a draft model took in at its first draft: one decode before the catch-up's.
+            intake_cost = catch_up_decodes(draft.notes.prompt_tokens) * c
             catch_up_cost = catch_up_decodes(model.caught_up - draft.notes.prompt_tokens)
             step = StepEvent(
                 drafted=len(proposed), accepted=accepted,
@@ -264,16 +279,22 @@ def replay(
             )
             policy.observe(draft, step, new_tokens)
             drafter.observe(step, new_tokens)
-            cost += (step.draft_seconds + step.target_seconds + step.other_seconds) / UNIT
+            cost += (step.draft_seconds + step.target_seconds + step.other_seconds) / UNIT + intake_cost
             steps.append(step_text(step))
             context += new_tokens
             drafter.forget(len(context) - 1)
             t += len(new_tokens)
+        held = context[:-1] if remember else []
         if measured:
             speedup = len(reply.tokens) * (1 + host_row + host_step) / cost
-            speedups.setdefault(reply.task, []).append(speedup)
+            total = totals.setdefault((reply.task, (index - warmup) // len(replies)), [0.0, 0.0])
+            total[0] += len(reply.tokens) * (1 + host_row + host_step)
+            total[1] += cost
             if reply.task in trace:
                 print(f"{spec} {k} {reply.task} {speedup:.2f}x: {' '.join(steps)}")
+    speedups: dict[str, list[float]] = {}
+    for (task, _), (tokens, cost) in totals.items():
+        speedups.setdefault(task, []).append(tokens / cost)
     return speedups
 
 
@@ -341,6 +362,9 @@ def main() -> None:
     parser.add_argument("-n", "--n-predict", type=int, default=48)
     parser.add_argument("--trace", default="", help="tasks whose steps to print (m: model, n: lookup, drafted/kept)")
     parser.add_argument("--prompts", type=Path, help="prompts to record where --recording is missing (bench's format)")
+    parser.add_argument(
+        "--workload", choices=WORKLOADS, help="record a serve_workload.py workload's requests instead (to its stop strings)"
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.warmup < 0:
         parser.error(f"--rounds must be >= 1 and --warmup >= 0, got {args.rounds} and {args.warmup}")
@@ -354,9 +378,15 @@ def main() -> None:
         files = pair_files(args.pair)
         options = LoadOptions(n_ctx=2048)
         with Model(files.target_path, options) as target, Model(files.draft_path, options) as draft:
-            prompt_set = load_prompt_set(args.prompts)  # the built-in set where none is given
-            prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in prompt_set.prompts]
-            replies = record(target, draft, prompts, args.n_predict)
+            stop: tuple[str, ...] = ()
+            if args.workload:  # one task: its requests' figures are summed, as serve_workload's are
+                chat = Prompts(files.target_path)
+                prompts = [(args.workload, chat.ids(request["messages"])) for request in WORKLOADS[args.workload]()]
+                stop = tuple(chat.format.stop)
+            else:
+                prompt_set = load_prompt_set(args.prompts)  # the built-in set where none is given
+                prompts = [(p.task, target.tokenizer.tokenize(p.prompt)) for p in prompt_set.prompts]
+            replies = record(target, draft, prompts, args.n_predict, stop)
         args.recording.write_text(json.dumps([reply.__dict__ for reply in replies]))
     replies = [Reply(**fields) for fields in json.loads(args.recording.read_text())]
     catch_up = tuple(map(float, args.catch_up.split(",")))
@@ -368,7 +398,7 @@ def main() -> None:
     for spec, k in configurations:
         results[f"{spec} {k}"] = replay(
             replies, spec, k, args.rounds, c, verify, args.trace.split(","), catch_up, args.warmup,
-            tuple(map(float, args.host.split(","))), args.remember, args.draft_first,
+            tuple(map(float, args.host.split(","))), args.remember, args.draft_first, args.n_predict,
         )
     labels = list(results)
     tasks = list(results[labels[0]])
