@@ -19,7 +19,7 @@ from speccli.drafting.chain import ChainDrafter
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.ngram import NgramDrafter
 from speccli.drafting.policy import (
-    FIRST_PROBE_AFTER, LONG_RECENCY, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, AutoK, FixedK,
+    FIRST_PROBE_AFTER, LONG_RECENCY, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, REPLY_LENGTHS_KEPT, SHARE_WEIGHT, AutoK, FixedK,
 )
 from speccli.drafting.acceptance import RECENCY
 from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
@@ -39,8 +39,10 @@ class Answers:
 
     def __init__(self, length_for, best_rate, keep_drafting) -> None:
         self.length_for, self.best_rate, self.keep = length_for, best_rate, keep_drafting
+        self.owed_prompts: list[int] = []  # as each plan was told
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
+        self.owed_prompts.append(owed_prompt)
         return Plan(self.length_for(key, available, catch_up), self.best_rate(key, available, catch_up))
 
     def keep_drafting(self, key: str, plan: Plan, confidence) -> bool:
@@ -201,15 +203,19 @@ def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(ti
 def test_model_drafter_takes_in_its_prompt_at_its_first_draft_reported_as_the_prefills(tiny_pair) -> None:
     """A reply other sources draft throughout never pays for the draft model's prompt; one it drafts in
     pays at its first draft, reported apart (the prefill's time: neither its per-token cost nor a
-    catch-up, and not priced as one), and the draft is what an eager sync would have drafted."""
+    catch-up) and priced apart (the policy is told the prompt it owes), and the draft is what an eager
+    sync would have drafted."""
     prompt = list(range(3, 40))
     asked = []
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        declined = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
+        declined = drafter.propose(asking := request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
         assert model.n_past == 0 and declined.notes.prompt_tokens == 0
         deferred = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 3))
+        after = drafter.propose(telling := request(prompt + deferred.tokens + [5], length_for=lambda key, available, catch_up: 0))
+        assert asking.policy.owed_prompts == [len(prompt) - 1] and telling.policy.owed_prompts == [0]
+        assert after.notes.prompt_tokens == 0
         drafter.new_conversation()
         model.decode(prompt[:-1], n_logit_rows=0)  # what the sync did in the prefill before
         eager = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 3))
@@ -376,6 +382,7 @@ class Fixed:
     def __init__(self, name: str, tokens: list[int], declined: list[int] | None = None) -> None:
         self.name, self.tokens, self.declined, self.forgotten, self.observed = name, tokens, declined, [], []
         self.behind = 0  # tokens it says it must take in before drafting
+        self.owed = 0  # prompt tokens it says it must take in at its first draft of the reply
 
     def propose(self, request: DraftRequest) -> Draft:
         if self.tokens:
@@ -401,6 +408,9 @@ class Fixed:
 
     def catch_up_tokens(self, context) -> int:
         return self.behind
+
+    def owed_prompt_tokens(self) -> int:
+        return self.owed
 
     def costs(self, context) -> dict[str, DraftCosts]:
         return {self.name: DraftCosts(0.5, {})}
@@ -636,8 +646,9 @@ def test_chain_weighs_the_next_source_with_what_it_must_catch_up_on() -> None:
     chain = ChainDrafter([lookup, model])
     rates = {("ngram:1-2", 0): 1.2, ("model", 0): 1.5, ("model", 5): 1.1}
     assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "ngram:1-2"
-    model.behind = 0
-    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "model"
+    model.behind, model.owed = 0, 30
+    weighing = request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])
+    assert chain.propose(weighing).source == "model" and 30 in weighing.policy.owed_prompts
 
 
 def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None:
@@ -852,6 +863,65 @@ def test_a_draft_model_is_re_checked_only_where_it_holds_the_context() -> None:
     assert policy.plan("model", 16, catch_up=40).k == 0
     # Never measured (a new server whose first replies the lookup starts): tried where first asked.
     assert gemma().plan("model", 16, catch_up=40).k > 0
+
+
+def gemma_costs() -> AutoK:
+    """Gemma's Q4_K_M draft for its F32 target: a token half a target step, taking in m tokens 0.23 +
+    0.097 m steps."""
+    policy = AutoK()
+    curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
+    policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
+    return policy
+
+
+def reply_of(policy: AutoK, steps: list[tuple[str, int]]) -> None:
+    """A reply of these steps: (source, tokens drafted), each kept whole."""
+    policy.begin_reply()
+    for key, drafted in steps:
+        learn(policy, key, drafted, drafted, 1, token_cost=0.5 if key == "model" else 0.0)
+
+
+def test_auto_spreads_a_draft_models_prompt_over_what_its_drafts_are_expected_to_yield() -> None:
+    """The 80 prompt tokens a draft model takes in at its first draft of a reply (8 steps at Gemma's
+    costs) cost once: with 128 tokens of reply ahead, drafts it keeps whole pay for them; after replies
+    of 8 tokens they would not, and there the model drafts only where it holds the prompt already. The
+    tokens its drafts yield are what it shares the reply with other sources: yielding half the tokens of
+    replies as long, it is expected to pay for half as much (RESULTS.md, "The prompt's intake priced")."""
+    policy = gemma_costs()
+    learn(policy, "model", 8, 8, 12, token_cost=0.5)
+    owing, holding = policy.plan("model", 127, owed_prompt=80), policy.plan("model", 127)
+    assert owing.k > 0 and owing.rate < holding.rate
+    for _ in range(REPLY_LENGTHS_KEPT):
+        reply_of(policy, [("model", 7)])  # 8 tokens each
+    policy.begin_reply()
+    assert policy.plan("model", 127, owed_prompt=80).k == 0 and policy.plan("model", 127).k > 0
+    shared, alone = gemma_costs(), gemma_costs()
+    for policy, steps in ((shared, [("model", 7), ("ngram:1-2", 7)] * 2), (alone, [("model", 7)] * 4)):
+        for _ in range(3):
+            reply_of(policy, steps)  # 32 tokens each
+        policy.begin_reply()
+    def seconds_per_token_of_the_prompt(policy: AutoK) -> float:
+        return 1 / policy.plan("model", 127, owed_prompt=40).rate - 1 / policy.plan("model", 127).rate
+
+    # Its share of the tokens moved from 1 towards 1/2 by SHARE_WEIGHT a reply: the prompt is spread over
+    # that share of the tokens.
+    share = 1 / 2 + (1 - 1 / 2) * (1 - SHARE_WEIGHT) ** 3
+    assert seconds_per_token_of_the_prompt(shared) / seconds_per_token_of_the_prompt(alone) == pytest.approx(1 / share)
+
+
+def test_a_draft_model_ruled_out_only_by_the_prompt_it_lacks_is_not_re_checked() -> None:
+    """A re-check measures a draft model its estimates rule out. Where its drafts pay and only the prompt
+    it must first take in keeps it out of a short reply, a re-check would pay for the prompt to learn
+    nothing (Qwen's bench tasks replayed with the intake charged: 1.12 -> 1.30)."""
+    pays, fails = gemma_costs(), gemma_costs()
+    learn(pays, "model", 8, 8, 12, token_cost=0.5)
+    learn(fails, "model", 4, 0, 30, token_cost=0.5)
+    for policy in (pays, fails):
+        for _ in range(REPLY_LENGTHS_KEPT):
+            reply_of(policy, [("ngram:1-2", 7)])  # 8 tokens each
+        policy.begin_reply()
+    assert pays.plan("model", 63, owed_prompt=80) == Plan(0, pays.plan("model", 63, owed_prompt=80).rate)
+    assert fails.plan("model", 63, owed_prompt=80).probe
 
 
 def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:

@@ -201,7 +201,7 @@ class LookupFavouredK(FixedK):
         super().__init__(3)
         self.taken_over = 0
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(min(self.k, available), 2.0 if key.startswith("ngram") else 1.0)
 
     def observe(self, draft: Draft, step, yielded) -> None:

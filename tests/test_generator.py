@@ -62,7 +62,7 @@ class TakeOverFavouredK(FixedK):
     def __init__(self) -> None:
         super().__init__(3)
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(min(self.k, available), 2.0 if key.startswith("ngram") else 1.0)
 
 
@@ -143,7 +143,7 @@ def test_a_second_call_decodes_only_the_new_tokens() -> None:
 
 
 class NeverDrafts(FixedK):
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(0)
 
 
@@ -377,7 +377,7 @@ class LookupsNeverDrafted(AutoK):
         super().__init__()
         self.judged: list[tuple[list[int], list[int]]] = []
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up)
 
     def observe(self, draft, step, yielded) -> None:
@@ -424,7 +424,7 @@ def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up() -> Non
     class PlainStepsAtFirst(AutoK):  # 4 plain steps, then 2-token drafts, whatever the estimates say
         asked = 0
 
-        def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+        def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
             self.asked += 1
             return Plan(0) if self.asked <= 4 else Plan(min(available, 2))
 

@@ -271,7 +271,7 @@ class EveryFourthStep(FixedK):
         super().__init__(k)
         self.asked, self.catch_ups = 0, []
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         self.asked += 1
         self.catch_ups.append(catch_up)
         return super().plan(key, available) if self.asked % 4 == 1 else Plan(0)

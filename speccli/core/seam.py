@@ -146,9 +146,9 @@ class KPolicy(Protocol):
     profiled_sizes: tuple[int, ...]  # the verify sizes (logit rows) `calibrate` wants timed
     reply: ReplyDrafting | None  # None where every draft is the one asked for (a fixed K)
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         """Tokens to draft of `available` for a proposal of kind `key`, where the source must first take
-        in `catch_up` skipped tokens. No side effects."""
+        in `catch_up` skipped tokens and, once in the reply, `owed_prompt` tokens of its prompt. No side effects."""
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         """Whether a source drafting on `plan`, this sure of its next token (`confidence()`, computed
@@ -189,6 +189,9 @@ class Drafter(Protocol):
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         """Tokens of `context` this source must take in before it can draft at its end."""
 
+    def owed_prompt_tokens(self) -> int:
+        """Tokens of this reply's prompt it must take in at its first draft (a one-time cost)."""
+
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """What drafting costs, by proposal key, measured now (a draft model decodes a few times)."""
 
@@ -208,6 +211,9 @@ class DraftSource:
         self.new_conversation()
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
+        return 0
+
+    def owed_prompt_tokens(self) -> int:
         return 0
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:

@@ -81,7 +81,8 @@ class ChainDrafter:
         for position, (drafter, following) in enumerate(zip(self.drafters, self.drafters[1:])):
             draft = drafter.propose(self._offering_take_over(position, request))
             # The next source's best, with what it must take in first; None under a fixed K.
-            following_rate = policy.plan(following.name, request.limit, following.catch_up_tokens(request.context)).rate
+            catch_up, owed_prompt = following.catch_up_tokens(request.context), following.owed_prompt_tokens()
+            following_rate = policy.plan(following.name, request.limit, catch_up, owed_prompt).rate
             proposal = draft if draft.tokens else draft.notes.shadow  # drafted or not; None: no match at all
             if following_rate is not None and proposal is not None and self._did_no_better(following, position):
                 return draft  # even an empty one: a plain step is what this stretch has done best with
@@ -157,6 +158,9 @@ class ChainDrafter:
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         return max(drafter.catch_up_tokens(context) for drafter in self.drafters)  # whichever source drafts
+
+    def owed_prompt_tokens(self) -> int:
+        return max(drafter.owed_prompt_tokens() for drafter in self.drafters)
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {key: cost for drafter in self.drafters for key, cost in drafter.costs(context).items()}

@@ -30,8 +30,9 @@ class ModelDrafter(DraftSource):
     def sync(self, context: Sequence[int]) -> None:
         """Owe context[:-1] (the cache holds a prefix of it already: see `forget`): taken in at this
         model's first draft of the reply, so a reply that other sources draft throughout never pays
-        for it (docs/results.md: Qwen's agent workload). Only the part more than one batch from the
-        end is taken in now, in the prefill, where a stop request is seen between batches."""
+        for it (docs/results.md: Qwen's agent workload), and the policy weighs that one-time cost
+        (`owed_prompt_tokens`). Only the part more than one batch from the end is taken in now, in the
+        prefill, where a stop request is seen between batches."""
         self._prompt_end = len(context) - 1
         taken_in_now = self._prompt_end - self.model.n_batch
         if self.model.n_past < taken_in_now:
@@ -41,10 +42,14 @@ class ModelDrafter(DraftSource):
         """Tokens taken in as one batched decode before drafting at the end of `context`: the context
         grew without this model (lookup drafts or plain steps meanwhile) by more than the two a drafting
         step leaves behind (the pending token, and the previous bonus token if the draft never decoded
-        it). All but the last: that one is decoded with the first draft token. The prompt it owes is not
-        counted: that is the prefill's cost, paid wherever the model drafts at all."""
+        it). All but the last: that one is decoded with the first draft token. The prompt it owes is
+        counted apart (`owed_prompt_tokens`): paid once a reply, not at every draft that follows."""
         pending = len(context) - max(self.model.n_past, self._prompt_end)
         return pending - 1 if pending > 2 else 0
+
+    def owed_prompt_tokens(self) -> int:
+        """Tokens of the reply's prompt `sync` deferred that the cache does not hold yet."""
+        return max(0, self._prompt_end - self.model.n_past)
 
     def _take_in_prompt(self, context: Sequence[int]) -> tuple[float, int]:
         """Decode the prompt `sync` deferred, if the cache does not hold it yet: (seconds, tokens)."""
@@ -62,7 +67,7 @@ class ModelDrafter(DraftSource):
         if available <= 0:
             return Draft.nothing()
         catch_up = self.catch_up_tokens(request.context)
-        plan = policy.plan(self.name, available, catch_up)
+        plan = policy.plan(self.name, available, catch_up, self.owed_prompt_tokens())
         if plan.k <= 0:  # not drafted: the policy still counts what it was asked
             return Draft("", self.name, [], None, notes=DraftNotes(plan))
         prompt_seconds, prompt_tokens = self._take_in_prompt(request.context)

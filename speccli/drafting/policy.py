@@ -4,11 +4,14 @@
 maximises expected tokens per second:
 
     E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        tokens a step yields (its correction/bonus included)
-    T(k) = C(m) + k * d + V(k+1)                    seconds: a catch-up, k drafted tokens at d each, a verify
+    T(k) = C(m) + k * d + V(k+1) + E(k) * C(P) / N  seconds: a catch-up, k drafted tokens at d each, a
+                                                    verify, and a share of the prompt still to take in
     k*   = argmax_k E(k) / T(k)
 
 a_j: acceptance.py, per proposal key. d, C(m) and V(n): costs.py, measured once per loaded pair and
-refreshed from every step's timings. On top of the formula, per key and per reply, a schedule
+refreshed from every step's timings. C(P): a draft model takes in the P prompt tokens it lacks at its
+first draft of a reply, once, so that cost is spread over the N tokens its drafts are expected to yield
+in the rest of the reply (`_intake_per_token`). On top of the formula, per key and per reply, a schedule
 (`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
 key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
 mostly fail and would not pay; a reply whose lookups fail scales their first-token estimates down.
@@ -57,6 +60,12 @@ LOOKUP_REPLY_PRIOR = 0.5
 # pairs), the short memory keeps it out of text it fails on (RESULTS.md, "At the H200's costs").
 LONG_MEMORY_GAIN = 1.25
 LONG_RECENCY = 0.95
+# A prompt a draft model must take in before its first draft of a reply is spread over the tokens its
+# drafts are expected to yield in the rest of the reply: as long as the replies before it went on past
+# this length (the last REPLY_LENGTHS_KEPT), times the share of a reply's tokens its steps yielded from its
+# first draft on, which each reply moves by SHARE_WEIGHT (RESULTS.md, "The prompt's intake priced").
+REPLY_LENGTHS_KEPT = 16
+SHARE_WEIGHT = 0.1
 
 
 class FixedK:
@@ -70,7 +79,7 @@ class FixedK:
         self.k = k
         self.name = str(k)
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(min(self.k, available))
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
@@ -120,10 +129,20 @@ class ModelSchedule(Schedule):
     ruled out by two misses in a row must come back within the reply where it can (docs/gpu.md)."""
 
     loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
+    share: float = 1.0  # of a reply's tokens from its first draft on, the share its steps yielded
+    yielded_by_it = yielded_since_its_first = 0  # this reply's tokens
 
     def begin_reply(self) -> None:
         super().begin_reply()
         self.idle_steps = 0  # a re-check within a reply counts that reply's steps only
+        if self.yielded_since_its_first:
+            self.share += SHARE_WEIGHT * (self.yielded_by_it / self.yielded_since_its_first - self.share)
+        self.yielded_by_it = self.yielded_since_its_first = 0
+
+    def count_step(self, drafted_it: bool, tokens: int) -> None:
+        """A step of this reply yielded `tokens`, this source's draft or not."""
+        self.yielded_by_it += tokens if drafted_it else 0
+        self.yielded_since_its_first += tokens if self.yielded_by_it else 0
 
     def ramp(self, lookup_start: int) -> int:
         if self.last_kept is None:
@@ -199,6 +218,8 @@ class AutoK:
         # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
         self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
+        self.reply_lengths: list[int] = []  # tokens of the last REPLY_LENGTHS_KEPT replies
+        self.reply_tokens = 0  # of the reply under way
 
     @property
     def needs_costs(self) -> bool:
@@ -212,6 +233,9 @@ class AutoK:
         self._price_ramps()
 
     def begin_reply(self) -> None:
+        if self.reply_tokens:
+            self.reply_lengths = [*self.reply_lengths, self.reply_tokens][-REPLY_LENGTHS_KEPT:]
+        self.reply_tokens = 0
         self.reply = ReplyDrafting()
         self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         for state in self.keys.values():
@@ -219,7 +243,7 @@ class AutoK:
         if self.verify.decode_seconds:
             self._price_ramps()
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
         recheck = state.schedule.probe_due() and self._recheck_affordable(state, catch_up)
@@ -232,11 +256,26 @@ class AutoK:
         acceptance = state.acceptance.rates(max(min(limit, state.schedule.horizon(ramp)), 0))
         if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
             acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
-        rates = self._rates(state, acceptance, catch_up)
+        intake = self._intake_per_token(state, owed_prompt, available) if owed_prompt else 0.0
+        rates = self._rates(state, acceptance, catch_up, intake)
         k = state.schedule.choose(rates, ramp)
+        if recheck and intake and not k:
+            # Ruled out by the prompt it must take in, not by its drafts: a re-check would pay for the
+            # prompt to measure nothing new (RESULTS.md, "The prompt's intake priced").
+            recheck = state.schedule.choose(self._rates(state, acceptance, catch_up), ramp) == 0
         if limit > 0 and not k and recheck and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(k, rates[k])
+
+    def _intake_per_token(self, state: KeyState, owed_prompt: int, available: int) -> float:
+        """Seconds of taking in `owed_prompt` tokens, spread over the tokens the source's drafts are
+        expected to yield in the rest of the reply (see REPLY_LENGTHS_KEPT): the mean of what the replies
+        before it still had at this length, where some went on past it, else all the reply may have."""
+        done = self.reply_tokens
+        longer = [length - done for length in self.reply_lengths if length > done]
+        remaining = min(available + 1, sum(longer) / len(longer)) if longer else available + 1
+        share = state.schedule.share if isinstance(state.schedule, ModelSchedule) else 1.0
+        return state.cost.taking_in(owed_prompt) * self.verify.level / max(1.0, remaining * share)
 
     def _recheck_affordable(self, state: KeyState, catch_up: int) -> bool:
         """A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
@@ -254,6 +293,10 @@ class AutoK:
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
+        self.reply_tokens += len(yielded)
+        for key, state in self.keys.items():
+            if isinstance(state.schedule, ModelSchedule):
+                state.schedule.count_step(draft.key == key and bool(draft.tokens), len(yielded))
         notes = draft.notes
         for asked in (draft, draft.continuation, notes.shadow):
             if asked is not None and asked.key and asked.notes.plan is not NO_PLAN:
@@ -309,8 +352,11 @@ class AutoK:
     def _state(self, key: str) -> KeyState:
         return self.keys.setdefault(key, KeyState(LookupSchedule()))
 
-    def _rates(self, state: KeyState, acceptance: list[float], catch_up: int = 0) -> list[float]:
-        """Expected tokens per second of each draft length, 0 (a plain step) included."""
+    def _rates(
+        self, state: KeyState, acceptance: list[float], catch_up: int = 0, intake_per_token: float = 0.0
+    ) -> list[float]:
+        """Expected tokens per second of each draft length, 0 (a plain step) included; `intake_per_token`:
+        seconds of a prompt to take in first, charged per token the step yields (`_intake_per_token`)."""
         # drafting(k, m) read as k tokens and one catch-up, priced once each rather than per length.
         verify, level = self.verify.curve(len(acceptance) + 1), self.verify.level
         token, catch_up_seconds = state.cost.drafting(1, 0) * level, state.cost.taking_in(catch_up) * level
@@ -318,7 +364,7 @@ class AutoK:
         for k, accepted in enumerate(acceptance, 1):
             kept_so_far *= accepted
             tokens += kept_so_far
-            rates.append(tokens / (k * token + catch_up_seconds + verify[k]))
+            rates.append(tokens / (k * token + catch_up_seconds + verify[k] + intake_per_token * tokens))
         return rates
 
     def _could_pay(self, state: KeyState, limit: int, acceptance: float = 1.0) -> bool:

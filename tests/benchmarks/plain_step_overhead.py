@@ -42,7 +42,7 @@ class NeverDraft(FixedK):
         super().__init__(0)
         self.name = "never"
 
-    def plan(self, key: str, available: int, catch_up: int = 0) -> Plan:
+    def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(0)
 
 
