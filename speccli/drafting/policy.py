@@ -246,7 +246,8 @@ class AutoK:
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
-        recheck = state.schedule.probe_due() and self._recheck_affordable(state, catch_up)
+        intake = self._intake_per_token(state, owed_prompt, available) if owed_prompt else 0.0
+        recheck = state.schedule.probe_due() and self._recheck_affordable(state, catch_up, intake)
         if isinstance(state.schedule, ModelSchedule) and state.schedule.idle_steps and not recheck:
             # It drafted nothing last step, and nothing learnt of it since: only what it has skipped grew,
             # so it still would not pay. Not priced again: a plain step's cost is the target's alone.
@@ -256,7 +257,6 @@ class AutoK:
         acceptance = state.acceptance.rates(max(min(limit, state.schedule.horizon(ramp)), 0))
         if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
             acceptance[0] *= min(1.0, self.lookup_kept / self.lookup_expected)
-        intake = self._intake_per_token(state, owed_prompt, available) if owed_prompt else 0.0
         rates = self._rates(state, acceptance, catch_up, intake)
         k = state.schedule.choose(rates, ramp)
         if recheck and intake and not k:
@@ -277,10 +277,12 @@ class AutoK:
         share = state.schedule.share if isinstance(state.schedule, ModelSchedule) else 1.0
         return state.cost.taking_in(owed_prompt) * self.verify.level / max(1.0, remaining * share)
 
-    def _recheck_affordable(self, state: KeyState, catch_up: int) -> bool:
-        """A source measured before is re-checked where taking in what it skipped is cheap (a catch-up
-        would cost more than its 2 tokens tell); one never measured is tried where first asked."""
-        cheap = state.cost.taking_in(catch_up) * self.verify.level <= RAMP_LOSS * self.verify(1)
+    def _recheck_affordable(self, state: KeyState, catch_up: int, intake_per_token: float = 0.0) -> bool:
+        """A source measured before is re-checked where taking in what it skipped, and its 2 tokens' share
+        of a prompt it has yet to take in (see `_intake_per_token`), is cheap (a catch-up would cost more
+        than its 2 tokens tell); one never measured is tried where first asked."""
+        intake = intake_per_token * (PROBE_LENGTH + 1)  # as `_rates` charges a step of 2 tokens, all kept
+        cheap = state.cost.taking_in(catch_up) * self.verify.level + intake <= RAMP_LOSS * self.verify(1)
         return not state.acceptance.judged_at or cheap
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
