@@ -118,7 +118,7 @@ def test_single_k_reports_every_figure_and_valid_json(pair_args, tmp_path, schem
     assert [(r["spec"], r["k"], r["label"]) for r in report["results"]] == [("model", 3, "model K=3")]
     assert report["command"].startswith("speccli bench --target ")
     assert "--spec model --k 3 --n-predict 12 --temp 0 --top-k 0 --top-p 1 --min-p 0" in report["command"]
-    assert report["best"] is None and report["schema_version"] == 6
+    assert report["best"] is None and report["schema_version"] == 7
     result_k = report["results"][0]
     assert_complete(result_k["overall"], 3)
     assert [t["task"] for t in result_k["tasks"]] == report["prompts"]["tasks"] == BUILTIN_TASKS
@@ -617,6 +617,10 @@ def test_take_overs_and_catch_ups_are_counted_and_shown() -> None:
     host = "host 6250 µs/row, 33333 µs/step"
     assert _split_text(split, True) == f"draft 22% (catch-up 5%) · target 75% · other 0% · between steps 2% · {host}"
     assert _split_text(split, False) == f"target 75% · other 0% · between steps 2% · {host}"
+    # A draft model's prompt, taken in at its first draft: the prefill's time, shown beside the split.
+    stats.add(StepEvent(2, 2, 0.0, 0.0, 0.0, "model", prompt_seconds=0.1))
+    assert stats.prefill_seconds == stats.draft_prompt_seconds == pytest.approx(0.1)
+    assert _split_text(_time_split(stats, wall_seconds=0.4), True).startswith("draft 22% (catch-up 5%) · + draft's prompt 25% · target")
 
 
 def test_in_run_draft_cost_is_per_drafted_token_without_the_steps_that_drafted_nothing() -> None:

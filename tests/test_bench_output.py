@@ -84,7 +84,7 @@ def test_k4_report_validates_against_the_schema_generated_from_the_types(tiny_re
     document = json.loads(tiny_report_file.read_text())
     jsonschema.Draft202012Validator.check_schema(report_schema())
     validate(document)
-    assert document["schema_version"] == SCHEMA_VERSION == 6 and document["settings"]["k"] == [4]
+    assert document["schema_version"] == SCHEMA_VERSION == 7 and document["settings"]["k"] == [4]
     assert document["settings"]["spec"] == ["suffix+model"] and document["results"][0]["label"] == "suffix+model K=4"
     # the schema requires every field the types write, nested ones included
     for name in ("results", "measurements", "greedy_check"):
@@ -313,10 +313,10 @@ def _compare(a: Path, b: Path):
         (lambda d: d["results"][0].update(k="four"), "not a valid bench report: results.0.k: Input should be a valid integer"),
         (lambda d: d["settings"].update(temperature="hot"), "not a valid bench report: settings.temperature: Input should be a valid number"),
         (lambda d: d.update(results={}), "not a valid bench report: results: Input should be a valid array"),
-        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 6; it was written by an older speccli"),
-        (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 6; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=1), "bench report schema version 1, this speccli reads only version 7; it was written by an older speccli"),
+        (lambda d: d.update(schema_version=3), "bench report schema version 3, this speccli reads only version 7; it was written by an older speccli"),
         (lambda d: d["results"][0].pop("spec"), "not a valid bench report: results.0.spec: Field required"),
-        (lambda d: d.update(schema_version="6"), "bench report schema version '6', this speccli reads only version 6"),
+        (lambda d: d.update(schema_version="7"), "bench report schema version '7', this speccli reads only version 7"),
         (lambda d: d.update(kind="other"), "not a speccli bench JSON report"),
         (lambda d: d["results"][0]["overall"]["speedup"].update(median=float("nan")),
          "not a speccli bench JSON report (NaN is not a JSON number)"),
@@ -341,8 +341,18 @@ def test_compare_names_the_first_problem_in_one_line(tiny_report_file, tmp_path,
 
 
 def test_a_version_4_report_is_compared_as_one_that_ran_to_its_end(tiny_report_file, tmp_path) -> None:
+    """Nor did a version 4 report have the host's time (5) or the draft's prompt time (6)."""
     document = json.loads(tiny_report_file.read_text())
     assert document.pop("stopped") is None
+    later = {"host_us_per_row", "host_us_per_step", "draft_prompt_seconds", "draft_prompt_fraction"}
+
+    def without_later_fields(part):
+        if isinstance(part, dict):
+            return {key: without_later_fields(value) for key, value in part.items() if key not in later}
+        return [without_later_fields(value) for value in part] if isinstance(part, list) else part
+
+    document = without_later_fields(document)
+    assert "host_us_per_row" not in json.dumps(document)
     document["schema_version"] = 4
     older = tmp_path / "older.json"
     older.write_text(json.dumps(document))

@@ -378,7 +378,7 @@ class LookupsNeverDrafted(AutoK):
         self.judged: list[tuple[list[int], list[int]]] = []
 
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
-        return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up)
+        return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up, owed_prompt)
 
     def observe(self, draft, step, yielded) -> None:
         if draft.notes.shadow is not None:

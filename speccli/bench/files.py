@@ -163,7 +163,8 @@ def load_report(path: Path) -> BenchReport:
         raise SpeccliError(f"{path}: not a speccli bench JSON report ({error})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
-    if data.get("schema_version") in (4, 5):  # before a run could be stopped early (4), before host time (5)
+    # Before a run could be stopped early (4), before host time (5), before the draft's prompt time (6).
+    if data.get("schema_version") in (4, 5, 6):
         data.setdefault("stopped", None)
         data.update(schema_version=SCHEMA_VERSION)
         text = json.dumps(data)

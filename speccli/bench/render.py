@@ -110,7 +110,8 @@ def render_report(report: BenchReport, console: Console) -> None:
         "predicted = (1−α^(K+1))/(1−α) ÷ (K·c + v(K+1)) from measured α, c, v — a prediction, not a measurement, "
         "for a fixed K with a model draft only (n/a otherwise); efficiency = measured ÷ predicted. "
         f"{spread}catch-up: the part of drafting a draft model spent taking in tokens it skipped while the "
-        "lookup drafted.[/dim]"
+        "lookup drafted; + draft's prompt: a draft model taking in the prompt at its first draft, timed with the "
+        "prefill (outside tok/s), as a share of the decode phase.[/dim]"
     )
     render_check(report.greedy_check, console)
     if report.stopped:  # last, where the eye lands: the figures above are from part of the run
@@ -162,6 +163,8 @@ def _split_text(split: TimeSplit, with_draft: bool) -> str:
     if with_draft:
         catch_up = f" (catch-up {split.catch_up_fraction:.0%})" if split.catch_up_seconds else ""
         parts.append(f"draft {split.draft_fraction:.0%}{catch_up}")
+        if split.draft_prompt_seconds:
+            parts.append(f"+ draft's prompt {split.draft_prompt_fraction:.0%}")
     parts += [f"target {split.target_fraction:.0%}", f"other {split.other_fraction:.0%}"]
     parts.append(f"between steps {split.between_steps_fraction:.0%}")
     if split.host_us_per_row is not None:

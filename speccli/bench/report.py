@@ -22,8 +22,9 @@ from speccli.validation import AUTO_K, K
 # fixed K only; 3: draft sources and auto K (a result is a configuration: spec and K); 4: a draft model's
 # catch-up time and the steps a source took another's draft over; 5: `stopped`, a run an interrupt ended
 # early, reported from the rounds it finished (a version-4 report reads as one that ran to its end); 6: the
-# host's time per target row and per step (a version-5 report reads as one that did not measure it).
-SCHEMA_VERSION = 6
+# host's time per target row and per step (a version-5 report reads as one that did not measure it); 7: the
+# time a draft model took to take in the prompt at its first draft (a version-6 report reads as one without it).
+SCHEMA_VERSION = 7
 KIND = "speccli-bench"
 
 
@@ -106,6 +107,11 @@ class TimeSplit(Part):
     # the target's logits the steps asked for and per step, in µs. None in a report from before they were measured.
     host_us_per_row: float | None = None
     host_us_per_step: float | None = None
+    # A draft model taking in the prompt at its first draft: timed with the prefill, so outside the
+    # wall-clock time the fractions are of; its fraction is of that time all the same. None in a report
+    # from before it was measured.
+    draft_prompt_seconds: float | None = None
+    draft_prompt_fraction: float | None = None
 
 
 class SideSummary(Part):
@@ -322,7 +328,7 @@ NOTES = {
 class BenchReport(Part):
     """`speccli bench --json`: every figure, the settings, the environment and the model hashes."""
 
-    schema_version: Literal[6]
+    schema_version: Literal[7]
     kind: Literal["speccli-bench"]
     created: str  # ISO 8601, UTC
     command: str  # the command line that repeats the measurement

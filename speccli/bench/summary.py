@@ -155,4 +155,6 @@ def _time_split(stats: RunStats, wall_seconds: float) -> TimeSplit:
         between_steps_fraction=fraction(between),
         host_us_per_row=host / stats.target_rows * 1e6 if stats.target_rows else None,
         host_us_per_step=host / stats.steps * 1e6 if stats.steps else None,
+        draft_prompt_seconds=stats.draft_prompt_seconds,
+        draft_prompt_fraction=fraction(stats.draft_prompt_seconds),
     )

@@ -150,6 +150,7 @@ class RunStats:
 
     prompt_tokens: int = 0  # tokens of the prompt(s)
     prefill_seconds: float = 0.0  # making the caches hold the prompt
+    draft_prompt_seconds: float = 0.0  # of prefill_seconds: a draft model taking in the prompt at its first draft
     generated: int = 0  # tokens emitted to the caller (end-of-generation tokens not counted)
     steps: int = 0  # target decodes in the decode phase
     draft_seconds: float = 0.0  # drafting: draft-model decodes and sampling, n-gram lookups
@@ -166,6 +167,7 @@ class RunStats:
     def add(self, step: StepEvent) -> None:
         self.steps += 1
         self.prefill_seconds += step.prompt_seconds
+        self.draft_prompt_seconds += step.prompt_seconds
         parts = step.parts()
         self.positions.add(sum(part.drafted for part in parts), sum(part.accepted for part in parts))
         for part in parts:
@@ -191,6 +193,7 @@ class RunStats:
         return RunStats(
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             prefill_seconds=self.prefill_seconds + other.prefill_seconds,
+            draft_prompt_seconds=self.draft_prompt_seconds + other.draft_prompt_seconds,
             generated=self.generated + other.generated,
             steps=self.steps + other.steps,
             draft_seconds=self.draft_seconds + other.draft_seconds,
