@@ -843,28 +843,6 @@ def test_auto_probes_a_ruled_out_source_only_when_drafting_could_pay() -> None:
     assert all(ask(costly, "model", 2) == 0 for _ in range(300))  # at most 2: not even kept drafts pay
 
 
-def test_a_draft_model_is_re_checked_only_where_it_holds_the_context() -> None:
-    """In a chain, a reply may first ask the draft model after the lookup has drafted dozens of tokens
-    that the model must take in first (Gemma's Q4_K_M: 0.23 + 0.097 steps a token) for a 2-token draft:
-    it waits for a reply that asks the model where it holds the context (Gemma's chain replayed at 128
-    tokens: `rewrite` 3.42 -> 3.83, the eight tasks 2.60 -> 2.68; tests/benchmarks/RESULTS.md). A model
-    never measured is tried where first asked, or a chain whose lookup starts every reply never would."""
-    def gemma() -> AutoK:
-        policy = AutoK()
-        curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
-        policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
-        return policy
-
-    policy = gemma()
-    learn(policy, "model", 4, 0, 30, token_cost=0.5)  # ruled out
-    policy.begin_reply()
-    policy.begin_reply()  # a reply later: a re-check is due where the reply first asks the model
-    assert policy.plan("model", 16).probe
-    assert policy.plan("model", 16, catch_up=40).k == 0
-    # Never measured (a new server whose first replies the lookup starts): tried where first asked.
-    assert gemma().plan("model", 16, catch_up=40).k > 0
-
-
 def gemma_costs() -> AutoK:
     """Gemma's Q4_K_M draft for its F32 target: a token half a target step, taking in m tokens 0.23 +
     0.097 m steps."""
@@ -872,6 +850,22 @@ def gemma_costs() -> AutoK:
     curve = {n: 0.025 * units for n, units in GEMMA_PROFILED.items()}
     policy.calibrate(CostProfile(curve, {"model": DraftCosts(0.025 * 0.5, {2: 0.025 * 0.42, 16: 0.025 * 1.78})}))
     return policy
+
+
+def test_a_draft_model_is_re_checked_only_where_it_holds_the_context() -> None:
+    """In a chain, a reply may first ask the draft model after the lookup has drafted dozens of tokens
+    that the model must take in first (Gemma's Q4_K_M: 0.23 + 0.097 steps a token) for a 2-token draft:
+    it waits for a reply that asks the model where it holds the context (Gemma's chain replayed at 128
+    tokens: `rewrite` 3.42 -> 3.83, the eight tasks 2.60 -> 2.68; tests/benchmarks/RESULTS.md). A model
+    never measured is tried where first asked, or a chain whose lookup starts every reply never would."""
+    policy = gemma_costs()
+    learn(policy, "model", 4, 0, 30, token_cost=0.5)  # ruled out
+    policy.begin_reply()
+    policy.begin_reply()  # a reply later: a re-check is due where the reply first asks the model
+    assert policy.plan("model", 16).probe
+    assert policy.plan("model", 16, catch_up=40).k == 0
+    # Never measured (a new server whose first replies the lookup starts): tried where first asked.
+    assert gemma_costs().plan("model", 16, catch_up=40).k > 0
 
 
 def reply_of(policy: AutoK, steps: list[tuple[str, int]]) -> None:
@@ -896,12 +890,13 @@ def test_auto_spreads_a_draft_models_prompt_over_what_its_drafts_are_expected_to
     policy.begin_reply()
     assert policy.plan("model", 127, owed_prompt=80).k == 0 and policy.plan("model", 127).k > 0
     shared, alone = gemma_costs(), gemma_costs()
-    for policy, steps in ((shared, [("model", 7), ("ngram:1-2", 7)] * 2), (alone, [("model", 7)] * 4)):
+    for replying, steps in ((shared, [("model", 7), ("ngram:1-2", 7)] * 2), (alone, [("model", 7)] * 4)):
         for _ in range(3):
-            reply_of(policy, steps)  # 32 tokens each
-        policy.begin_reply()
-    def seconds_per_token_of_the_prompt(policy: AutoK) -> float:
-        return 1 / policy.plan("model", 127, owed_prompt=40).rate - 1 / policy.plan("model", 127).rate
+            reply_of(replying, steps)  # 32 tokens each
+        replying.begin_reply()
+
+    def seconds_per_token_of_the_prompt(replying: AutoK) -> float:
+        return 1 / replying.plan("model", 127, owed_prompt=40).rate - 1 / replying.plan("model", 127).rate
 
     # Its share of the tokens moved from 1 towards 1/2 by SHARE_WEIGHT a reply: the prompt is spread over
     # that share of the tokens.
@@ -912,7 +907,7 @@ def test_auto_spreads_a_draft_models_prompt_over_what_its_drafts_are_expected_to
 def test_a_draft_model_is_re_checked_only_where_its_share_of_the_prompt_it_lacks_is_cheap() -> None:
     """A re-check measures a draft model its estimates rule out, with a 2-token draft, and takes in the
     prompt first: after replies of 16 tokens, 80 prompt tokens (8 steps at Gemma's costs) are 1.5 steps
-    for its 3 tokens, 5 prompt tokens a tenth of one. Where its drafts would pay and only its prompt
+    for its 3 tokens, 5 prompt tokens 0.13 of one. Where its drafts would pay and only its prompt
     keeps it out (48 tokens, for drafts that keep 6 of 8), a re-check would pay for the prompt to learn
     nothing. (Qwen's bench tasks replayed with the prompt charged: 1.12 -> 1.30 -> 1.40, RESULTS.md,
     "The prompt's intake priced".)"""
