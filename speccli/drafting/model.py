@@ -53,8 +53,8 @@ class ModelDrafter(DraftSource):
 
     def _take_in_prompt(self, context: Sequence[int]) -> tuple[float, int]:
         """Decode the prompt `sync` deferred, if the cache does not hold it yet: (seconds, tokens)."""
-        owed = self._prompt_end - self.model.n_past
-        if owed <= 0:
+        owed = self.owed_prompt_tokens()
+        if not owed:
             return 0.0, 0
         began = time.perf_counter()
         self.model.decode(self.visible(context[self.model.n_past : self._prompt_end]), n_logit_rows=0)

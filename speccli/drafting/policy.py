@@ -60,10 +60,9 @@ LOOKUP_REPLY_PRIOR = 0.5
 # pairs), the short memory keeps it out of text it fails on (RESULTS.md, "At the H200's costs").
 LONG_MEMORY_GAIN = 1.25
 LONG_RECENCY = 0.95
-# A prompt a draft model must take in before its first draft of a reply is spread over the tokens its
-# drafts are expected to yield in the rest of the reply: as long as the replies before it went on past
-# this length (the last REPLY_LENGTHS_KEPT), times the share of a reply's tokens its steps yielded from its
-# first draft on, which each reply moves by SHARE_WEIGHT (RESULTS.md, "The prompt's intake priced").
+# The prompt a draft model takes in at its first draft of a reply is spread (`_intake_per_token`) by the
+# lengths of the last REPLY_LENGTHS_KEPT replies and the model's share of a reply's tokens, which each
+# reply moves by SHARE_WEIGHT (RESULTS.md, "The prompt's intake priced").
 REPLY_LENGTHS_KEPT = 16
 SHARE_WEIGHT = 0.1
 
