@@ -582,6 +582,9 @@ MEMORY_BOUND = {1: 1.0, 2: 1.06, 4: 1.14, 8: 1.25, 16: 1.39, 32: 1.9}  # Gemma 3
 QWEN_PROFILED = {1: 1.0, 2: 1.44, 3: 1.87, 4: 1.62, 5: 2.02, 8: 2.92, 16: 3.43, 32: 6.4}  # one bench run's profile
 GEMMA_PROFILED = {1: 1.0, 2: 1.24, 4: 1.52, 8: 1.83, 16: 2.55}  # Gemma F32's, in this version's runs
 STEEP = {1: 1.0, 2: 1.72, 4: 2.79, 8: 4.57, 16: 5.19, 32: 7.3}  # Qwen 1.5B's on an idle CPU, a row per token
+# Qwen 1.5B Q4_K_M's on a 2-core AMD EPYC, at the sizes `auto` profiles: 16 rows far cheaper than 15 (8.5
+# against 10.9 plain steps: llama.cpp's CPU kernels work in tiles of rows), 25 rows 14.6.
+TILED = {1: 1.0, 2: 1.75, 4: 3.09, 8: 7.43, 16: 8.54, 25: 14.57}
 
 
 def calibrated(curve: dict[int, float], costs: dict[str, float]) -> AutoK:
@@ -672,14 +675,16 @@ def test_auto_follows_a_drop_in_acceptance_within_tens_of_steps() -> None:
 
 
 @pytest.mark.parametrize(
-    ("curve", "start", "after_a_miss"), [(MEMORY_BOUND, 24, 24), (GEMMA_PROFILED, 8, 8), (QWEN_PROFILED, RAMP_START, 3)]
+    ("curve", "start", "after_a_copy", "after_a_miss"),
+    [(MEMORY_BOUND, 24, 24, 24), (GEMMA_PROFILED, 8, 24, 8), (QWEN_PROFILED, RAMP_START, 23, 3)],
 )
-def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start, after_a_miss) -> None:
+def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_step(curve, start, after_a_copy, after_a_miss) -> None:
     """A lookup starts each reply at the longest draft whose verify costs at most twice a plain step, or
     at RAMP_START where that is shorter (Qwen's profile: 3), grows to twice what its last draft kept,
-    drafts as long as its estimates choose once a draft was kept whole, and after a draft that kept
-    nothing drafts the best length within its start again (on Qwen's profile 3, whose verify costs
-    less than 4's). On a flat curve the start is the longest draft `auto` makes."""
+    drafts as long as its estimates choose once a draft was kept whole, up to the longest whose failure
+    costs at most 1 + 3 plain steps more than a plain step after a copy of 3 (Qwen's profile: 23), and
+    after a draft that kept nothing drafts the best length within its start again (on Qwen's profile 3,
+    whose verify costs less than 4's). On a flat curve the start is the longest draft `auto` makes."""
     policy = calibrated(curve, {})
     learn(policy, "ngram:12+", 24, 24, 30, token_cost=0.0004)
     policy.begin_reply()
@@ -690,9 +695,34 @@ def test_a_lookup_starts_each_reply_as_long_as_a_draft_costing_one_more_plain_st
     learn(policy, "ngram:12+", start, start - 1, 1, token_cost=0.0004)  # its last token missed
     assert policy.plan("ngram:12+", 24).k == min(max(start, 2 * (start - 1)), 24)
     learn(policy, "ngram:12+", 3, 3, 1, token_cost=0.0004)  # kept whole: its estimates choose from here
-    assert policy.plan("ngram:12+", 24).k == 24
+    assert policy.plan("ngram:12+", 24).k == after_a_copy
     learn(policy, "ngram:12+", 24, 0, 1, token_cost=0.0004)
     assert policy.plan("ngram:12+", 24).k == after_a_miss
+
+
+def test_a_lookup_kept_whole_risks_as_many_plain_steps_as_its_copy_has_kept() -> None:
+    """On the tiled curve a key that copied long texts before, kept whole for 3 tokens in this reply, had
+    its estimates choose 15 tokens at once (16 rows are cheap there), and on an agent's replies such drafts
+    kept 1 or 2: 7.5 plain steps lost each. While its drafts are kept whole, the next one's complete
+    failure may cost at most one plain step more than a plain step per token they kept, plus one: after
+    3 tokens at most twice those (6), then longer as the copy goes on. On a flat curve 3 allow the longest."""
+
+    def copied_three(curve: dict[int, float]) -> AutoK:
+        policy = calibrated(curve, {})
+        learn(policy, "ngram:12+", 24, 24, 30, token_cost=0.0004)  # it copied long texts before
+        policy.begin_reply()
+        assert ask(policy, "ngram:12+", 3, kept=lambda k: k) == 3  # a match 3 tokens from the reply's limit
+        return policy
+
+    assert copied_three(MEMORY_BOUND).plan("ngram:12+", 24).k == 24
+    policy = copied_three(TILED)
+    lengths = [ask(policy, "ngram:12+", 24, kept=lambda k: k, token_cost=0.0004) for _ in range(4)]
+    assert 0 < lengths[0] <= 6 and lengths[-1] == 15, lengths
+    failure = lambda k: policy.verify(k + 1) - policy.verify(1)  # noqa: E731
+    assert failure(lengths[1]) <= (1 + 3 + lengths[0]) * policy.verify(1) < failure(15)  # earned, not assumed
+    learn(policy, "ngram:12+", 15, 14, 1, token_cost=0.0004)  # not kept whole: the copy ends
+    learn(policy, "ngram:12+", 3, 3, 1, token_cost=0.0004)  # a new one, 3 tokens so far
+    assert policy.plan("ngram:12+", 24).k <= 6
 
 
 def test_a_lookup_makes_a_plain_step_where_only_a_draft_past_its_ramp_would_pay() -> None:

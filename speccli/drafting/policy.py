@@ -41,7 +41,8 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
 RAMP_START = 4
 # A ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs at most
 # RAMP_LOSS plain steps more than a plain step, and never falls below it (a lookup's 8 tokens on Gemma F32
-# here, a draft model's 16 at a GPU-like cost, up to 26% faster there: RESULTS.md).
+# here, a draft model's 16 at a GPU-like cost, up to 26% faster there: RESULTS.md). A lookup whose drafts
+# are kept whole may risk one plain step more per token they kept (RESULTS.md, "A copy earns its length").
 RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
 MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
@@ -105,11 +106,17 @@ class Schedule:
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
     last_kept: int | None = None  # tokens this key's last draft in this reply led to (None: none yet)
     last_kept_whole: bool = False
+    copied: int = 0  # tokens its drafts in this reply kept in a row, each kept whole
 
     def begin_reply(self) -> None:
         self.idle_replies = 0 if self.drafted_in_reply else self.idle_replies + 1
         self.asked_in_reply = self.drafted_in_reply = False
-        self.last_kept, self.last_kept_whole = None, False
+        self.last_kept, self.last_kept_whole, self.copied = None, False, 0
+
+    def kept(self, run: int, whole: bool) -> None:
+        """Its last draft led to `run` tokens kept; `whole`: all of its tokens."""
+        self.last_kept, self.last_kept_whole = run, whole
+        self.copied = self.copied + run if whole else 0
 
     def asked(self, k: int) -> None:
         self.asked_in_reply = True
@@ -143,7 +150,7 @@ class ModelSchedule(Schedule):
         self.yielded_by_it += tokens if drafted_it else 0
         self.yielded_since_its_first += tokens if self.yielded_by_it else 0
 
-    def ramp(self, lookup_start: int) -> int:
+    def ramp(self, lookup_ramps: Sequence[int]) -> int:
         if self.last_kept is None:
             return max(RAMP_START, self.loss_bound)
         return max(self.loss_bound, 2 * self.last_kept)
@@ -170,13 +177,16 @@ class ModelSchedule(Schedule):
 
 
 class LookupSchedule(Schedule):
-    """A lookup: ramped from the lookup start, unramped once a draft is kept whole (text being copied
-    goes on until it stops: RESULTS.md); re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
+    """A lookup: ramped from the lookup start; while its drafts are kept whole (text being copied goes on
+    until it stops), as long as the tokens they kept have earned (`AutoK.lookup_ramps`: RESULTS.md);
+    re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
 
-    def ramp(self, lookup_start: int) -> int:
+    def ramp(self, lookup_ramps: Sequence[int]) -> int:
         if self.last_kept is None:
-            return lookup_start
-        return AUTO_MAX_K if self.last_kept_whole else max(lookup_start, 2 * self.last_kept)
+            return lookup_ramps[0]
+        if self.last_kept_whole:
+            return max(2 * self.last_kept, lookup_ramps[min(self.copied, len(lookup_ramps) - 1)])
+        return max(lookup_ramps[0], 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length within the ramp, none where none pays: a lone long draft past it rests on
@@ -216,7 +226,9 @@ class AutoK:
         self.reply = ReplyDrafting()
         # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
         self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
-        self.lookup_start = RAMP_START  # priced once per reply, from the verify curve (`_price_ramps`)
+        # A lookup's longest draft after its drafts kept m tokens whole, by m (0: the reply's start);
+        # priced once per reply from the verify curve (`_price_ramps`).
+        self.lookup_ramps: list[int] = [RAMP_START]
         self.reply_lengths: list[int] = []  # tokens of the last REPLY_LENGTHS_KEPT replies
         self.reply_tokens = 0  # of the reply under way
 
@@ -251,7 +263,7 @@ class AutoK:
             # It drafted nothing last step, and nothing learnt of it since: only what it has skipped grew,
             # so it still would not pay. Not priced again: a plain step's cost is the target's alone.
             return Plan(0, 1.0 / self.verify(1))
-        ramp = state.schedule.ramp(self.lookup_start)
+        ramp = state.schedule.ramp(self.lookup_ramps)
         # Only the lengths `choose` compares are priced: this runs for every source at every step.
         acceptance = state.acceptance.rates(max(min(limit, state.schedule.horizon(ramp)), 0))
         if isinstance(state.schedule, LookupSchedule) and acceptance:  # as this reply's lookups have fared
@@ -337,11 +349,11 @@ class AutoK:
             return
         state = self._state(draft.key)
         self._judge(state, drafted, accepted, draft.notes.confidences)
-        state.schedule.last_kept, state.schedule.last_kept_whole = kept_run, kept_run >= drafted
+        state.schedule.kept(kept_run, kept_run >= drafted)
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if draft.notes.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
-            pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_start)) > 0
+            pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_ramps)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
 
     def _judge(self, state: KeyState, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
@@ -374,7 +386,8 @@ class AutoK:
 
     def _price_ramps(self) -> None:
         """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
-        self.lookup_start = max(min(RAMP_START, self.max_k), self._loss_bound(0.0))
+        start = min(RAMP_START, self.max_k)
+        self.lookup_ramps = [max(start, self._loss_bound(0.0, RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
         for state in self.keys.values():
             if isinstance(state.schedule, ModelSchedule):
                 token_seconds = (state.cost.token_seconds or 0.0) * self.verify.level
@@ -382,10 +395,10 @@ class AutoK:
                 rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
                 state.acceptance.recency = LONG_RECENCY if max(rates) >= LONG_MEMORY_GAIN * rates[0] else RECENCY
 
-    def _loss_bound(self, token_seconds: float) -> int:
+    def _loss_bound(self, token_seconds: float, loss: float = RAMP_LOSS) -> int:
         """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
-        one row more) costs at most RAMP_LOSS plain steps more than a plain step (V never falls as n grows)."""
-        bound = (1 + RAMP_LOSS) * self.verify(1)
+        one row more) costs at most `loss` plain steps more than a plain step (V never falls as n grows)."""
+        bound = (1 + loss) * self.verify(1)
         k = 0
         while k < self.max_k and (k + 1) * token_seconds + self.verify(k + 2) <= bound:
             k += 1
