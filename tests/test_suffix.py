@@ -111,6 +111,41 @@ def test_a_store_of_another_vocabulary_or_with_foreign_ids_is_not_read(tmp_path)
     assert SuffixStore.load(tmp_path / "missing.suffix", "v1", 20, 1000)[1] is None  # none yet: no complaint
 
 
+def test_a_store_file_that_cannot_be_written_is_said_once_and_the_store_kept_in_memory(tmp_path) -> None:
+    store = store_of(([1, 2], [3, 4, 5]))
+    store.path = tmp_path / "v1.suffix"
+    store.path.mkdir()  # what stands where the file would go cannot be replaced by it
+    said: list[str] = []
+    store.warn = said.append
+    store.persist(now=True)
+    store.extend([6])
+    store.persist(now=True)
+    assert said == [f"warning: {tmp_path / 'v1.suffix'}: cannot be written (Is a directory); "
+                    "earlier replies are kept for this process only"]
+    assert store.path is None and store.match([1, 2], limit=5) is not None
+    assert [p.name for p in tmp_path.iterdir()] == ["v1.suffix"]  # no temporary file left
+
+
+def test_remembered_lists_and_clears_around_entries_it_cannot_read(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    good = store_of(([1, 2], [3, 4, 5]))
+    good.model = "target.gguf"
+    good.save(stores / "a.suffix")
+    (stores / "b.suffix").mkdir()
+    (stores / "c.suffix").symlink_to(stores / "nowhere")
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.exit_code == 0 and listed.stdout.splitlines() == [
+        f"{stores / 'a.suffix'}  target.gguf  6 tokens  0.0 MiB",
+        f"{stores / 'b.suffix'}  ? (unreadable: Is a directory)  0 tokens  0.0 MiB",
+        f"{stores / 'c.suffix'}  ? (unreadable: No such file or directory)  0 tokens  0.0 MiB",
+    ]
+    cleared = CliRunner().invoke(app, ["remembered", "--clear"])
+    assert cleared.exit_code == 1 and cleared.stdout == f"deleted 2 stores from {stores}\n"
+    assert cleared.stderr == f"error: {stores / 'b.suffix'}: cannot be deleted (Is a directory)\n"
+    assert [p.name for p in stores.iterdir()] == ["b.suffix"]
+
+
 def test_a_large_store_loads_within_a_second(tmp_path) -> None:
     """1M tokens of text-like ids (the docs state this size's memory and load time)."""
     rng = np.random.default_rng(0)
@@ -270,6 +305,22 @@ def test_a_corrupt_remembered_store_is_one_warning_and_the_chat_goes_on(tiny_pai
     assert [line for line in result.stderr.splitlines() if "store" in line] == [
         f"warning: {store_file}: not a speccli store; starting a new store"]
     assert SuffixStore.load(store_file, store_file.stem, 10**6, 10**6)[1] is None  # replaced by a good one
+
+
+def test_a_remembered_store_that_cannot_be_written_is_one_warning_and_the_chat_goes_on(tiny_pair, tmp_path, monkeypatch) -> None:
+    from tests.test_chat import chat
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "cache"))
+    assert chat(tiny_pair, "--remember", "--temp", "0", "-n", "4", "-p", "hello").exit_code == 0
+    [store_file] = (tmp_path / "cache" / "remembered").iterdir()
+    store_file.unlink()
+    store_file.mkdir()  # neither read nor replaced by a file
+    result = chat(tiny_pair, "--remember", "--temp", "0", "-n", "4", "-p", "hello")
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.stderr.splitlines() if "store" in line or "earlier replies" in line] == [
+        f"warning: {store_file}: unreadable (Is a directory); starting a new store",
+        f"warning: {store_file}: cannot be written (Is a directory); earlier replies are kept for this process only"]
+    assert store_file.is_dir()
 
 
 @pytest.mark.fast

@@ -8,14 +8,22 @@ import typer
 
 def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store.")] = False) -> None:
     """List the earlier replies kept on disk for the suffix draft source (--remember), or delete them."""
-    from speccli.drafting.suffix import describe_stores, stores_dir
+    from speccli.drafting.suffix import describe_stores, store_files, stores_dir
+    from speccli.errors import SpeccliError
 
-    stores = describe_stores()
     if clear:
-        for store in stores:
-            store["file"].unlink(missing_ok=True)
-        typer.echo(f"deleted {len(stores)} store{'' if len(stores) == 1 else 's'} from {stores_dir()}")
+        deleted, failed = 0, []
+        for path in store_files():
+            try:
+                path.unlink(missing_ok=True)
+                deleted += 1
+            except OSError as error:
+                failed.append(f"{path}: cannot be deleted ({error.strerror or error})")
+        typer.echo(f"deleted {deleted} store{'' if deleted == 1 else 's'} from {stores_dir()}")
+        if failed:
+            raise SpeccliError("; ".join(failed))
         return
+    stores = describe_stores()
     if not stores:
         typer.echo(f"no stores in {stores_dir()} (chat and serve keep one with --remember)")
         return

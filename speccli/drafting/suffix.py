@@ -61,6 +61,7 @@ class SuffixStore:
         self.vocabulary = vocabulary  # a fingerprint of the target's vocabulary (`vocabulary_fingerprint`)
         self.path: Path | None = None  # where `persist` keeps it (`--remember`); None: for this process only
         self.model = ""  # the target's file name, for `speccli remembered`
+        self.warn: Callable[[str], None] = lambda line: None  # where a file it cannot write is said
         self._saved_at = 0.0
         self.clear()
 
@@ -151,9 +152,16 @@ class SuffixStore:
     # --- the file (`--remember`) ---------------------------------------------------------------------
 
     def persist(self, now: bool = False) -> None:
-        """Write it to its file, if it has one and changed: `now`, or where it was not written lately."""
+        """Write it to its file, if it has one and changed: `now`, or where it was not written lately. A
+        file it cannot write (a full disk, a read-only cache) is said once, and the store kept in memory."""
         if self.path is not None and self._unsaved and (now or time.monotonic() - self._saved_at >= SAVE_EVERY_SECONDS):
-            self.save(self.path)
+            try:
+                self.save(self.path)
+            except OSError as error:
+                self.warn(f"warning: {self.path}: cannot be written ({error.strerror or error}); "
+                          "earlier replies are kept for this process only")
+                self.path = None
+                return
             self._unsaved, self._saved_at = False, time.monotonic()
 
     def save(self, path: Path) -> None:
@@ -227,22 +235,31 @@ def open_store(tokenizer: Tokenizer, model: str, remember: bool, warn: Callable[
     store, problem = SuffixStore.load(path, fingerprint, tokenizer.n_vocab, DEFAULT_CAP_TOKENS)
     if problem is not None:
         warn(f"warning: {problem}")
-    store.path, store.model = path, model
+    store.path, store.model, store.warn = path, model, warn
     return store
 
 
+def store_files() -> list[Path]:
+    return sorted(stores_dir().glob("*.suffix"))
+
+
 def describe_stores() -> list[dict[str, object]]:
-    """What `speccli remembered` lists: each store file, its target and size."""
+    """What `speccli remembered` lists: each store file, its target and size (an entry that cannot be
+    read, such as a directory of that name, is listed as such)."""
     described = []
-    for path in sorted(stores_dir().glob("*.suffix")):
-        with path.open("rb") as file:
-            size = int.from_bytes(file.read(4), "little")
-            header = file.read(min(size, 4096))
+    for path in store_files():
+        try:
+            with path.open("rb") as file:
+                size = int.from_bytes(file.read(4), "little")
+                header = file.read(min(size, 4096))
+            length = path.stat().st_size
+        except OSError as error:
+            described.append({"file": path, "model": f"? (unreadable: {error.strerror or error})", "tokens": 0, "bytes": 0})
+            continue
         try:
             model = json.loads(header)["model"]
         except (ValueError, UnicodeDecodeError, TypeError, KeyError):
             model = "? (not a store)"
-        length = path.stat().st_size
         described.append({"file": path, "model": model, "tokens": max(length - 4 - size, 0) // 4, "bytes": length})
     return described
 
