@@ -385,7 +385,8 @@ class AutoK:
         return fastest(self._rates(state, [acceptance] * limit)) > 0
 
     def _price_ramps(self) -> None:
-        """Each ramp's start and floor at the costs measured now (see RAMP_LOSS)."""
+        """Each ramp's start and floor, and a lookup's by what its copy kept, at the costs measured now
+        (see RAMP_LOSS)."""
         start = min(RAMP_START, self.max_k)
         self.lookup_ramps = [max(start, self._loss_bound(0.0, RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
         for state in self.keys.values():
