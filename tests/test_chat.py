@@ -670,7 +670,16 @@ def chat_in_tmux(pair, chat_options: str, width: int, height: int) -> Iterator[s
         f"cd {REPO} && env -u COLUMNS -u LINES {sys.executable} -m speccli chat -m {target} -md {draft} -t 1 --temp 0 "
         f"{chat_options}; echo EXITED $?; sleep 30"
     )
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command], check=True)
+    for attempt in range(3):
+        # A new session can reach a tmux server that the previous test's last kill-session is shutting
+        # down ("server exited unexpectedly", seen once in CI): a fresh server then starts on a retry.
+        started = subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", str(width), "-y", str(height), command],
+                                 capture_output=True, text=True)
+        if started.returncode == 0:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"tmux could not start a session: {started.stderr.strip()}")
     try:
         _wait_for(session, lambda s: "\n> " in s or s.rstrip().endswith(">"))
         yield session
