@@ -1001,6 +1001,30 @@ def test_an_empty_home_is_refused_rather_than_caching_at_the_root(runner, tmp_pa
     )
 
 
+@pytest.mark.parametrize("variable", ["SPECCLI_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "HOME"])
+def test_a_home_folder_of_no_user_here_is_named_where_it_was_set(runner, monkeypatch, variable):
+    """`~nobody-here/x` in any of them was a RuntimeError traceback from pathlib (`models`, `remembered`)."""
+    for name in ("SPECCLI_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "~nobody-here/x")
+    for command in (["models"], ["remembered"]):
+        result = runner.invoke(app, command)
+        if variable == "XDG_CONFIG_HOME" and command == ["remembered"]:
+            assert result.exit_code == 0, result.output  # it reads no configuration
+            continue
+        assert (result.exit_code, result.stderr) == (1, f"error: {variable} ~nobody-here/x: ~nobody-here is no home folder on this machine\n")
+
+
+def test_a_path_under_the_home_of_no_user_here_is_refused_in_one_line(runner, tmp_path):
+    config = write(tmp_path / "m.toml", '[models.x]\npath = "~nobody-here/x.gguf"\n')
+    result = runner.invoke(app, ["models", "--config", str(config)])
+    assert (result.exit_code, result.stderr) == (1, f"error: {config}: models.x.path: ~nobody-here is no home folder on this machine\n")
+    result = runner.invoke(app, ["models", "--config", "~nobody-here/m.toml"])
+    assert (result.exit_code, result.stderr) == (1, "error: --config ~nobody-here/m.toml: ~nobody-here is no home folder on this machine\n")
+    result = runner.invoke(app, ["check-vocab", "~nobody-here/d.gguf", str(config)])  # exit 2, as a missing file
+    assert (result.exit_code, result.stderr) == (2, "error: model ~nobody-here/d.gguf: ~nobody-here is no home folder on this machine\n")
+
+
 def test_a_user_models_toml_linking_to_nothing_is_named_not_skipped(tmp_path):
     """A dotfiles link whose target moved would otherwise drop every entry of the user's in silence."""
     user_file = user_config_path()

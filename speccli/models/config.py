@@ -21,7 +21,7 @@ from speccli.models.chunked import ChunkedPackagesSource
 from speccli.models.hub import HubSource
 from speccli.models.schema import TomlTable, key_path, one_of
 from speccli.models.sources import DerivedSource, LocalSource, ModelSource, PackageSource
-from speccli.util.cache import user_config_path
+from speccli.util.cache import expand_home, user_config_path
 from speccli.util.files import read_text_input
 from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.validation import AUTO_K, Endpoint, K, needs_draft_model
@@ -79,7 +79,7 @@ def load_registry(*extra_configs: Path) -> Registry:
     user_file = user_config_path()
     if os.path.lexists(user_file):  # a link to nothing is a mistake to report, not a file to skip
         layers.append(_read_layer(user_file))
-    layers += [_read_layer(Path(extra).expanduser()) for extra in extra_configs]
+    layers += [_read_layer(expand_home(extra, "--config")) for extra in extra_configs]
 
     models: dict[str, ModelEntry] = {}
     pairs: dict[str, PairEntry] = {}

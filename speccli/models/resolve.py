@@ -11,6 +11,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.gguf_files import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
+from speccli.util.cache import expand_home
 from speccli.validation import Endpoint, K, needs_draft_model
 
 
@@ -67,7 +68,7 @@ def resolve_model(name_or_path: str, registry: Registry, *, fetch: bool = True, 
         if cached is None:
             raise SpeccliError(f"model '{name_or_path}' is not on disk yet; `speccli pull {name_or_path}` fetches it")
         return cached[0]
-    path = Path(name_or_path).expanduser()
+    path = expand_home(name_or_path, "model")
     if path.is_file():
         return path
     if os.path.lexists(path) or _looks_like_path(name_or_path):

@@ -74,7 +74,10 @@ class LocalSource:
         text = entry.string("path")
         if "\0" in text:  # no file system takes one; os calls raise ValueError on it
             raise entry.error("a path cannot hold a NUL character (\\u0000)", "path")
-        written = Path(text).expanduser()
+        try:
+            written = Path(text).expanduser()
+        except RuntimeError:
+            raise entry.error(f"{text.split('/')[0]} is no home folder on this machine", "path") from None
         # Relative paths are relative to the file that names them, not to wherever speccli runs.
         return cls(written if written.is_absolute() else entry.file.parent / written)
 

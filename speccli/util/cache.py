@@ -7,9 +7,27 @@ from pathlib import Path
 from speccli.errors import SpeccliError, UnreadableFileError
 
 
+def expand_home(path: str | Path, named_by: str) -> Path:
+    """`path` with a leading ~ or ~user expanded; one that names no user here (`~nobody-here/x`) is
+    refused, naming where it was written (Python raises RuntimeError)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise SpeccliError(f"{named_by} {path}: {str(path).split('/')[0]} is no home folder on this machine") from None
+
+
+def home_folder() -> Path:
+    """Path.home(), or one line where HOME starts with a ~ that names no user here."""
+    try:
+        return Path.home()
+    except RuntimeError:
+        return expand_home(os.environ.get("HOME") or "~", "HOME")  # raises, naming HOME
+
+
 def user_config_path() -> Path:
-    config_home = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(config_home).expanduser() / "speccli" / "models.toml"
+    config_home = os.environ.get("XDG_CONFIG_HOME")
+    base = expand_home(config_home, "XDG_CONFIG_HOME") if config_home else home_folder() / ".config"
+    return base / "speccli" / "models.toml"
 
 
 def speccli_cache_dir() -> Path:
@@ -17,11 +35,12 @@ def speccli_cache_dir() -> Path:
     something other than a folder is there (the first write into it would name an internal file)."""
     explicit = os.environ.get("SPECCLI_CACHE_DIR")
     if explicit:
-        folder, named_by = Path(explicit).expanduser(), "SPECCLI_CACHE_DIR"
+        folder, named_by = expand_home(explicit, "SPECCLI_CACHE_DIR"), "SPECCLI_CACHE_DIR"
     else:
         refuse_empty_home("SPECCLI_CACHE_DIR")
-        cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        folder, named_by = Path(cache_home).expanduser() / "speccli", "the cache folder"
+        cache_home = os.environ.get("XDG_CACHE_HOME")
+        base = expand_home(cache_home, "XDG_CACHE_HOME") if cache_home else home_folder() / ".cache"
+        folder, named_by = base / "speccli", "the cache folder"
     if folder.exists() and not folder.is_dir():
         raise UnreadableFileError(f"{named_by} {folder}: not a folder")
     return folder
