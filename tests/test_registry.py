@@ -710,6 +710,24 @@ def test_pinned_sha256_is_checked_on_a_file_already_in_the_hub_cache_and_the_che
     assert hashed == []  # verified once, remembered by the blob's path, size and mtime
 
 
+def test_a_target_file_that_cannot_load_is_refused_before_the_draft_is_fetched(tmp_path, monkeypatch):
+    """`chat -m BAD.gguf` downloaded or built the pair's draft (242 MB) before loading found the target
+    was not a GGUF file."""
+    calls: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download({"d.gguf": b"GGUF"}, calls))
+    registry = load_registry(write(tmp_path / "hub.toml", hub_entry("d", "org/d", "d.gguf") + '[pairs.p]\ntarget = "d"\ndraft = "d"\n'))
+    (tmp_path / "bad.gguf").write_bytes(b"hello")
+    write_tiny_gguf(tmp_path / "whole.gguf")
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "whole.gguf").read_bytes()[:-64])
+    for name, problem in (("bad.gguf", "not a GGUF file (starts with b'hell')"), ("cut.gguf", "cut short: ")):
+        with pytest.raises(UnreadableFileError) as caught:
+            resolve_pair("p", str(tmp_path / name), None, registry)
+        assert str(caught.value).startswith(f"{tmp_path / name}: {problem}"), str(caught.value)
+    assert calls == []
+    assert resolve_pair("p", str(tmp_path / "whole.gguf"), None, registry).draft_path is not None
+    assert calls == ["d.gguf"]
+
+
 def test_unreachable_hub_fails_in_seconds_with_one_line(tmp_path, monkeypatch):
     monkeypatch.undo()  # the real reachability check, against a port where nothing listens
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "speccli-cache"))

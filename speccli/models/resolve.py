@@ -48,10 +48,10 @@ class RegistryFiles:
 
 def resolve_models(names_or_paths: Sequence[str], registry: Registry, *, fetch: bool = True, quiet: bool = False) -> list[Path]:
     """`resolve_model` for each, every name and path checked before any model is fetched or built: a
-    mistyped second name must not wait for a download of the first."""
+    mistyped second name, or a target file cut short, must not wait for a download of the draft."""
     for name_or_path in names_or_paths:
         if name_or_path not in registry.models:
-            resolve_model(name_or_path, registry)  # a path (no fetching), or refused
+            require_loadable_gguf(resolve_model(name_or_path, registry), weights=True)  # a path, or refused
     return [resolve_model(name_or_path, registry, fetch=fetch, quiet=quiet) for name_or_path in names_or_paths]
 
 
