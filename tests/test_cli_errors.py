@@ -59,6 +59,8 @@ def assert_one_line(result, line: str, exit_code: int) -> None:
         (["pull"], "error: speccli pull: Missing argument 'names'. (see 'speccli pull --help')"),
         (["chat", "--bogus"], "error: speccli chat: No such option: --bogus (see 'speccli chat --help')"),
         (["nosuch"], "error: speccli: No such command 'nosuch'. (see 'speccli --help')"),
+        # Click's parser raises this one without naming the command: found in the command line.
+        (["chat", "--remember=false"], "error: speccli chat: Option '--remember' does not take a value. (see 'speccli chat --help')"),
     ],
 )
 def test_usage_errors_are_one_line_with_exit_code_2(args, line):

@@ -141,9 +141,80 @@ def test_remembered_lists_and_clears_around_entries_it_cannot_read(tmp_path, mon
         f"{stores / 'c.suffix'}  ? (unreadable: No such file or directory)  0 tokens  0.0 MiB",
     ]
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
-    assert cleared.exit_code == 1 and cleared.stdout == f"deleted 2 stores from {stores}\n"
+    assert cleared.exit_code == 1 and cleared.stdout == f"deleted 2 files from {stores}\n"
     assert cleared.stderr == f"error: {stores / 'b.suffix'}: cannot be deleted (Is a directory)\n"
     assert [p.name for p in stores.iterdir()] == ["b.suffix"]
+
+
+def test_a_store_name_on_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path, monkeypatch) -> None:
+    """A FIFO named *.suffix blocked `remembered` and loading for ever; a link to /dev/zero was read
+    until memory ran out."""
+    import signal
+
+    def stuck(*_):
+        raise TimeoutError("blocked on a file that is not a store")
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    stores.mkdir()
+    os.mkfifo(stores / "a.suffix")
+    (stores / "b.suffix").symlink_to("/dev/zero")
+    previous = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(10)
+    try:
+        for name in ("a.suffix", "b.suffix"):
+            store, problem = SuffixStore.load(stores / name, "v1", n_vocab=10, cap_tokens=1000)
+            assert store.n_tokens == 0 and problem == f"{stores / name}: unreadable (not a regular file); starting a new store"
+        listed = CliRunner().invoke(app, ["remembered"])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert listed.exit_code == 0 and listed.stdout.splitlines() == [
+        f"{stores / name}  ? (unreadable: not a regular file)  0 tokens  0.0 MiB" for name in ("a.suffix", "b.suffix")]
+
+
+def test_remembered_lists_a_store_in_one_line_and_a_false_header_as_no_store(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    named = store_of(([1, 2], [3, 4, 5]))
+    named.model = "two\nlines\x1b[31m.gguf"  # a file name may hold a newline, or a terminal's escape
+    named.save(stores / "a.suffix")
+    (stores / "b.suffix").write_bytes(b"\xff\xff\xff\xff" + b"{}" * 8)  # a header 4 GiB long
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.exit_code == 0 and listed.stdout.splitlines() == [
+        f"{stores / 'a.suffix'}  two\\nlines\\x1b[31m.gguf  6 tokens  0.0 MiB",
+        f"{stores / 'b.suffix'}  ? (not a store)  0 tokens  0.0 MiB",
+    ]
+
+
+def test_remembered_names_a_folder_it_cannot_use_rather_than_finding_no_stores(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    stores.write_text("")
+    for arguments in (["remembered"], ["remembered", "--clear"]):
+        result = CliRunner().invoke(app, arguments)
+        assert (result.exit_code, result.stderr) == (2, f"error: {stores}: not a folder, where speccli keeps remembered replies\n")
+    stores.unlink()
+    stores.symlink_to(stores)
+    result = CliRunner().invoke(app, ["remembered"])
+    assert (result.exit_code, result.stderr) == (2, f"error: {stores}: a loop of symbolic links, not a file\n")
+
+
+def test_clear_deletes_what_a_killed_save_left_but_not_a_live_save(tmp_path, monkeypatch) -> None:
+    """A save killed mid-write leaves `NAME.suffix.PID.partial`, which holds replies too; --clear left it."""
+    import subprocess
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    store_of(([1, 2], [3, 4, 5])).save(stores / "a.suffix")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (stores / f"a.suffix.{ended.pid}.partial").write_bytes(b"replies")
+    (stores / f"b.suffix.{ended.pid}.partial").write_bytes(b"replies")
+    (stores / f"a.suffix.{os.getppid()}.partial").write_bytes(b"being written")
+    cleared = CliRunner().invoke(app, ["remembered", "--clear"])
+    assert (cleared.exit_code, cleared.stdout) == (0, f"deleted 3 files from {stores}\n")
+    assert [p.name for p in stores.iterdir()] == [f"a.suffix.{os.getppid()}.partial"]
 
 
 def test_a_large_store_loads_within_a_second(tmp_path) -> None:
@@ -290,7 +361,22 @@ def test_remember_carries_replies_to_the_next_process_and_remembered_clears_them
     assert "suffix" not in records(alone.stdout)[0]["stats"]["by_source"]
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
     assert (cleared.exit_code, list(store_file.parent.iterdir())) == (0, [])
-    assert cleared.stdout == f"deleted 1 store from {store_file.parent}\n"
+    assert cleared.stdout == f"deleted 1 file from {store_file.parent}\n"
+
+
+def test_a_pairs_remember_is_its_default_and_no_remember_overrides_it(tiny_pair, tmp_path, monkeypatch) -> None:
+    """A pair's `remember = true` could not be turned off for one run: there was no --no-remember."""
+    from tests.test_chat import chat
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "pairs.toml"
+    config.write_text(f'[models.t]\npath = "{tiny_pair.target}"\n[models.d]\npath = "{tiny_pair.draft}"\n'
+                      '[pairs.kept]\ntarget = "t"\ndraft = "d"\nremember = true\n')
+    stores = tmp_path / "cache" / "remembered"
+    assert chat(tiny_pair, "kept", "--config", str(config), "--no-remember", "-n", "4", "-p", "hello").exit_code == 0
+    assert not stores.exists()
+    assert chat(tiny_pair, "kept", "--config", str(config), "-n", "4", "-p", "hello").exit_code == 0
+    assert len(list(stores.iterdir())) == 1
 
 
 def test_a_corrupt_remembered_store_is_one_warning_and_the_chat_goes_on(tiny_pair, tmp_path, monkeypatch) -> None:

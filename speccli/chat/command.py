@@ -91,7 +91,7 @@ def run_chat(
     prompt: str | None,
     json_output: bool,
     provenance: bool,
-    remember: bool = False,
+    remember: bool | None = None,  # --remember/--no-remember; None: the pair's
 ) -> None:
     """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each.
 
@@ -105,7 +105,7 @@ def run_chat(
     if system is not None:
         system, _ = as_text(system)
     with open_pair(request) as pair:
-        store = open_store(pair.target.tokenizer, pair.resolved.target_name, remember or pair.resolved.remember, display.warning)
+        store = open_store(pair.target.tokenizer, pair.resolved.target_name, pair.resolved.remember if remember is None else remember, display.warning)
         session = ChatSession(
             pair.target, pair.draft, display,
             sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else k,

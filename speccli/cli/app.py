@@ -15,7 +15,7 @@ import re
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Annotated, Any, Iterator
+from typing import Annotated, Any, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -53,8 +53,10 @@ class SpeccliGroup(TyperGroup):
                 sys.exit(error.exit_code)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
-            if context is not None:
-                message = f"{context.command_path}: {message} (see '{context.command_path} --help')"
+            words = kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]
+            command_path = context.command_path if context is not None else self._command_path_in(words)
+            if command_path is not None:
+                message = f"{command_path}: {message} (see '{command_path} --help')"
             typer.echo(f"error: {message}", err=True)
             sys.exit(error.exit_code)
         except typer.Abort:  # Click's Ctrl-C at a prompt; a Ctrl-C elsewhere Typer turns into exit 130 itself
@@ -62,6 +64,12 @@ class SpeccliGroup(TyperGroup):
         if exit_code == INTERRUPTED_EXIT_CODE:
             exit_code = exit_code_for_interrupt()  # 143 where SIGTERM, not Ctrl-C, was the interrupt
         sys.exit(exit_code if isinstance(exit_code, int) else 0)
+
+    def _command_path_in(self, words: Sequence[str]) -> str | None:
+        """The command a usage error raised without its context belongs to (Click's parser raises
+        `--remember=false`'s "does not take a value" so): the command line's first word, if a command."""
+        word = next((word for word in words if not word.startswith("-")), None)
+        return f"speccli {word}" if word in self.commands else None
 
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         """The top level writes to stdout as its line is read, before any command runs: `--help`,

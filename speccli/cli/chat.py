@@ -49,7 +49,7 @@ def chat(
             help="Color tokens by origin: accepted draft, target correction, bonus.",
         ),
     ] = True,
-    remember: RememberOption = False,
+    remember: RememberOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
     from speccli.chat.command import run_chat

@@ -53,10 +53,11 @@ SpecOption = Annotated[
 
 
 RememberOption = Annotated[
-    bool,
+    Optional[bool],
     typer.Option(
-        "--remember", help="Keep earlier replies, which the suffix draft source drafts from, in speccli's cache for "
-        "the next runs (the file holds your generated text; `speccli remembered` lists and clears it; default: the pair's remember).",
+        "--remember/--no-remember", show_default=False,
+        help="Keep earlier replies, which the suffix draft source drafts from, in speccli's cache for the next runs "
+        "(the file holds your generated text; `speccli remembered` lists and clears it; default: the pair's remember).",
     ),
 ]
 

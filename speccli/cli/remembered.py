@@ -1,6 +1,7 @@
 """`speccli remembered`: the stores of earlier replies `--remember` keeps (they hold your generated text)."""
 from __future__ import annotations
 
+import stat
 from typing import Annotated
 
 import typer
@@ -8,24 +9,33 @@ import typer
 
 def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store.")] = False) -> None:
     """List the earlier replies kept on disk for the suffix draft source (--remember), or delete them."""
-    from speccli.drafting.suffix import describe_stores, store_files, stores_dir
-    from speccli.errors import SpeccliError
+    from speccli.drafting.suffix import describe_stores, killed_saves, store_files, stores_dir
+    from speccli.errors import SpeccliError, UnreadableFileError, unreadable
 
+    folder = stores_dir()
+    try:  # a file or a loop of links there is not "no stores"
+        if not stat.S_ISDIR(folder.stat().st_mode):
+            raise UnreadableFileError(f"{folder}: not a folder, where speccli keeps remembered replies")
+    except FileNotFoundError as error:
+        if folder.is_symlink():
+            raise unreadable(folder, error, "folder") from None
+    except OSError as error:
+        raise unreadable(folder, error, "folder") from None
     if clear:
         deleted, failed = 0, []
-        for path in store_files():
+        for path in [*store_files(), *killed_saves()]:
             try:
                 path.unlink(missing_ok=True)
                 deleted += 1
             except OSError as error:
                 failed.append(f"{path}: cannot be deleted ({error.strerror or error})")
-        typer.echo(f"deleted {deleted} store{'' if deleted == 1 else 's'} from {stores_dir()}")
+        typer.echo(f"deleted {deleted} file{'' if deleted == 1 else 's'} from {folder}")
         if failed:
             raise SpeccliError("; ".join(failed))
         return
     stores = describe_stores()
     if not stores:
-        typer.echo(f"no stores in {stores_dir()} (chat and serve keep one with --remember)")
+        typer.echo(f"no stores in {folder} (chat and serve keep one with --remember)")
         return
     for store in stores:
         typer.echo(f"{store['file']}  {store['model']}  {store['tokens']:,} tokens  {store['bytes'] / 2**20:.1f} MiB")

@@ -29,7 +29,7 @@ def serve(
             f"{API_KEY_VARIABLE}, which keeps the key out of `ps`; neither: no key).",
         ),
     ] = None,
-    remember: RememberOption = False,
+    remember: RememberOption = None,
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
     from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, open_models, run_server
@@ -45,7 +45,7 @@ def serve(
         resolved = loaded.resolved
         settings = ServeSettings(
             host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue,
-            api_key=api_key, remember=remember or resolved.remember,
+            api_key=api_key, remember=resolved.remember if remember is None else remember,
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.

@@ -19,15 +19,17 @@ speccli's cache (docs/drafting.md).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from speccli.core.seam import Draft, DraftRequest
 from speccli.core.stats import StepEvent
 from speccli.drafting.ngram import MAX_MATCH, SHADOW_TOKENS, Match, NgramDrafter, longest_matches
 from speccli.util.cache import speccli_cache_dir
+from speccli.util.files import PARTIAL_SUFFIX, partial_path, process_alive, remove_abandoned_partials
 
 if TYPE_CHECKING:
     from speccli.drafting.registry import DraftInputs
@@ -49,6 +52,7 @@ MAX_CANDIDATES = 256
 WALKED = 16
 DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
 FORMAT = 1
+MAX_HEADER_BYTES = 4096  # a header is a few dozen bytes; a length past this is not a store
 DEFAULT_CAP_TOKENS = DEFAULT_CAP_MB * 2**20 // 8
 SAVE_EVERY_SECONDS = 10  # a remembered store is written after a reply at most this often, and on exit
 
@@ -167,7 +171,8 @@ class SuffixStore:
     def save(self, path: Path) -> None:
         """Written whole or not at all, readable by the user alone: it holds the user's replies."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        remove_abandoned_partials(path)
+        partial = partial_path(path)
         header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": self.model}).encode()
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -183,41 +188,62 @@ class SuffixStore:
 
     @classmethod
     def load(cls, path: Path, vocabulary: str, n_vocab: int, cap_tokens: int) -> tuple[SuffixStore, str | None]:
-        """The store in `path`, or a fresh one and why (a file that is not a store of this vocabulary is
-        never read as one: a wrong store could only draft wrong tokens, but it would draft nothing useful)."""
+        """The store in `path` (its newest `cap_tokens`), or a fresh one and why (a file that is not a
+        store of this vocabulary is never read as one: it could only draft wrong tokens)."""
         store = cls(cap_tokens, vocabulary)
         try:
-            data = path.read_bytes()
+            with _open_regular(path) as file:
+                header = _read_header(file)
+                body_bytes = os.fstat(file.fileno()).st_size - file.tell()
+                problem = _problem(header, body_bytes, vocabulary)
+                if problem is None:
+                    kept = min(body_bytes // 4, cap_tokens)
+                    file.seek(-4 * kept, os.SEEK_END)
+                    tokens = np.frombuffer(file.read(4 * kept), dtype=np.int32)
+                    if len(tokens) and (tokens.min() < SEPARATOR or tokens.max() >= n_vocab):
+                        problem = "holds token ids outside this vocabulary"
         except FileNotFoundError:
             return store, None
         except OSError as error:
             return store, f"{path}: unreadable ({error.strerror}); starting a new store"
-        problem = _problem(data, vocabulary, n_vocab)
         if problem is not None:
             return store, f"{path}: {problem}; starting a new store"
-        size = int.from_bytes(data[:4], "little")
-        tokens = np.frombuffer(data, dtype=np.int32, offset=4 + size)
-        store._load_tokens(tokens[-cap_tokens:] if len(tokens) > cap_tokens else tokens)
-        if len(tokens) > cap_tokens:
+        store._load_tokens(tokens)
+        if body_bytes // 4 > cap_tokens:
             store._evict()
         return store, None
 
 
-def _problem(data: bytes, vocabulary: str, n_vocab: int) -> str | None:
-    if len(data) < 4:
-        return "not a speccli store"
-    size = int.from_bytes(data[:4], "little")
+def _open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file: a FIFO named *.suffix would block the read,
+    a link to /dev/zero never end it."""
+    file = open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
+    mode = os.fstat(file.fileno()).st_mode
+    if not stat.S_ISREG(mode):
+        file.close()
+        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR)) if stat.S_ISDIR(mode) else OSError(0, "not a regular file")
+    return file
+
+
+def _read_header(file: BinaryIO) -> dict | None:
+    """A store's header (its length in 4 bytes, then JSON), or None where the file starts otherwise."""
+    size = int.from_bytes(file.read(4), "little")
+    if size > MAX_HEADER_BYTES:
+        return None
     try:
-        header = json.loads(data[4 : 4 + size])
+        header = json.loads(file.read(size))
     except (ValueError, UnicodeDecodeError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _problem(header: dict | None, body_bytes: int, vocabulary: str) -> str | None:
+    if header is None:
         return "not a speccli store"
-    if not isinstance(header, dict) or header.get("format") != FORMAT or (len(data) - 4 - size) % 4:
+    if header.get("format") != FORMAT or body_bytes % 4:
         return "not a speccli store of this version"
     if header.get("vocabulary") != vocabulary:
         return "a store of another vocabulary"
-    tokens = np.frombuffer(data, dtype=np.int32, offset=4 + size)
-    if len(tokens) and (tokens.min() < SEPARATOR or tokens.max() >= n_vocab):
-        return "holds token ids outside this vocabulary"
     return None
 
 
@@ -243,24 +269,36 @@ def store_files() -> list[Path]:
     return sorted(stores_dir().glob("*.suffix"))
 
 
+def killed_saves() -> list[Path]:
+    """Temporary files of saves whose process was killed mid-write: they hold replies too."""
+    killed = []
+    for partial in stores_dir().glob(f"*.suffix.*{PARTIAL_SUFFIX}"):
+        pid = partial.name.removesuffix(PARTIAL_SUFFIX).rsplit(".", 1)[1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            killed.append(partial)
+    return sorted(killed)
+
+
 def describe_stores() -> list[dict[str, object]]:
     """What `speccli remembered` lists: each store file, its target and size (an entry that cannot be
     read, such as a directory of that name, is listed as such)."""
     described = []
     for path in store_files():
         try:
-            with path.open("rb") as file:
-                size = int.from_bytes(file.read(4), "little")
-                header = file.read(min(size, 4096))
-            length = path.stat().st_size
+            with _open_regular(path) as file:
+                header = _read_header(file)
+                length = os.fstat(file.fileno()).st_size
+                body_bytes = length - file.tell()
         except OSError as error:
             described.append({"file": path, "model": f"? (unreadable: {error.strerror or error})", "tokens": 0, "bytes": 0})
             continue
-        try:
-            model = json.loads(header)["model"]
-        except (ValueError, UnicodeDecodeError, TypeError, KeyError):
-            model = "? (not a store)"
-        described.append({"file": path, "model": model, "tokens": max(length - 4 - size, 0) // 4, "bytes": length})
+        model = header.get("model") if header is not None and header.get("format") == FORMAT else None
+        if not isinstance(model, str) or body_bytes % 4:
+            described.append({"file": path, "model": "? (not a store)", "tokens": 0, "bytes": length})
+            continue
+        # A file name may hold a newline or an escape sequence; a listing line must stay one line.
+        model = "".join(character if character.isprintable() else repr(character)[1:-1] for character in model)
+        described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length})
     return described
 
 
