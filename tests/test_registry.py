@@ -190,6 +190,8 @@ def test_relative_paths_follow_the_file_that_names_them_and_tilde_expands(tmp_pa
         ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0" }\n', "models.foo.pypi.sha256: missing"),
         ('[models.foo]\npypi = { parts = "p1", version = "1.0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.parts: expected package names with a part range"),
         ('[models.foo]\npypi = { parts = "p{3..1}", version = "1.0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.parts: expected package names with a part range"),
+        ('[models.foo]\npypi = { parts = "p{1..99999999999}", version = "1.0", sha256 = "%s" }\n' % ("0" * 64),
+         "models.foo.pypi.parts: at most 1000 parts, got 99,999,999,999 in 'p{1..99999999999}'"),
         ('[models.foo]\npypi = { parts = "p{1..3}", version = "1 0", sha256 = "%s" }\n' % ("0" * 64), "models.foo.pypi.version: expected a package version"),
         ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0", sha256 = "%s", size = 0 }\n' % ("0" * 64), "models.foo.pypi.size: must be at least 1, got 0"),
         ('[models.foo]\npypi = { parts = "p{1..3}", version = "1.0", sha256 = "%s", url = "x" }\n' % ("0" * 64), "models.foo.pypi.url: unknown key"),

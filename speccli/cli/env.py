@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Optional
 
 import typer
 
 from speccli import __version__
-from speccli.cli.options import RpcOption
+from speccli.cli.options import rpc_option
 
 
-def env(rpc: RpcOption = None) -> None:
+def env(
+    rpc: Annotated[Optional[str], rpc_option("Also list the devices of these `speccli rpc-server`s (or llama.cpp rpc-servers).")] = None,
+) -> None:
     """Show versions, the llama.cpp backend in use and the devices models can run on (RPC servers' with --rpc)."""
     from speccli.llama import rpc as rpc_backend
     from speccli.llama.build import backend_info

@@ -123,14 +123,14 @@ DraftGpuLayersOption = Annotated[
 ]
 
 # The target over llama.cpp's RPC backend (docs/rpc.md). Click reads text; the callbacks hand on the parsed value.
+def rpc_option(help: str) -> Any:
+    return typer.Option("--rpc", metavar="HOST:PORT[,...]", help=help, callback=checked(validation.parse_endpoints))
+
+
 RpcOption = Annotated[
     Optional[str],
-    typer.Option(
-        "--rpc", metavar="HOST:PORT[,...]",
-        help="Put the target's layers on these `speccli rpc-server`s (or llama.cpp rpc-servers), split by their "
-        "memory; the draft stays here (default: the pair's rpc, else none).",
-        callback=checked(validation.parse_endpoints),
-    ),
+    rpc_option("Put the target's layers on these `speccli rpc-server`s (or llama.cpp rpc-servers), split by their "
+               "memory; the draft stays here (default: the pair's rpc, else none)."),
 ]
 RpcDraftOption = Annotated[
     bool, typer.Option("--rpc-draft", help="Put the draft model on the --rpc servers too (default: it runs here).")

