@@ -488,8 +488,9 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         status, body = get(url, "/v1/nothing-here")
         assert_openai_error(status, json.loads(body), 404, "unknown_url")
         assert json.loads(body)["error"]["message"] == "no such path: GET /v1/nothing-here"
-        status, body = get(url, "/v1/models/")  # a trailing slash, not a model named ''
-        assert_openai_error(status, json.loads(body), 404, "unknown_url")
+        for path in ("/v1/models/", f"/v1/models/{MODEL}/"):  # a trailing slash, not a model named '' or 'x/'
+            status, body = get(url, path)
+            assert_openai_error(status, json.loads(body), 404, "unknown_url")
 
 
 def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):
@@ -664,6 +665,24 @@ def test_a_queue_of_zero_serves_one_request_at_a_time_and_refuses_the_rest(endle
         assert sorted(outcomes) == ["refused", "served"]
 
 
+def test_a_prompt_being_tokenized_holds_its_place_in_the_queue(endless_pair):
+    """--queue bounds the prompts being tokenized too: a prompt of millions of tokens costs hundreds of
+    MB until it is found too long, and had no bound while clients sent many at once."""
+    with serving(endless_pair, n_ctx=8192, max_waiting=0) as url:
+        c = client(url)
+        with ThreadPoolExecutor(1) as pool:
+            huge = pool.submit(ask, c, "la " * 5_000_000, max_tokens=1)  # 15 MB: seconds to tokenize
+            await_metrics(url, lambda text: metric(text, "queue_waiting") >= 1, "the huge prompt took no place")
+            with pytest.raises(openai.APIStatusError) as refused:
+                ask(c, "sing", max_tokens=1)
+            with pytest.raises(openai.BadRequestError) as too_long:
+                huge.result(timeout=120)
+        assert refused.value.status_code == 503 and refused.value.body["code"] == "queue_full"
+        assert too_long.value.body["code"] == "context_length_exceeded"
+        assert metric(get(url, "/metrics")[1], "queue_waiting") == 0  # its place was given back
+        assert ask(c, "sing", max_tokens=3).choices[0].message.content == "la la la "
+
+
 # --- an API key ------------------------------------------------------------------------------------------
 
 
@@ -800,11 +819,18 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         status, error, _ = post(url, "/v1/chat/completions", b'{"model": "tiny", "metadata": {"\\ud800": "\\ud800"}}')
         assert_openai_error(status, error, 400)
         assert error["error"]["param"] == "metadata.\\ud800"
-        # A number of 5,000 digits, past Python's int conversion limit: it had been a 500.
-        status, error, _ = post(url, "/v1/completions", b'{"model": "tiny", "prompt": "hi", "max_tokens": 1' + b"0" * 5000 + b"}")
-        assert_openai_error(status, error, 400)
-        assert error["error"]["param"] == "max_tokens"
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 3  # the surrogates, the number
+        # A number of 5,000 digits, past Python's int conversion limit: it had been a 500, then "should be a
+        # valid integer" (or, as a token id, "must be whole numbers").
+        huge = b"1" + b"0" * 5000
+        for field, body in [("max_tokens", b'{"model": "tiny", "prompt": "hi", "max_tokens": %s}' % huge),
+                            ("seed", b'{"model": "tiny", "prompt": "hi", "seed": %s}' % huge),
+                            ("prompt.1", b'{"model": "tiny", "prompt": [1, %s]}' % huge)]:
+            status, error, _ = post(url, "/v1/completions", body)
+            assert_openai_error(status, error, 400)
+            assert error["error"]["param"] == field
+            assert error["error"]["message"] == f"{field}: a whole number of over 4,300 digits, past every limit here"
+        # Every 4xx counts: the surrogates, the wrong method, the unknown path, the numbers (the 404 and 405 had not).
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 7
 
 
 def test_a_shutdown_is_told_from_lost_models_by_type_not_by_message() -> None:

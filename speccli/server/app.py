@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable
+from contextlib import asynccontextmanager, contextmanager
+from typing import AsyncIterator, Callable, Iterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -44,7 +44,7 @@ def create_app(service: Service) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def model(request: Request) -> Response:
-        if not request.path_params["model"]:  # /v1/models/: a trailing slash, as on any other path
+        if request.path_params["model"] in ("", f"{service.model_id}/"):  # a trailing slash, as on any other path
             raise HTTPException(404)
         if request.path_params["model"] != service.model_id:
             raise _unknown_model(request.path_params["model"])
@@ -77,20 +77,22 @@ def create_app(service: Service) -> Starlette:
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.min_p)
         try:
             sampling.validate()
-            prompt = await asyncio.to_thread(tokenize)  # a long prompt must not stall other requests
         except SpeccliError as error:
             raise APIError(400, str(error)) from None
-        limits = service.limits_for(prompt, body, service.chat_format.stop if chat else ())
-        job = Job(prompt, limits, sampling, body.seed, speculation, asyncio.get_running_loop())
+        with _worker_refusals():
+            service.worker.admit()
         try:
+            try:
+                prompt = await asyncio.to_thread(tokenize)  # a long prompt must not stall other requests
+            except SpeccliError as error:
+                raise APIError(400, str(error)) from None
+            limits = service.limits_for(prompt, body, service.chat_format.stop if chat else ())
+        except BaseException:
+            service.worker.withdraw()
+            raise
+        job = Job(prompt, limits, sampling, body.seed, speculation, asyncio.get_running_loop())
+        with _worker_refusals():
             service.worker.submit(job)
-        except QueueFullError:
-            raise APIError(503, "the server is busy: a request runs and its queue (--queue) is full; retry shortly",
-                           kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
-        except ShuttingDownError:
-            raise shutting_down_error() from None
-        except LostError as lost:
-            raise unavailable_error(str(lost)) from None
         reply = Reply(service, job, body, speculation, chat)
         gone = asyncio.ensure_future(_client_gone(request))
         try:
@@ -132,6 +134,8 @@ def create_app(service: Service) -> Starlette:
             message, code = f"{request.method} {request.url.path}: not allowed; use {allowed}", None
         else:
             message, code = str(error.detail), None
+        if error.status_code < 500:
+            service.metrics.record(None, "rejected")
         return APIError(error.status_code, message, param=None, code=code, headers=headers).response()
 
     async def client_gone(_: Request, error: Exception) -> Response:
@@ -194,6 +198,20 @@ class RequireKey:
         message = ("incorrect API key provided" if given else
                    "no API key provided: send it in an Authorization header, as 'Authorization: Bearer KEY'")
         return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+@contextmanager
+def _worker_refusals() -> Iterator[None]:
+    """The worker's refusals of a request, as the API errors that answer them."""
+    try:
+        yield
+    except QueueFullError:
+        raise APIError(503, "the server is busy: a request runs and its queue (--queue) is full; retry shortly",
+                       kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
+    except ShuttingDownError:
+        raise shutting_down_error() from None
+    except LostError as lost:
+        raise unavailable_error(str(lost)) from None
 
 
 async def _client_gone(request: Request) -> None:

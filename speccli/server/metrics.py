@@ -22,7 +22,7 @@ class Metrics:
         self._waiting = 0
 
     def record(self, stats: RunStats | None, outcome: str) -> None:
-        """A request ended: "completed", "cancelled" (client left), "error", "rejected" (400/401/404),
+        """A request ended: "completed", "cancelled" (client left), "error", "rejected" (any 4xx),
         "queue_full" (503). `stats`: what its generation did, if it ran."""
         with self._lock:
             self._requests[outcome] += 1
@@ -45,7 +45,7 @@ class Metrics:
                 lines.append(f"{PREFIX}_{name}{labels} {value:g}" if isinstance(value, float) else f"{PREFIX}_{name}{labels} {value}")
 
         outcomes = ("completed", "cancelled", "error", "rejected", "queue_full")
-        metric("requests_total", "counter", "Generation requests by outcome.",
+        metric("requests_total", "counter", "Requests by outcome (rejected: any 4xx answer).",
                [(f'{{outcome="{o}"}}', requests.get(o, 0)) for o in outcomes])
         metric("queue_waiting", "gauge", "Requests waiting for the one generation slot.", [("", waiting)])
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [("", totals.prompt_tokens)])

@@ -3,9 +3,8 @@ OpenAI-shaped error naming the field (`speccli.server.api_errors`)."""
 from __future__ import annotations
 
 import json
-import math
 import re
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -30,10 +29,12 @@ async def parse_body(request: Request, schema: type[RequestModel]) -> RequestMod
         raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(payload, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if (where := _lone_surrogate_at(payload)) is not None:
+    if (where := _first_at(payload, lambda value: isinstance(value, str) and _SURROGATE.search(value))) is not None:
         where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold one too
         raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
                             "character; send text as UTF-8 or as paired escapes", param=where)
+    if (where := _first_at(payload, lambda value: value is _PAST_EVERY_LIMIT)) is not None:
+        raise APIError(400, f"{where}: a whole number of over 4,300 digits, past every limit here", param=where)
     if unsupported := unsupported_parameter(payload):
         raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
                        param=unsupported, code="unsupported_parameter")
@@ -48,13 +49,16 @@ async def parse_body(request: Request, schema: type[RequestModel]) -> RequestMod
         raise APIError(400, f"{where}: {message}" if where else message, param=where or None) from None
 
 
-def _whole_number(text: str) -> int | float:
+def _whole_number(text: str) -> int | object:
     """Python converts no integer of over 4,300 digits (json.loads raised a ValueError naming no field:
-    a 500). Such a number is past every limit here: it reads as infinity, which the schema refuses by name."""
+    a 500). Such a number is past every limit here: it is marked, and refused naming its field."""
     try:
         return int(text)
     except ValueError:
-        return math.inf
+        return _PAST_EVERY_LIMIT
+
+
+_PAST_EVERY_LIMIT = object()
 
 
 async def read_body(request: Request) -> bytes:
@@ -76,18 +80,18 @@ async def read_body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-def _lone_surrogate_at(value: object, path: str = "") -> str | None:
-    """The field path of the first string in a parsed body that holds a lone surrogate (JSON's "\\ud800"
-    parses to one; it cannot be encoded as UTF-8 for the tokenizer), None if there is none."""
-    if isinstance(value, str):
-        return path if _SURROGATE.search(value) else None
+def _first_at(value: object, wrong: Callable[[object], object], path: str = "") -> str | None:
+    """The field path of the first value in a parsed body that is `wrong`, None if there is none."""
+    if wrong(value):
+        return path
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
-        if (found := _lone_surrogate_at(item, f"{path}.{key}" if path else str(key))) is not None:
+        if (found := _first_at(item, wrong, f"{path}.{key}" if path else str(key))) is not None:
             return found
     return None
 
 
+# JSON's "\ud800" parses to a lone surrogate, which cannot be encoded as UTF-8 for the tokenizer.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

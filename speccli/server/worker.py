@@ -116,6 +116,7 @@ class Worker:
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()  # in order; a job leaves it when it starts or its client leaves
+        self._admitted = 0  # places taken by requests still being tokenized
         self._changed = threading.Condition()  # guards _waiting and _stopping
         self._stopping = False
         self._generators: dict[Speculation, Generator] = {}
@@ -163,20 +164,42 @@ class Worker:
             self._waiting.clear()
             self.metrics.set_waiting(0)
 
-    def submit(self, job: Job) -> None:
+    def admit(self) -> None:
+        """Take a place in the queue for a request about to be tokenized, so that --queue bounds the
+        prompts being tokenized too (a prompt of millions of tokens costs hundreds of MB until it is
+        refused); `submit` then fills the place, or `withdraw` gives it back."""
         with self._changed:
-            if self.lost is not None:
-                self.metrics.record(None, "error")
-                raise LostError(self.lost)
-            if self._stopping:  # it would wait for a worker that has ended
-                self.metrics.record(None, "cancelled")
-                raise ShuttingDownError
+            self._refuse_if_ended()
             # One job runs and max_waiting wait; one still waiting when the worker is idle is about to run.
-            if len(self._waiting) + (self._running is not None) > self.max_waiting:
+            if self._admitted + len(self._waiting) + (self._running is not None) > self.max_waiting:
                 raise QueueFullError
+            self._admitted += 1
+            self._count_waiting()
+
+    def withdraw(self) -> None:
+        with self._changed:
+            self._admitted -= 1
+            self._count_waiting()
+
+    def _count_waiting(self) -> None:
+        self.metrics.set_waiting(self._admitted + len(self._waiting))  # under the lock
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` in the place `admit` took for it."""
+        with self._changed:
+            self._admitted -= 1
+            self._refuse_if_ended()
             self._waiting.append(job)
-            self.metrics.set_waiting(len(self._waiting))
+            self._count_waiting()
             self._changed.notify()
+
+    def _refuse_if_ended(self) -> None:
+        if self.lost is not None:
+            self.metrics.record(None, "error")
+            raise LostError(self.lost)
+        if self._stopping:  # it would wait for a worker that has ended
+            self.metrics.record(None, "cancelled")
+            raise ShuttingDownError
 
     def cancel(self, job: Job) -> None:
         """The client left: stop the job where it runs, or give up its place where it waits."""
@@ -184,7 +207,7 @@ class Worker:
         with self._changed:
             if job in self._waiting:
                 self._waiting.remove(job)
-                self.metrics.set_waiting(len(self._waiting))
+                self._count_waiting()
                 self.metrics.record(None, "cancelled")
 
     def _next_job(self) -> Job | None:
@@ -195,7 +218,7 @@ class Worker:
             if self._stopping:
                 return None
             job = self._running = self._waiting.popleft()  # under the lock: `stop` sees it either way
-            self.metrics.set_waiting(len(self._waiting))
+            self._count_waiting()
             return job
 
     def _serve(self) -> None:
