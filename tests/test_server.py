@@ -7,6 +7,7 @@ never with wording.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -415,10 +416,27 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
              "enabled: false runs the target alone, which takes no spec or k; leave them out"),
             ({**good, "seed": -1}, "seed", "greater than or equal to 0"),
             ({**good, "temperature": float("nan")}, "temperature", "Input should be a finite number"),
+            # These had named pydantic's classes ("a valid dictionary or instance of TextPart"), or
+            # said only one of the forms allowed ("Input should be a valid string").
+            ({**good, "messages": [{"role": "user", "content": ["hi"]}]}, "messages.0.content.0",
+             'must be an object: {"type": "text", "text": ...}'),
+            ({**good, "messages": [{"role": "user", "content": None}]}, "messages.0.content",
+             'must be text, or a list of text parts: {"type": "text", "text": ...}'),
+            ({**good, "messages": ["hi"]}, "messages.0", 'must be an object: {"role": ..., "content": ...}'),
+            ({**good, "stream": True, "stream_options": [1]}, "stream_options", 'must be an object: {"include_usage": true}'),
+            ({"model": MODEL, "prompt": None}, "prompt", "must be text or token ids, or a list holding one of either"),
+            ({"model": MODEL, "prompt": {}}, "prompt", "must be text or token ids, or a list holding one of either"),
         ]:
-            error = post(url, "/v1/chat/completions", json.dumps(body))[1]["error"]
+            path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+            error = post(url, path, json.dumps(body))[1]["error"]
             assert error["param"] == param and message in error["message"], error
+            assert "Value error" not in error["message"] and "instance of" not in error["message"], error
         assert_openai_error(*post(url, "/v1/completions", b'{"model": ' + b"[" * 5000)[:2], 400)
+        gzipped = urllib.request.Request(url + "/v1/completions", data=gzip.compress(json.dumps(good).encode()),
+                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        with pytest.raises(urllib.error.HTTPError) as compressed:
+            urllib.request.urlopen(gzipped, timeout=30)
+        assert_openai_error(compressed.value.code, json.loads(compressed.value.read()), 415, "unsupported_content_encoding")
         # A body declared larger than 16 MiB is refused before any of it is read.
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=30) as raw:
@@ -712,8 +730,15 @@ def test_an_api_key_is_asked_for_on_every_path_but_health(chat_pair):
             assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key", headers
         assert json.loads(get_with(url, "/v1/models", {})[1])["error"]["message"].startswith("no API key provided")
         assert get(url, "/metrics")[0] == 401
+        host, port = url.removeprefix("http://").split(":")
+        for keys in ((KEY, "wrong"), ("wrong", KEY)):  # the last had counted: a right key after a wrong one got in
+            with socket.create_connection((host, int(port)), timeout=30) as raw:
+                raw.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                            + b"".join(b"Authorization: Bearer %s\r\n" % key.encode() for key in keys) + b"\r\n")
+                head, _, rest = raw.makefile("rb").read().partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 401 ") and json.loads(rest)["error"]["message"] == "more than one Authorization header"
         status, text = get_with(url, "/metrics", {"Authorization": f"bearer {KEY}"})  # the scheme in any case
-        assert status == 200 and metric(text, 'requests_total{outcome="rejected"}') == 6
+        assert status == 200 and metric(text, 'requests_total{outcome="rejected"}') == 8
         assert get(url, "/health")[0] == 200  # a load balancer's probe needs no key
 
 

@@ -188,14 +188,14 @@ class RequireKey:
         await self.app(scope, receive, send)
 
     def _refusal(self, scope: Scope) -> APIError | None:
+        headers = [value for name, value in scope["headers"] if name == b"authorization"]
         given = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.strip().partition(b" ")
-                given = token.strip() if scheme.lower() == b"bearer" else None
+        if len(headers) == 1:  # of two, neither is taken: which one counts would be a guess
+            scheme, _, token = headers[0].strip().partition(b" ")
+            given = token.strip() if scheme.lower() == b"bearer" else None
         if given is not None and hmac.compare_digest(given, self.key):
             return None
-        message = ("incorrect API key provided" if given else
+        message = ("more than one Authorization header" if len(headers) > 1 else "incorrect API key provided" if given else
                    "no API key provided: send it in an Authorization header, as 'Authorization: Bearer KEY'")
         return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 

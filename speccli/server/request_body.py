@@ -64,6 +64,10 @@ _PAST_EVERY_LIMIT = object()
 async def read_body(request: Request) -> bytes:
     """The request body, refused (413) past MAX_BODY_BYTES before it is all read: that much text is
     millions of tokens, past any context here, and reading and tokenizing it costs seconds (20 MB: 8 s)."""
+    encoding = request.headers.get("content-encoding", "identity")
+    if encoding.lower() != "identity":  # read as JSON, a gzip body had been "not valid JSON: 'utf-8' codec ..."
+        raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+                       code="unsupported_content_encoding")
     too_large = APIError(413, f"the request body is over {MAX_BODY_BYTES // 2**20} MiB", code="request_too_large")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:

@@ -8,7 +8,7 @@ unless set to what means "off", since ignoring one would change what the respons
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -19,16 +19,34 @@ class Strict(BaseModel):
     """Values of the wrong JSON type are refused, not converted: "5" is not a max_tokens, nor true a 1."""
 
     model_config = ConfigDict(strict=True)
+    shape: ClassVar[str] = "{...}"  # what the object looks like, for a value that is none
+
+    # The messages say what is allowed, not pydantic's type names ("a valid dictionary or instance of TextPart").
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError(f"must be an object: {cls.shape}")
+        return value
 
 
 class TextPart(Strict):
+    shape = '{"type": "text", "text": ...}'
     type: Literal["text"]
     text: str
 
 
 class Message(Strict):
+    shape = '{"role": ..., "content": ...}'
     role: Literal["system", "developer", "user", "assistant"]
     content: Union[str, list[TextPart]]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_or_parts(cls, content: Any) -> Any:
+        if not isinstance(content, (str, list)):
+            raise ValueError(f"must be text, or a list of text parts: {TextPart.shape}")
+        return content
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
@@ -47,15 +65,9 @@ class SpeculationControl(Strict):
     spec: Optional[Literal[SPECS]] = None  # type: ignore[valid-type]  (default: the server's --spec)
     k: Optional[K] = None  # None: not given (the server's --k); range checked by `_k`
 
-    # The messages say what is allowed, not pydantic's type names ("a valid dictionary or instance of
-    # SpeculationControl", "a valid integer" for k: "AUTO").
-    @model_validator(mode="before")
-    @classmethod
-    def _an_object(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            raise ValueError('must be an object: {"spec": ..., "k": ...}, or {"enabled": false} for the target alone')
-        return value
+    shape = '{"spec": ..., "k": ...}, or {"enabled": false} for the target alone'
 
+    # Not pydantic's "a valid integer" for k: "AUTO".
     @field_validator("k", mode="before")
     @classmethod
     def _k(cls, value: Any) -> Any:
@@ -72,6 +84,7 @@ class SpeculationControl(Strict):
 
 
 class StreamOptions(Strict):
+    shape = '{"include_usage": true}'
     include_usage: bool = False  # one more chunk at the end, with no choices and the usage
 
 
@@ -153,6 +166,8 @@ class CompletionRequest(GenerationRequest):
             if len(prompt) > 1:
                 raise ValueError(f"one prompt at a time, got {len(prompt)}")
             prompt = prompt[0]
+        if not isinstance(prompt, (str, list)):
+            raise ValueError("must be text or token ids, or a list holding one of either")
         if prompt in ("", []):
             raise ValueError("the prompt is empty")
         if isinstance(prompt, list) and not all(type(token) is int and token >= 0 for token in prompt):
