@@ -242,6 +242,8 @@ class ChatSession:
         """Run one slash command; False means leave."""
         name, _, argument = line.partition(" ")
         argument = argument.strip()
+        if argument and (name in COMMANDS or name == "/exit"):  # a usage without a space takes no argument
+            raise SpeccliError(f"{name} takes no argument, got {argument!r}")
         if name in ("/quit", "/exit"):
             return False
         if name == "/help":
