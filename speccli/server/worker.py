@@ -140,7 +140,7 @@ class Worker:
             for _ in self._waiting:  # the running one is counted where it stops
                 self.metrics.record(None, "cancelled")
             self._waiting.clear()
-            self.metrics.set_waiting(0)
+            self._count_waiting()  # those still being tokenized are refused as they submit
             self._changed.notify()
         if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
@@ -162,7 +162,7 @@ class Worker:
                 job.emit(LostGeneration(reason))
                 self.metrics.record(None, "error")
             self._waiting.clear()
-            self.metrics.set_waiting(0)
+            self._count_waiting()  # those still being tokenized are refused as they submit
 
     def admit(self) -> None:
         """Take a place in the queue for a request about to be tokenized, so that --queue bounds the
@@ -188,6 +188,7 @@ class Worker:
         """Queue `job` in the place `admit` took for it."""
         with self._changed:
             self._admitted -= 1
+            self._count_waiting()
             self._refuse_if_ended()
             self._waiting.append(job)
             self._count_waiting()
