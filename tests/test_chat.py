@@ -323,11 +323,11 @@ def test_a_system_prompt_can_be_removed(tiny_pair):
 
 
 def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
-    lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "/temp", "hello", "/quit now", "/reset all", "again"]
+    lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "/temp", "hello", "/quit now", "/reset all", "/ help", "again"]
     result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
     assert result.exit_code == 1  # piped: a script must see that lines failed
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 10 and errors[-1] == "error: 9 piped lines failed (each said why above)"
+    assert len(errors) == 11 and errors[-1] == "error: 10 piped lines failed (each said why above)"
     assert result.stderr.endswith(errors[-1] + "\n")
     assert "unknown command /bogus; known: /stats, /reset, /forget, /k, /temp, /system, /provenance, /help, /quit" in errors[0]
     assert errors[1:4] == [
@@ -339,6 +339,7 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
                            "error: /temp needs a number, and none was given"]
     # Words after a command that takes none: it had acted (quit, forgot) as if they were not there.
     assert errors[7:9] == ["error: /quit takes no argument, got 'now'", "error: /reset takes no argument, got 'all'"]
+    assert errors[9].startswith("error: unknown command / (a command has no space after its /); known: /stats")
     replies = [r for r in records(result.stdout) if "prompt" in r]
     assert [r["prompt"] for r in replies] == ["hello", "again"]
     assert replies[1]["prefill_tokens"] < replies[1]["stats"]["prompt_tokens"] - 1  # not reset: the cache reused

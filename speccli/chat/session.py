@@ -286,7 +286,8 @@ class ChatSession:
             self.display.legend()
         else:
             known = ", ".join(usage.split()[0] for usage in COMMANDS)
-            raise SpeccliError(f"unknown command {name}; known: {known}")
+            spaced = " (a command has no space after its /)" if name == "/" else ""
+            raise SpeccliError(f"unknown command {name}{spaced}; known: {known}")
         return True
 
 
