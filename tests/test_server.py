@@ -506,7 +506,7 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         status, body = get(url, "/v1/nothing-here")
         assert_openai_error(status, json.loads(body), 404, "unknown_url")
         assert json.loads(body)["error"]["message"] == "no such path: GET /v1/nothing-here"
-        for path in ("/v1/models/", f"/v1/models/{MODEL}/"):  # a trailing slash, not a model named '' or 'x/'
+        for path in ("/v1/models/", f"/v1/models/{MODEL}/", "/v1/models/other/"):  # a trailing slash, not a model
             status, body = get(url, path)
             assert_openai_error(status, json.loads(body), 404, "unknown_url")
 

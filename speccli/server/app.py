@@ -44,7 +44,7 @@ def create_app(service: Service) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def model(request: Request) -> Response:
-        if request.path_params["model"] in ("", f"{service.model_id}/"):  # a trailing slash, as on any other path
+        if not request.path_params["model"] or request.path_params["model"].endswith("/"):  # a trailing slash, as anywhere
             raise HTTPException(404)
         if request.path_params["model"] != service.model_id:
             raise _unknown_model(request.path_params["model"])
@@ -206,7 +206,7 @@ def _worker_refusals() -> Iterator[None]:
     try:
         yield
     except QueueFullError:
-        raise APIError(503, "the server is busy: a request runs and its queue (--queue) is full; retry shortly",
+        raise APIError(503, "the server is busy: its queue (--queue) is full; retry shortly",
                        kind="server_error", code="queue_full", headers={"Retry-After": "1"}) from None
     except ShuttingDownError:
         raise shutting_down_error() from None
