@@ -44,10 +44,11 @@ def create_app(service: Service) -> Starlette:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def model(request: Request) -> Response:
-        if not request.path_params["model"] or request.path_params["model"].endswith("/"):  # a trailing slash, as anywhere
+        name = request.path_params["model"]
+        if not name or name.endswith("/"):  # a trailing slash, as on any other path
             raise HTTPException(404)
-        if request.path_params["model"] != service.model_id:
-            raise _unknown_model(request.path_params["model"])
+        if name != service.model_id:
+            raise _unknown_model(name)
         return JSONResponse(card)
 
     async def health(_: Request) -> Response:

@@ -188,11 +188,12 @@ class Worker:
         """Queue `job` in the place `admit` took for it."""
         with self._changed:
             self._admitted -= 1
-            self._count_waiting()
-            self._refuse_if_ended()
-            self._waiting.append(job)
-            self._count_waiting()
-            self._changed.notify()
+            try:
+                self._refuse_if_ended()
+                self._waiting.append(job)
+                self._changed.notify()
+            finally:
+                self._count_waiting()
 
     def _refuse_if_ended(self) -> None:
         if self.lost is not None:
