@@ -22,7 +22,6 @@ import numpy as np
 from speccli.bench.theory import expected_tokens_per_verify
 from speccli.checks.fidelity import decode_seconds
 from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftRequest
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
@@ -136,7 +135,7 @@ def measure_candidate(candidate: Candidate, target: Model, draft: Model | None, 
             context = tokens[:end + 1]  # its last token is pending, as in a step
             began = time.perf_counter()
             drafter.sync(context)
-            draft_tokens = drafter.propose(DraftRequest(context, k, sampling, rng, policy)).tokens
+            draft_tokens = drafter.draft(context, k, sampling, rng, policy).tokens
             seconds += time.perf_counter() - began
             drafter.forget(len(context) - 1)
             positions += 1

@@ -17,8 +17,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
-from speccli.drafting.registry import SPECS
-from speccli.drafting.registry import uses_draft_model as needs_draft_model
 from speccli.errors import SpeccliError, WrongTypeError
 
 MAX_K = 64  # draft tokens per step: past this, acceptance of the last positions is ~0 for any real pair
@@ -84,25 +82,6 @@ def parse_k_sweep(text: str, name: str = "--k") -> list[K]:
             raise SpeccliError(f"{name} {text!r}: the range {item} runs backwards; write {high}-{low}")
         values.update(range(low, high + 1))
     return [AUTO_K] * auto + sorted(values)
-
-
-def check_spec(text: str, name: str = "--spec") -> str:
-    """A draft source or a chain of them (speccli.drafting.registry)."""
-    if text not in SPECS:
-        raise SpeccliError(f"{name} must be one of {', '.join(SPECS)}, got {text!r}")
-    return text
-
-
-def require_draft_model(spec: str, draft: object | None) -> None:
-    """A guard behind the command line's own check (`resolve_pair` refuses such a pair before loading)."""
-    if draft is None and needs_draft_model(spec):
-        raise SpeccliError(f"--spec {spec} needs a draft model, and none was loaded")
-
-
-def parse_spec_list(text: str, name: str = "--spec") -> list[str]:
-    """'ngram' -> ['ngram']; 'model,ngram' -> both, in the order given, each once."""
-    specs = [check_spec(item.strip(), name) for item in text.split(",")]
-    return list(dict.fromkeys(specs))
 
 
 def _finite(value: float, name: str) -> float:

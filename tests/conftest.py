@@ -3,6 +3,7 @@ with pretended costs for the engine tests; and the lanes' markers, set by rule (
 `pytest_collection_modifyitems`)."""
 from __future__ import annotations
 
+import os
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,8 +16,15 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 from speccli.core.seam import CostProfile, Draft, DraftCosts
+from speccli.drafting.learnt import COLD_START
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
+
+
+# What `auto` learnt is kept between processes (speccli/drafting/learnt.py): tests, and the commands they
+# start, begin from the priors every run, whatever an earlier run left in the cache. The tests of the
+# warm start itself take this out of their environment.
+os.environ[COLD_START] = "1"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -159,8 +167,9 @@ class MemoryBoundAutoK(AutoK):
 
     def observe(self, draft: Draft, step: StepEvent, yielded) -> None:
         super().observe(draft, step, yielded)
-        if draft.key in self.keys and self.keys[draft.key].cost.token_seconds:  # a draft model: keep its pretended cost
-            self.keys[draft.key].cost.token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
+        key = draft.segments[0].key if draft.segments else ""
+        if key in self.keys and self.keys[key].cost.token_seconds:  # a draft model: keep its pretended cost
+            self.keys[key].cost.token_seconds = PRETENDED_DRAFT_TOKEN_SECONDS
 
 
 def widest_verify_timings(monkeypatch: pytest.MonkeyPatch, target: Path) -> list[int]:

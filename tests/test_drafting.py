@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import tracemalloc
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +14,10 @@ import pytest
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
-from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, DraftNotes, DraftRequest, Plan, no_take_over
-from speccli.drafting.chain import ChainDrafter
-from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
-from speccli.drafting.ngram import NgramDrafter
+from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, Plan, Segment
+from speccli.drafting.planner import Planner
+from speccli.drafting.model import CATCH_UP_SIZES, Intake, ModelDrafter, NextToken
+from speccli.drafting.ngram import Match, NgramLookup
 from speccli.drafting.policy import (
     FIRST_PROBE_AFTER, LONG_RECENCY, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, REPLY_LENGTHS_KEPT, SHARE_WEIGHT, AutoK, FixedK,
 )
@@ -26,7 +26,8 @@ from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError, WrongTypeError
 from speccli.llama.model import LoadOptions, Model
-from speccli.validation import check_spec, needs_draft_model, parse_k, parse_k_sweep, parse_spec_list
+from speccli.drafting.registry import check_spec, parse_spec_list, uses_draft_model
+from speccli.validation import parse_k, parse_k_sweep
 
 GREEDY = SamplingParams(temperature=0)
 
@@ -49,16 +50,33 @@ class Answers:
         return self.keep(key, confidence)
 
 
+@dataclass
+class Request:
+    context: list[int]
+    limit: int
+    policy: Answers
+
+
 def request(
     context,
     limit=16,
     length_for=lambda key, available, catch_up: available,
     best_rate=lambda key, available, catch_up: None,
     keep_drafting=lambda key, confidence: True,
-    take_over=no_take_over,
-) -> DraftRequest:
-    policy = Answers(length_for, best_rate, keep_drafting)
-    return DraftRequest(list(context), limit, GREEDY, np.random.default_rng(0), policy, take_over)
+) -> Request:
+    return Request(list(context), limit, Answers(length_for, best_rate, keep_drafting))
+
+
+def propose(drafting, asked: Request) -> Draft:
+    """A step's draft from a planner, or from a planner of this one source."""
+    if not isinstance(drafting, Planner):
+        drafting = Planner(model=drafting) if isinstance(drafting, ModelDrafter) else Planner(drafting)
+    return drafting.draft(asked.context, asked.limit, GREEDY, np.random.default_rng(0), asked.policy)
+
+
+def key_of(draft: Draft) -> str:
+    """The key the policy learns a draft's first segment by ("" where nothing was asked to draft)."""
+    return draft.segments[0].key if draft.segments else ""
 
 
 # --- n-gram lookup ---------------------------------------------------------------------------------
@@ -67,29 +85,29 @@ def request(
 def test_ngram_proposes_what_followed_the_longest_earlier_match() -> None:
     # "5 6" occurs twice before the end; the longer match "4 5 6" picks the second occurrence.
     context = [1, 5, 6, 9, 9, 4, 5, 6, 7, 8, 2, 4, 5, 6]
-    draft = NgramDrafter().propose(request(context))
+    draft = propose(NgramLookup(), request(context))
     assert draft.tokens == [7, 8, 2, 4, 5, 6] and draft.q is None and draft.source == "ngram"
-    assert draft.key == "ngram:3-5/once"  # matched "4 5 6": three tokens, which occurred once before
+    assert key_of(draft) == "ngram:3-5/once"  # matched "4 5 6": three tokens, which occurred once before
 
 
 def test_ngram_takes_the_most_recent_occurrence_of_an_equally_long_match() -> None:
-    draft = NgramDrafter().propose(request([3, 1, 2, 3, 7, 3]))
+    draft = propose(NgramLookup(), request([3, 1, 2, 3, 7, 3]))
     assert draft.tokens == [7, 3]  # "3" last occurred before 7, not before 1
-    assert draft.key == "ngram:1-2/varied"
+    assert key_of(draft) == "ngram:1-2/varied"
 
 
 def test_ngram_key_tells_how_the_match_went_on_where_it_occurred_before() -> None:
     """"1 2" occurred twice before the end: followed by 3 both times, or by 3 and then 4."""
-    same = NgramDrafter().propose(request([1, 2, 3, 9, 1, 2, 3, 8, 1, 2]))
-    assert same.tokens == [3, 8, 1, 2] and same.key == "ngram:1-2/same"
-    varied = NgramDrafter().propose(request([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]))
-    assert varied.tokens == [4, 8, 1, 2] and varied.key == "ngram:1-2/varied"
+    same = propose(NgramLookup(), request([1, 2, 3, 9, 1, 2, 3, 8, 1, 2]))
+    assert same.tokens == [3, 8, 1, 2] and key_of(same) == "ngram:1-2/same"
+    varied = propose(NgramLookup(), request([1, 2, 3, 9, 1, 2, 4, 8, 1, 2]))
+    assert varied.tokens == [4, 8, 1, 2] and key_of(varied) == "ngram:1-2/varied"
 
 
 def test_ngram_match_length_counts_past_twelve_tokens() -> None:
     phrase = list(range(100, 130))
-    draft = NgramDrafter().propose(request(phrase + [1, 2] + phrase, limit=4))
-    assert draft.tokens == [1, 2, 100, 101] and draft.key == "ngram:12+/once"
+    draft = propose(NgramLookup(), request(phrase + [1, 2] + phrase, limit=4))
+    assert draft.tokens == [1, 2, 100, 101] and key_of(draft) == "ngram:12+/once"
 
 
 def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -> None:
@@ -97,8 +115,8 @@ def test_ngram_prefers_a_longer_match_to_a_more_recent_one_past_eight_tokens() -
     # followed by 8. The longest match wins, whatever its length.
     phrase = list(range(20, 32))
     context = [1] + phrase + [7, 2, 3] + [5] + phrase[4:] + [8, 2] + phrase
-    draft = NgramDrafter().propose(request(context, limit=1))
-    assert draft.tokens == [7] and draft.key == "ngram:12+/once"
+    draft = propose(NgramLookup(), request(context, limit=1))
+    assert draft.tokens == [7] and key_of(draft) == "ngram:12+/once"
 
 
 def test_ngram_repeats_a_match_as_long_as_its_period_past_the_context_end() -> None:
@@ -106,11 +124,11 @@ def test_ngram_repeats_a_match_as_long_as_its_period_past_the_context_end() -> N
     goes on repeating it where the earlier text ends; "1 2 3 1 2 3" has repeated once, a match as long
     as its period. A match shorter than its distance to the end says nothing of what comes after that
     (no repeating: the proposal stops at the context's end)."""
-    looping = NgramDrafter().propose(request([1, 7, 8, 7, 8, 7, 8], limit=5))
-    assert looping.tokens == [7, 8, 7, 8, 7] and looping.key == "ngram:3-5/once"  # "7 8 7 8", once
-    assert NgramDrafter().propose(request([4, 4, 4], limit=3)).tokens == [4, 4, 4]
-    assert NgramDrafter().propose(request([1, 2, 3, 1, 2, 3], limit=5)).tokens == [1, 2, 3, 1, 2]
-    assert NgramDrafter().propose(request([5, 1, 2, 3, 1, 2], limit=5)).tokens == [3, 1, 2]
+    looping = propose(NgramLookup(), request([1, 7, 8, 7, 8, 7, 8], limit=5))
+    assert looping.tokens == [7, 8, 7, 8, 7] and key_of(looping) == "ngram:3-5/once"  # "7 8 7 8", once
+    assert propose(NgramLookup(), request([4, 4, 4], limit=3)).tokens == [4, 4, 4]
+    assert propose(NgramLookup(), request([1, 2, 3, 1, 2, 3], limit=5)).tokens == [1, 2, 3, 1, 2]
+    assert propose(NgramLookup(), request([5, 1, 2, 3, 1, 2], limit=5)).tokens == [3, 1, 2]
 
 
 def test_ngram_index_holds_a_few_bytes_per_token() -> None:
@@ -120,46 +138,46 @@ def test_ngram_index_holds_a_few_bytes_per_token() -> None:
     context = [int(x) % 150_000 for x in rng.zipf(1.3, size=16_000)]
     tracemalloc.start()
     try:
-        drafter = NgramDrafter()
+        drafter = NgramLookup()
         drafter.sync(context)
         held, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert held < 1_000_000
-    assert drafter.propose(request(context + context[:20])).key == "ngram:12+/once"
+    assert key_of(propose(drafter, request(context + context[:20]))) == "ngram:12+/once"
 
 
 def test_ngram_with_no_earlier_occurrence_proposes_nothing() -> None:
-    assert NgramDrafter().propose(request([1, 2, 3, 4])).tokens == []
+    assert propose(NgramLookup(), request([1, 2, 3, 4])).tokens == []
 
 
 def test_ngram_respects_the_limit_and_the_policy() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
-    assert NgramDrafter().propose(request(context, limit=2)).tokens == [3, 4]
+    assert propose(NgramLookup(), request(context, limit=2)).tokens == [3, 4]
     asked = []
-    draft = NgramDrafter().propose(request(context, length_for=lambda key, available, catch_up: asked.append((key, available)) or 1))
+    draft = propose(NgramLookup(), request(context, length_for=lambda key, available, catch_up: asked.append((key, available)) or 1))
     assert draft.tokens == [3] and asked == [("ngram:1-2/once", 5)]  # 3 4 5 1 2 follow the match
 
 
 def test_ngram_hands_a_match_it_is_told_not_to_draft_on_as_a_shadow() -> None:
     context = [1, 2, 3, 4, 5, 1, 2]
-    draft = NgramDrafter().propose(request(context, length_for=lambda key, available, catch_up: 0))
-    assert draft.tokens == [] and draft.key == ""  # nothing verified, nothing learnt as a draft
-    assert draft.notes.shadow.tokens == [3, 4, 5, 1, 2] and draft.notes.shadow.key == "ngram:1-2/once"
-    assert NgramDrafter().propose(request(context)).notes.shadow is None  # drafted: judged by verifying it
+    draft = propose(NgramLookup(), request(context, length_for=lambda key, available, catch_up: 0))
+    assert draft.tokens == [] and key_of(draft) == ""  # nothing verified, nothing learnt as a draft
+    assert draft.judged.tokens == [3, 4, 5, 1, 2] and draft.judged.key == "ngram:1-2/once"
+    assert propose(NgramLookup(), request(context)).judged is None  # drafted: judged by verifying it
 
 
 def test_ngram_index_after_forget_equals_a_fresh_index() -> None:
     rng = np.random.default_rng(1)
     context = [int(x) for x in rng.integers(0, 6, size=300)]
-    incremental = NgramDrafter()
+    incremental = NgramLookup()
     for end in range(10, 300, 7):
-        incremental.propose(request(context[:end]))
+        propose(incremental, request(context[:end]))
     incremental.forget(150)
     replaced = context[:150] + [int(x) for x in rng.integers(0, 6, size=100)]
-    fresh = NgramDrafter()
+    fresh = NgramLookup()
     for end in range(151, 250):
-        assert incremental.propose(request(replaced[:end])) == fresh.propose(request(replaced[:end]))
+        assert propose(incremental, request(replaced[:end])) == propose(fresh, request(replaced[:end]))
 
 
 # --- draft model ------------------------------------------------------------------------------------
@@ -173,14 +191,14 @@ def test_model_drafter_takes_in_unseen_context_timed_apart_and_drafts_as_if_it_h
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        behind = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
+        behind = propose(drafter, request(grown, length_for=lambda key, available, catch_up: 3))
         drafter.new_conversation()
         drafter.sync(grown)
-        kept_up = drafter.propose(request(grown, length_for=lambda key, available, catch_up: 3))
+        kept_up = propose(drafter, request(grown, length_for=lambda key, available, catch_up: 3))
     assert behind.tokens == kept_up.tokens and len(behind.tokens) == 3
-    assert behind.notes.catch_up_seconds > 0 and kept_up.notes.catch_up_seconds == 0
+    assert behind.catch_up_seconds > 0 and kept_up.catch_up_seconds == 0
     # The pending token is decoded with the draft's first: the 12 unseen ones but the last are caught up.
-    assert behind.notes.catch_up_tokens == 12 and kept_up.notes.catch_up_tokens == 0
+    assert behind.catch_up_tokens == 12 and kept_up.catch_up_tokens == 0
 
 
 def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(tiny_pair) -> None:
@@ -190,13 +208,13 @@ def test_model_drafter_tells_the_policy_how_far_behind_it_is_before_it_drafts(ti
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
         record = lambda key, available, catch_up: asked.append(catch_up) or 2  # noqa: E731
-        drafted = drafter.propose(request(prompt, length_for=record)).tokens
+        drafted = propose(drafter, request(prompt, length_for=record)).tokens
         assert drafter.catch_up_tokens(prompt) == 0  # only the pending token: decoded with the first draft
         after_its_draft = prompt + drafted + [5]  # both kept, and a bonus token: what a step leaves behind
         assert drafter.catch_up_tokens(after_its_draft) == 0
         skipped = after_its_draft + [6, 7, 8]  # three tokens another source drafted, and its bonus
         assert drafter.catch_up_tokens(skipped) == 4
-        drafter.propose(request(skipped, length_for=record))
+        propose(drafter, request(skipped, length_for=record))
     assert asked == [0, 4]
 
 
@@ -210,19 +228,19 @@ def test_model_drafter_takes_in_its_prompt_at_its_first_draft_reported_as_the_pr
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        declined = drafter.propose(asking := request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
-        assert model.n_past == 0 and declined.notes.prompt_tokens == 0
-        deferred = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 3))
-        after = drafter.propose(telling := request(prompt + deferred.tokens + [5], length_for=lambda key, available, catch_up: 0))
+        declined = propose(drafter, asking := request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
+        assert model.n_past == 0 and declined.prompt_tokens == 0
+        deferred = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 3))
+        after = propose(drafter, telling := request(prompt + deferred.tokens + [5], length_for=lambda key, available, catch_up: 0))
         assert asking.policy.owed_prompts == [len(prompt) - 1] and telling.policy.owed_prompts == [0]
-        assert after.notes.prompt_tokens == 0
+        assert after.prompt_tokens == 0
         drafter.new_conversation()
         model.decode(prompt[:-1], n_logit_rows=0)  # what the sync did in the prefill before
-        eager = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 3))
+        eager = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 3))
     assert asked == [0, 0]
-    assert deferred.notes.prompt_tokens == len(prompt) - 1 and deferred.notes.prompt_seconds > 0
-    assert deferred.notes.catch_up_tokens == 0 and deferred.notes.catch_up_seconds == 0
-    assert deferred.tokens == eager.tokens and len(eager.tokens) == 3 and eager.notes.prompt_tokens == 0
+    assert deferred.prompt_tokens == len(prompt) - 1 and deferred.prompt_seconds > 0
+    assert deferred.catch_up_tokens == 0 and deferred.catch_up_seconds == 0
+    assert deferred.tokens == eager.tokens and len(eager.tokens) == 3 and eager.prompt_tokens == 0
 
 
 def test_model_drafter_takes_in_all_but_the_last_batch_of_a_long_prompt_in_the_prefill(tiny_pair) -> None:
@@ -235,8 +253,8 @@ def test_model_drafter_takes_in_all_but_the_last_batch_of_a_long_prompt_in_the_p
         assert model.n_past == 39 - 32
         drafter.sync(prompt)
         assert model.n_past == len(prompt) - 1 - 32
-        drafted = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 2))
-    assert drafted.notes.prompt_tokens == 32
+        drafted = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 2))
+    assert drafted.prompt_tokens == 32
 
 
 def test_model_drafter_times_a_token_and_catch_ups_and_leaves_its_cache_as_it_was(tiny_pair) -> None:
@@ -262,36 +280,33 @@ def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        full = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=record))
+        full = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=record))
         assert len(full.tokens) == 6 and len(confidences) == 6 and all(0 < c <= 1 for c in confidences)
         cut = sorted(confidences)[3]  # a floor some of the six fall below
         first_below = next(i for i, c in enumerate(confidences) if c < cut)
         drafter.forget(len(prompt) - 1)
-        short = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: c() >= cut))
+        short = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: c() >= cut))
         drafter.forget(len(prompt) - 1)
-        nothing = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: False))
+        nothing = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: False))
     assert short.tokens == full.tokens[:first_below]
-    assert nothing.tokens == [] and nothing.key == "model" and nothing.source == ""  # the policy still learns
+    assert nothing.tokens == [] and key_of(nothing) == "model" and nothing.source == ""  # the policy still learns
 
 
-def test_model_drafter_hands_its_draft_over_where_the_requester_takes_it(tiny_pair) -> None:
+def test_the_planner_hands_a_model_draft_over_to_the_lookup_where_it_is_expected_to_pay_more(tiny_pair) -> None:
+    """After each model token the lookup is asked to go on from there; its index is cut back after each look."""
     prompt = list(range(3, 40))
-    asked = []
-
-    def after_two(drafted):
-        asked.append(list(drafted))
-        return Draft("ngram", "ngram:3-5", [90, 91], None) if len(drafted) == 2 else Draft.nothing()
-
+    estimates = lambda key, available, catch_up: 2.0 if key.startswith("ngram") else 1.0  # noqa: E731
     with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
         drafter = ModelDrafter(model)
         drafter.sync(prompt)
-        full = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 5))
+        full = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 5))
         drafter.forget(len(prompt) - 1)
-        handed = drafter.propose(request(prompt, length_for=lambda key, available, catch_up: 5, take_over=after_two))
+        lookup = ScriptedLookup({len(prompt) + 2: [90, 91]})
+        handed = propose(Planner(lookup, drafter), request(prompt, length_for=lambda key, available, catch_up: 5, best_rate=estimates))
     assert full.continuation is None and len(full.tokens) == 5
-    assert asked == [full.tokens[:1], full.tokens[:2]]
-    assert handed.tokens == full.tokens[:2] and handed.continuation.tokens == [90, 91]
-    assert handed.proposed == full.tokens[:2] + [90, 91]
+    assert lookup.asked == [len(prompt), len(prompt) + 1, len(prompt) + 2] and lookup.forgotten == [len(prompt)] * 2
+    assert handed.tokens == full.tokens[:2] + [90, 91] and handed.continuation.tokens == [90, 91]
+    assert handed.segments[0].tokens == full.tokens[:2] and handed.source == "model"
 
 
 def unsure_draft_steps(policy: AutoK, kept: bool, times: int) -> None:
@@ -351,8 +366,7 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
 
 def test_auto_learns_a_taken_over_draft_by_source_and_ramps_by_every_token_it_led_to() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    lookup_tokens = Draft("ngram", "ngram:6-11", [0] * 5, None, notes=DraftNotes(Plan(5)))
-    handed = Draft("model", "model", [0, 0], None, lookup_tokens, DraftNotes(Plan(2)))
+    handed = Draft((Segment("model", "model", [0, 0], Plan(2)), Segment("ngram", "ngram:6-11", [0] * 5, Plan(5))))
     observe(policy, handed, StepEvent(7, 6, 0.015, policy.verify(8), 0.0, "model", continuation=("ngram", 5)))
     model, lookup = policy.keys["model"], policy.keys["ngram:6-11"]
     assert model.acceptance.judged_at == [1, 1] and model.acceptance.kept_at == [1, 1]  # its own two, both kept
@@ -375,30 +389,29 @@ def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
 # --- chain ------------------------------------------------------------------------------------------
 
 
-class Fixed:
-    """A drafter that always proposes the same tokens, or nothing: where `declined` is given, a
-    proposal it was told not to draft (a lookup's match the estimates chose no tokens of)."""
+class ScriptedLookup:
+    """A lookup whose match after a context of n tokens is `matches[n]` (none where absent): a 3-token
+    match that occurred once, of kind "ngram:3-5/once"."""
 
-    def __init__(self, name: str, tokens: list[int], declined: list[int] | None = None) -> None:
-        self.name, self.tokens, self.declined, self.forgotten, self.observed = name, tokens, declined, [], []
-        self.behind = 0  # tokens it says it must take in before drafting
-        self.owed = 0  # prompt tokens it says it must take in at its first draft of the reply
+    name = "ngram"
 
-    def propose(self, request: DraftRequest) -> Draft:
-        if self.tokens:
-            return Draft(self.name, self.name, self.tokens, None)
-        if self.declined:
-            return Draft.judged_only(Draft(self.name, self.name, self.declined, None))
-        return Draft.nothing()
+    def __init__(self, matches: dict[int, list[int]] | None = None, everywhere: list[int] | None = None) -> None:
+        self.matches, self.everywhere = matches or {}, everywhere
+        self.asked, self.forgotten, self.kept_steps = [], [], []
 
-    def sync(self, context) -> None:
-        pass
+    def match(self, context, limit):
+        self.asked.append(len(context))
+        tokens = self.matches.get(len(context), self.everywhere)
+        return None if tokens is None else Match("ngram", 3, "once", tokens[:limit])
+
+    def kept(self, tokens) -> None:
+        self.kept_steps.append(list(tokens))
 
     def forget(self, n_tokens: int) -> None:
         self.forgotten.append(n_tokens)
 
-    def observe(self, step: StepEvent, kept) -> None:
-        self.observed.append(step)
+    def sync(self, context) -> None:
+        pass
 
     def new_conversation(self) -> None:
         pass
@@ -406,154 +419,178 @@ class Fixed:
     def forget_all(self) -> None:
         pass
 
+
+class ScriptedModel:
+    """A draft model that drafts its tokens one by one (at most as many as it has), behind by `behind`."""
+
+    name, drafts_by_token = "model", True
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens, self.behind, self.owed, self.forgotten = tokens, 0, 0, []
+
+    def room(self, context, limit: int) -> int:
+        return min(limit, len(self.tokens))
+
     def catch_up_tokens(self, context) -> int:
         return self.behind
 
     def owed_prompt_tokens(self) -> int:
         return self.owed
 
+    def begin(self, context, k: int) -> Intake:
+        self.drawn = 0
+        return Intake()
+
+    def next(self, sampling, rng) -> NextToken:
+        self.drawn += 1
+        return NextToken(self.tokens[self.drawn - 1], None, np.zeros(4, dtype=np.float32), np.empty(4, dtype=np.float32))
+
+    def take(self, token: int) -> None:
+        pass
+
+    def sync(self, context) -> None:
+        pass
+
+    def forget(self, n_tokens: int) -> None:
+        self.forgotten.append(n_tokens)
+
+    def new_conversation(self) -> None:
+        pass
+
+    def forget_all(self) -> None:
+        pass
+
     def costs(self, context) -> dict[str, DraftCosts]:
         return {self.name: DraftCosts(0.5, {})}
 
 
-def test_chain_passes_over_a_draft_the_next_source_is_expected_to_beat() -> None:
-    lookup, model = Fixed("ngram:1-2", [4]), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
-    rates = {"ngram:1-2": 1.1, "model": 1.3}
-    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "model"
-    rates["ngram:1-2"] = 2.0
-    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "ngram:1-2"
+RATES = {"ngram:3-5/once": 1.0, "model": 40.0}
 
 
-def realized_steps(chain: ChainDrafter, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
+def estimates(key: str, available: int, catch_up: int) -> float:
+    return RATES[key]
+
+
+def test_the_planner_passes_over_a_lookup_draft_the_model_is_expected_to_beat() -> None:
+    planner = Planner(ScriptedLookup(everywhere=[4]), ScriptedModel([6, 7]))
+    rates = {"ngram:3-5/once": 1.1, "model": 1.3}
+    assert propose(planner, request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "model"
+    rates["ngram:3-5/once"] = 2.0
+    assert propose(planner, request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "ngram"
+
+
+def realized_steps(planner: Planner, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
     for _ in range(steps):
-        chain.observe(StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source), [0] * tokens)
+        planner.observe(Draft(), StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source), [0] * tokens, FixedK(1))
 
 
-def test_chain_hands_the_proposal_it_passed_over_on_as_the_drafts_shadow() -> None:
-    lookup, model = NgramDrafter(), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
+def test_the_planner_hands_the_lookup_proposal_it_passed_over_on_to_be_judged() -> None:
+    planner = Planner(NgramLookup(), ScriptedModel([6, 7]))
     context = [1, 2, 3, 4, 5, 1, 2]
-    chain.sync(context)
+    planner.sync(context)
     rates = {"ngram:1-2/once": 1.1, "model": 1.3}
-    draft = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
-    assert draft.tokens == [6, 7] and draft.notes.shadow.tokens == [3, 4, 5, 1, 2]  # passed over for the model
-    not_drafted = chain.propose(request(context, length_for=lambda key, available, catch_up: 0, best_rate=lambda key, available, catch_up: rates[key]))
-    assert not_drafted.tokens == [6, 7] and not_drafted.notes.shadow.tokens == [3, 4, 5, 1, 2]  # not drafted at all
+    draft = propose(planner, request(context, best_rate=lambda key, available, catch_up: rates[key]))
+    assert draft.tokens == [6, 7] and draft.judged.tokens == [3, 4, 5, 1, 2]  # passed over for the model
+    not_drafted = propose(planner, request(context, length_for=lambda key, available, catch_up: 0 if key.startswith("ngram") else available,
+                                           best_rate=lambda key, available, catch_up: rates[key]))
+    assert not_drafted.tokens == [6, 7] and not_drafted.judged.tokens == [3, 4, 5, 1, 2]  # not drafted at all
     rates["ngram:1-2/once"] = 2.0
-    drafted = chain.propose(request(context, best_rate=lambda key, available, catch_up: rates[key]))
-    assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.notes.shadow is None
+    drafted = propose(planner, request(context, best_rate=lambda key, available, catch_up: rates[key]))
+    assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.judged is None
 
 
-def test_chain_passes_over_a_source_whose_steps_yielded_no_more_than_the_lookups() -> None:
+def test_the_planner_passes_over_a_model_whose_steps_yielded_no_more_than_the_lookups() -> None:
     """Copying text: the lookup's steps (plain ones included) yield 60 tokens/s, the model's 36. Where
     the lookup has a match, the model is not asked, even where its one-step estimate beats the lookup's
     draft or the lookup drafts none of it. Where the lookup has none, a plain step is the alternative:
     the model's estimate weighs it."""
-    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
-    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
-    assert chain.propose(request([1], best_rate=estimates)).source == "model"  # nothing realized yet
-    realized_steps(chain, "model", 9, 0.25)  # 36 tokens/s
-    realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
-    plain = chain.propose(request([1], best_rate=estimates))
-    assert plain.tokens == [] and plain.notes.shadow.tokens == [4, 5]  # a plain step; the match is judged all the same
-    lookup.tokens = [4]
-    assert chain.propose(request([1], best_rate=estimates)).source == "ngram"
-    lookup.tokens, lookup.declined = [], None
-    assert chain.propose(request([1], best_rate=estimates)).source == "model"  # no match: no copied tokens to take
+    lookup, model = ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7])
+    planner = Planner(lookup, model)
+    declines = lambda key, available, catch_up: 0 if key.startswith("ngram") else available  # noqa: E731
+    assert propose(planner, request([1], length_for=declines, best_rate=estimates)).source == "model"  # nothing realized yet
+    realized_steps(planner, "model", 9, 0.25)  # 36 tokens/s
+    realized_steps(planner, "ngram", 6, 0.1)  # 60 tokens/s
+    plain = propose(planner, request([1], length_for=declines, best_rate=estimates))
+    assert plain.tokens == [] and plain.judged.tokens == [4, 5]  # a plain step; the match is judged all the same
+    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"
+    lookup.everywhere = None
+    assert propose(planner, request([1], best_rate=estimates)).source == "model"  # no match: no copied tokens to take
     # The copying stops: plain steps (no source) count for the lookup's stretch, and its rate falls.
-    lookup.declined = [4, 5]
-    realized_steps(chain, None, 1, 0.04, steps=30)  # 25 tokens/s
-    assert chain.propose(request([1], best_rate=estimates)).source == "model"
-    assert len(lookup.observed) == len(model.observed) == 54  # every step reaches every source
+    lookup.everywhere = [4, 5]
+    realized_steps(planner, None, 1, 0.04, steps=30)  # 25 tokens/s
+    assert propose(planner, request([1], length_for=declines, best_rate=estimates)).source == "model"
+    assert len(lookup.kept_steps) == 54  # every step's kept tokens reach the lookup (the suffix store learns them)
 
 
-def test_chain_counts_a_taken_over_step_for_the_source_whose_token_failed() -> None:
+def test_the_planner_counts_a_taken_over_step_for_the_source_whose_token_failed() -> None:
     """The model drafts 2 tokens, the lookup takes over with 8: where the model's tokens were kept and
     the lookup's failed, the step's poor yield is the lookup's, and does not pass the model over; where
     the model's own token failed, it is the model's."""
-    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
-    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
-    realized_steps(chain, "ngram", 6, 0.1)  # 60 tokens/s
+    planner = Planner(ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7]))
+    realized_steps(planner, "ngram", 6, 0.1)  # 60 tokens/s
     for _ in range(12):  # 3 tokens in 0.25 s: 12 tokens/s
-        chain.observe(StepEvent(10, 2, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 3)
-    assert chain.propose(request([1], best_rate=estimates)).source == "model"
+        planner.observe(Draft(), StepEvent(10, 2, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 3, FixedK(1))
+    assert propose(planner, request([1], best_rate=estimates)).source == "model"
     for _ in range(12):  # its second token failed
-        chain.observe(StepEvent(10, 1, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 2)
-    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # passed over: a plain step
+        planner.observe(Draft(), StepEvent(10, 1, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 2, FixedK(1))
+    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"  # passed over: the lookup drafts
 
 
-def test_chain_weighs_each_prompt_by_its_own_steps() -> None:
+def test_the_planner_weighs_each_prompt_by_its_own_steps() -> None:
     """A new prompt (a chat turn, the next bench prompt): the last one's stretches say nothing of it,
     so its sources are weighed by their estimates again until its own steps are realized."""
-    lookup, model = Fixed("ngram", [], declined=[4, 5]), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
-    estimates = lambda key, available, catch_up: {"ngram": 1.0, "model": 40.0}[key]  # noqa: E731
-    realized_steps(chain, "model", 9, 0.25)
-    realized_steps(chain, "ngram", 6, 0.1)
-    assert chain.propose(request([1], best_rate=estimates)).tokens == []  # the model passed over
-    chain.sync([1, 2, 3])
-    assert chain.propose(request([1, 2, 3], best_rate=estimates)).source == "model"
+    planner = Planner(ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7]))
+    realized_steps(planner, "model", 9, 0.25)
+    realized_steps(planner, "ngram", 6, 0.1)
+    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"  # the model passed over
+    planner.sync([1, 2, 3])
+    assert propose(planner, request([1, 2, 3], best_rate=estimates)).source == "model"
 
 
-class ScriptedModel(Fixed):
-    """Drafts its tokens one by one, offering the draft to be taken over after each, as ModelDrafter does."""
-
-    def propose(self, request: DraftRequest) -> Draft:
-        for i in range(1, len(self.tokens) + 1):
-            continuation = request.take_over(self.tokens[:i])
-            if continuation.tokens:
-                return Draft(self.name, self.name, self.tokens[:i], None, continuation=continuation)
-        return Draft(self.name, self.name, self.tokens, None)
-
-
-def test_chain_lets_the_lookup_take_a_model_draft_over_where_it_is_expected_to_do_better() -> None:
+def test_the_planner_lets_the_lookup_take_a_model_draft_over_only_on_the_estimates() -> None:
     """The context's last token (2) never occurred before: no lookup draft. The model's first token (7)
     did, followed by 4 5: from there the lookup continues, if its rate is at least that of more model
-    tokens; and it drops what it took in of the model's tokens again."""
+    tokens; and it drops what it took in of the model's tokens again. Under a fixed K, nothing takes over."""
     context = [7, 4, 5, 1, 2]
     rates = {"model": 1.0, "ngram:1-2/once": 2.0}
-    lookup, model = NgramDrafter(), ScriptedModel("model", [7, 8, 9])
-    chain = ChainDrafter([lookup, model])
-    chain.sync(context)
-    estimates = lambda key, available, catch_up: rates[key]  # noqa: E731
+    lookup = NgramLookup()
+    planner = Planner(lookup, ScriptedModel([7, 8, 9]))
+    planner.sync(context)
     lengths = lambda key, available, catch_up: min(available, 3)  # noqa: E731
-    draft = chain.propose(request(context, length_for=lengths, best_rate=estimates))
-    assert draft.tokens == [7] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2/once"
-    assert lookup.propose(request(context, length_for=lengths)).tokens == []  # its index holds the context only
+    draft = propose(planner, request(context, length_for=lengths, best_rate=lambda key, available, catch_up: rates[key]))
+    assert draft.tokens == [7, 4, 5, 1] and draft.continuation.tokens == [4, 5, 1] and draft.continuation.key == "ngram:1-2/once"
+    assert lookup.match(context, 16) is None  # its index holds the context only
     rates["ngram:1-2/once"] = 0.5
-    assert chain.propose(request(context, length_for=lengths, best_rate=estimates)).proposed == [7, 8, 9]
-    # A fixed K: K tokens from the first source that proposes, none taken over.
-    assert chain.propose(request(context, length_for=lengths)).proposed == [7, 8, 9]
+    assert propose(planner, request(context, length_for=lengths, best_rate=lambda key, available, catch_up: rates[key])).tokens == [7, 8, 9]
+    assert propose(planner, request(context, length_for=lengths)).tokens == [7, 8, 9]
 
 
-def test_chain_under_a_fixed_k_asks_the_next_source_whatever_was_realized() -> None:
-    lookup, model = Fixed("ngram", []), Fixed("model", [6, 7])
-    chain = ChainDrafter([lookup, model])
-    realized_steps(chain, "model", 2, 0.25)
-    realized_steps(chain, "ngram", 6, 0.1)
-    assert chain.propose(request([1])).source == "model"  # no estimates: the first source that proposes
-
-
-def test_chain_uses_the_first_source_that_proposes() -> None:
-    empty, second, third = Fixed("a", []), Fixed("b", [4, 5]), Fixed("c", [6])
-    chain = ChainDrafter([empty, second, third])
-    assert chain.name == "a+b+c"
-    assert chain.propose(request([1])).source == "b"
-    chain.forget(3)
-    assert empty.forgotten == second.forgotten == third.forgotten == [3]
-    assert chain.costs([1]) == {name: DraftCosts(0.5, {}) for name in "abc"}
+def test_the_planner_under_a_fixed_k_drafts_from_the_first_source_that_proposes_whatever_was_realized() -> None:
+    lookup, model = ScriptedLookup(), ScriptedModel([6, 7])
+    planner = Planner(lookup, model)
+    realized_steps(planner, "model", 2, 0.25)
+    realized_steps(planner, "ngram", 6, 0.1)
+    assert propose(planner, request([1])).source == "model"  # no match: the model
+    lookup.everywhere = [4, 5]
+    assert propose(planner, request([1])).tokens == [4, 5]  # a match: the lookup's, all of it
+    assert planner.name == "ngram+model"
+    planner.forget(3)
+    assert lookup.forgotten[-1] == model.forgotten[-1] == 3
+    assert planner.costs([1]) == {"model": DraftCosts(0.5, {})}
 
 
 # --- K policies -------------------------------------------------------------------------------------
 
 
-def drafted_by(key: str, tokens: int, plan: Plan = NO_PLAN, **fields) -> Draft:
+def drafted_by(key: str, tokens: int, plan: Plan = NO_PLAN, catch_up_tokens: int = 0, **fields) -> Draft:
     """A draft of `tokens` tokens of `key`, made on `plan` (NO_PLAN: a step learnt, not asked), with
-    these other notes."""
-    return Draft(key, key, [0] * tokens, None, notes=DraftNotes(plan, **fields))
+    these other fields of its segment."""
+    return Draft((Segment(key, key, [0] * tokens, plan, **fields),), catch_up_tokens=catch_up_tokens)
+
+
+def judged_only(key: str, tokens: list[int]) -> Draft:
+    """No tokens verified, and a lookup's proposal of kind `key` to judge against what the step yields."""
+    return Draft(judged=Segment(key.split(":")[0], key, tokens))
 
 
 def step(drafted: int, accepted: int, draft_seconds: float = 0.0, target_seconds: float = 0.01) -> StepEvent:
@@ -643,15 +680,15 @@ def test_auto_prices_a_draft_models_catch_up_into_the_step_that_drafts() -> None
     assert model.catch_up_per_token == pytest.approx(before * (1 + TIMING_WEIGHT))
 
 
-def test_chain_weighs_the_next_source_with_what_it_must_catch_up_on() -> None:
-    lookup, model = Fixed("ngram:1-2", [4]), Fixed("model", [6, 7])
+def test_the_planner_weighs_the_model_with_what_it_must_catch_up_on() -> None:
+    model = ScriptedModel([6, 7])
     model.behind = 5
-    chain = ChainDrafter([lookup, model])
-    rates = {("ngram:1-2", 0): 1.2, ("model", 0): 1.5, ("model", 5): 1.1}
-    assert chain.propose(request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "ngram:1-2"
+    chain = Planner(ScriptedLookup(everywhere=[4]), model)
+    rates = {("ngram:3-5/once", 0): 1.2, ("model", 0): 1.5, ("model", 5): 1.1}
+    assert propose(chain, request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])).source == "ngram"
     model.behind, model.owed = 0, 30
     weighing = request([1], best_rate=lambda key, available, catch_up: rates[key, catch_up])
-    assert chain.propose(weighing).source == "model" and 30 in weighing.policy.owed_prompts
+    assert propose(chain, weighing).source == "model" and 30 in weighing.policy.owed_prompts
 
 
 def test_auto_drafts_long_ngram_matches_even_on_a_compute_bound_target() -> None:
@@ -810,9 +847,8 @@ def test_auto_grows_an_always_kept_lookup_past_a_step_in_the_verify_curve() -> N
 
 def test_auto_judges_a_proposal_it_did_not_verify_against_what_the_step_yielded() -> None:
     policy = AutoK()
-    shadow = Draft("ngram", "ngram:3-5", [5, 6, 7], None)
     for yielded in ([5, 6, 9], [5], [4, 6, 7]):  # two kept; a plain step's one token, kept; the first rejected
-        policy.observe(Draft.judged_only(shadow), step(len(yielded) - 1, len(yielded) - 1), yielded)
+        policy.observe(judged_only("ngram:3-5", [5, 6, 7]), step(len(yielded) - 1, len(yielded) - 1), yielded)
     acceptance = policy.keys["ngram:3-5"].acceptance
     # Each step weighs the ones before it by RECENCY (0.9).
     assert acceptance.judged_at == pytest.approx([0.81 + 0.9 + 1, 0.81, 0.81])
@@ -826,7 +862,7 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
     policy = calibrated(COMPUTE_BOUND, {})
     learn(policy, "ngram:3-5", 3, 0, 20)
     assert policy.plan("ngram:3-5", 8).k == 0
-    copying = Draft.judged_only(Draft("ngram", "ngram:3-5", [1, 2, 3, 4], None))
+    copying = judged_only("ngram:3-5", [1, 2, 3, 4])
     came_back_after = None
     for steps in range(1, 6):
         policy.observe(copying, step(1, 1), [1, 2])  # a model draft kept one, the target yielded one more
@@ -855,7 +891,7 @@ def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_unt
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0
     learn(policy, "ngram:3-5/once", 3, 0, 1)
-    policy.observe(Draft.judged_only(Draft("ngram", "ngram:1-2/varied", [1, 2], None)), step(0, 0), [7])
+    policy.observe(judged_only("ngram:1-2/varied", [1, 2]), step(0, 0), [7])
     assert policy.plan("ngram:1-2/once", 8).k == 0
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0
@@ -1117,13 +1153,13 @@ def test_verify_cost_curve_is_never_lower_for_more_rows() -> None:
 
 
 def test_spec_and_k_are_checked_with_one_clear_line() -> None:
-    assert check_spec("ngram+model") == "ngram+model" and needs_draft_model("ngram+model")
-    assert not needs_draft_model("ngram")
+    assert check_spec("ngram+model") == "ngram+model" and uses_draft_model("ngram+model")
+    assert not uses_draft_model("ngram")
     with pytest.raises(SpeccliError, match=r"--spec must be one of ngram, suffix, model, ngram\+model, suffix\+model, got 'tree'"):
         check_spec("tree")
     with pytest.raises(SpeccliError, match="got 'ngram\\+suffix'"):  # suffix does the lookup's work already
         check_spec("ngram+suffix")
-    assert check_spec("suffix+model") == "suffix+model" and needs_draft_model("suffix+model") and not needs_draft_model("suffix")
+    assert check_spec("suffix+model") == "suffix+model" and uses_draft_model("suffix+model") and not uses_draft_model("suffix")
     assert parse_spec_list("ngram, model,ngram") == ["ngram", "model"]
     assert parse_k("auto") == "auto" and parse_k("8") == 8 and parse_k(3) == 3
     for bad in ["0", "65", "-1"]:
@@ -1144,6 +1180,51 @@ def test_spec_and_k_are_checked_with_one_clear_line() -> None:
     with pytest.raises(SpeccliError, match="--spec model needs a draft model"):
         make_drafter("model", None, None)
     assert make_drafter("ngram", None, None).name == "ngram"
+
+
+def folder_imports(package: Path) -> dict[str, set[str]]:
+    """Which of speccli's folders (or top-level modules) each one imports, counting every import in a
+    file: at the top, under TYPE_CHECKING or inside a function."""
+    import ast
+
+    def unit(module: str) -> str:
+        return module.split(".")[1] if module.count(".") else module
+
+    edges: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        here = unit(".".join(path.relative_to(package.parent).with_suffix("").parts))
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                if name.startswith("speccli.") and unit(name) != here:
+                    edges.setdefault(here, set()).add(unit(name))
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (each a circle of imports)."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for following in edges.get(todo.pop(), ()):
+                if following not in seen:
+                    seen.add(following)
+                    todo.append(following)
+        return seen
+
+    reached = {node: reach(node) for node in edges}
+    groups = {frozenset(n for n in reached if n in reached[node] and node in reached[n]) | {node} for node in edges}
+    return sorted(sorted(group) for group in groups if len(group) > 1)
+
+
+def test_no_circle_of_imports_spans_speccli_s_folders() -> None:
+    """The data flow reads one way (llama -> core -> drafting -> chat, bench, server -> cli): a circle
+    across folders is an arrow back up, and each coming capability would have to be threaded through it."""
+    edges = folder_imports(Path(__file__).resolve().parents[1] / "speccli")
+    assert "drafting" in edges["chat"] and "core" in edges["drafting"]  # the graph is read at all
+    assert circles(edges) == []
+    assert circles({**edges, "core": edges["core"] | {"drafting"}}) == [["core", "drafting"]]  # an arrow back up is seen
 
 
 def test_the_engine_and_the_drafters_do_not_import_llama_cpp():

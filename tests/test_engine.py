@@ -11,9 +11,9 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import NgramLookup
 from speccli.drafting.policy import FixedK
 from tests.conftest import MemoryBoundAutoK, loaded_related_pair
 from tests.test_generator import check_a_prefill_stopped_between_batches
@@ -31,7 +31,7 @@ def models(tmp_path_factory):
 @pytest.fixture
 def generator(models):
     target, draft = models
-    generator = Generator(target, ModelDrafter(draft), SamplingParams(temperature=0.9), FixedK(4), seed=3)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SamplingParams(temperature=0.9), FixedK(4), seed=3)
     generator.reset()
     return generator
 
@@ -93,7 +93,7 @@ def test_a_target_with_extra_vocabulary_runs_with_a_smaller_draft(tmp_path) -> N
     options = LoadOptions(n_ctx=512, n_threads=1)
     with Model(target_path, options) as target, Model(draft_path, options) as draft:
         assert target.n_vocab == draft.n_vocab + 64
-        generator = Generator(target, ModelDrafter(draft), SamplingParams(temperature=1.0), FixedK(3), seed=5)
+        generator = Generator(target, Planner(model=ModelDrafter(draft)), SamplingParams(temperature=1.0), FixedK(3), seed=5)
         tokens, _, done = run(generator, target.tokenizer.tokenize("a"), max_tokens=300)
     padding_emitted = [t.token for t in tokens if t.token >= 512]
     assert padding_emitted, "the test must exercise ids the draft lacks"
@@ -119,7 +119,7 @@ def test_a_small_context_clamps_drafts_to_what_one_decode_verifies(tmp_path, pol
     options = LoadOptions(n_ctx=16, n_threads=1)
     with Model(target_path, options) as target, Model(draft_path, options) as draft:
         assert target.n_batch == 16 < target.n_ctx
-        drafter = ChainDrafter([NgramDrafter(), ModelDrafter(draft)])
+        drafter = Planner(NgramLookup(), ModelDrafter(draft))
         generator = Generator(target, drafter, GREEDY, policy(), seed=1)
         prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
         tokens, steps, done = run(generator, prompt, max_tokens=60)

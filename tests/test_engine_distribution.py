@@ -10,6 +10,8 @@ draft over) resampling from p without removing the rejected token.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,9 @@ from speccli.core.generator import Generator
 from speccli.core.sampling import SamplingParams, distribution, probabilities
 from speccli.core import verify as verify_module
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.core.seam import Draft, Plan
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import NgramLookup
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
 from tests.conftest import MemoryBoundAutoK, loaded_related_pair
@@ -62,18 +65,19 @@ def pair(tmp_path_factory):
         yield pair
 
 
-class RawLogitsDraftBug(ModelDrafter):
+class RawLogitsDraftBug(Planner):
     """The known bug: draft from processed q, but verify against softmax of the raw draft logits."""
 
-    def propose(self, request):
-        draft = super().propose(request)
+    def draft(self, context, limit, sampling, rng, policy):
+        draft = super().draft(context, limit, sampling, rng, policy)
         # Recompute q the buggy way: plain softmax over the raw logits, same prefixes.
-        self.model.truncate(len(request.context) - 1)
+        model = self.model.model
+        model.truncate(len(context) - 1)
         raw = []
-        for token in [request.context[-1]] + draft.tokens[:-1]:
-            logits = self.model.decode([token])
+        for token in [context[-1]] + draft.tokens[:-1]:
+            logits = model.decode([token])
             raw.append(distribution(logits[0], SamplingParams(temperature=1.0)))
-        return Draft(draft.source, draft.key, draft.tokens, raw)
+        return replace(draft, q=raw)
 
 
 def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
@@ -81,7 +85,7 @@ def test_speculative_sampling_matches_the_target_distribution(pair) -> None:
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     for k in (1, 3):
-        generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(k), seed=1234 + k)
+        generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(k), seed=1234 + k)
         p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES, max_tokens=k + 1), expected)
         assert p_value > 1e-3, f"k={k}: p={p_value:.2e}"
         target.reset(), draft.reset()
@@ -102,7 +106,7 @@ def test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distributi
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
-    generator = Generator(target, ModelDrafter(draft), SETTINGS, UnsureStopsK(floor=0.2), seed=31)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, UnsureStopsK(floor=0.2), seed=31)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset(), draft.reset()
     drafted = {length for length, steps in stats.draft_lengths.items() if length and steps >= 50}
@@ -124,7 +128,7 @@ def test_raw_draft_logits_bug_is_detected(pair) -> None:
     target, draft = pair
     prompt = target.tokenizer.tokenize(PROMPT)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
-    generator = Generator(target, RawLogitsDraftBug(draft), SETTINGS, FixedK(3), seed=99)
+    generator = Generator(target, RawLogitsDraftBug(model=ModelDrafter(draft)), SETTINGS, FixedK(3), seed=99)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
@@ -136,7 +140,7 @@ def test_skipping_the_residual_is_detected(pair, monkeypatch) -> None:
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     # After a rejection, draw from p itself instead of norm(max(0, p - q)).
     monkeypatch.setattr(verify_module, "residual_distribution", lambda p, q: p)
-    generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(3), seed=99)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(3), seed=99)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset(), draft.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"
@@ -146,7 +150,7 @@ def test_ngram_drafts_match_the_target_distribution(pair) -> None:
     target, _ = pair
     prompt = repeating_prompt(target)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
-    generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=21)
+    generator = Generator(target, Planner(NgramLookup()), SETTINGS, FixedK(3), seed=21)
     pairs, stats = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     target.reset()
     ngram = stats.by_source["ngram"]
@@ -239,7 +243,7 @@ def test_ngram_resampling_that_keeps_the_rejected_token_is_detected(pair, monkey
     prompt = repeating_prompt(target)
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
     monkeypatch.setattr(verify_module, "without_token", lambda p, token: p)
-    generator = Generator(target, NgramDrafter(), SETTINGS, FixedK(3), seed=23)
+    generator = Generator(target, Planner(NgramLookup()), SETTINGS, FixedK(3), seed=23)
     p_value = chi_square_p_value(sampled_pairs(generator, prompt, SAMPLES), expected)
     target.reset()
     assert p_value < 1e-6, f"the biased rule passed: p={p_value:.2e}"

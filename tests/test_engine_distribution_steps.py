@@ -29,6 +29,7 @@ from speccli.core.sampling import Distribution, SamplingParams, distribution, sa
 from speccli.core.stats import RunStats
 from speccli.core.verify import verify_sampled
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import Model
@@ -246,7 +247,7 @@ def after_the_first(token: int, generations: list[Generation], expected: dict) -
 def k2_model_drafts(pair, plain):
     target, draft = pair
     prompt, _, _ = plain
-    generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(2), seed=5)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(2), seed=5)
     return generate(generator, prompt, max_tokens=LENGTH, samples=K2_SAMPLES)[0]
 
 
@@ -278,7 +279,7 @@ def k2_broken(pair, plain):
 
     def generations(control: str) -> list[Generation]:
         if control not in made:
-            generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(2), seed=5)
+            generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(2), seed=5)
             with pytest.MonkeyPatch.context() as patch:
                 if control == K2_CONTROLS[0]:
                     patch.setattr(generator_module, "verify_sampled", drop_the_last_token_if_the_target_likes_it_less)
@@ -335,7 +336,7 @@ def test_the_bonus_after_three_kept_drafts_is_the_targets(pair, plain, broken) -
     one step, K = 3); the negative control draws it from row 2."""
     target, draft = pair
     prompt, _, _ = plain
-    generator = Generator(target, ModelDrafter(draft), SETTINGS, FixedK(3), seed=6)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(3), seed=6)
     with pytest.MonkeyPatch.context() as patch:
         if broken:
             patch.setattr(generator_module, "verify_sampled", bonus_from_the_row_before)

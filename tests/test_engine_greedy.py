@@ -13,6 +13,7 @@ from speccli.core.stats import Source, TokenEvent
 from speccli.core.parting import find_parting
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.specs import make_drafter
 from tests.conftest import MemoryBoundAutoK, loaded_related_pair
@@ -102,7 +103,7 @@ def tiny_pair(tmp_path_factory):
 @pytest.mark.parametrize("k", [1, 4, 9])
 def test_tiny_pair_greedy_equals_target_alone(tiny_pair, k: int) -> None:
     target, draft = tiny_pair
-    check_greedy_equality(target, ModelDrafter(draft), FixedK(k), max_tokens=40, min_draft_share=0.3)
+    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), FixedK(k), max_tokens=40, min_draft_share=0.3)
 
 
 REPEATING_PROMPTS = [text * 3 for text in PROMPTS]  # input the reply can copy: n-gram lookup finds it
@@ -119,13 +120,13 @@ def test_tiny_pair_greedy_equals_target_alone_with_ngram_drafts(tiny_pair, spec:
 
 def test_tiny_pair_greedy_equals_target_alone_with_auto_k(tiny_pair) -> None:
     target, draft = tiny_pair
-    check_greedy_equality(target, ModelDrafter(draft), MemoryBoundAutoK(), max_tokens=40, min_draft_share=0.3)
+    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), MemoryBoundAutoK(), max_tokens=40, min_draft_share=0.3)
 
 
 def test_draft_equal_to_target_accepts_everything(tiny_pair) -> None:
     target, _ = tiny_pair
     with Model(target.path, LoadOptions(n_ctx=256, n_threads=1)) as same:
-        generator = Generator(target, ModelDrafter(same), GREEDY, FixedK(4))
+        generator = Generator(target, Planner(model=ModelDrafter(same)), GREEDY, FixedK(4))
         prompt = target.tokenizer.tokenize(PROMPTS[0])
         stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=60))][-1].stats
     assert stats.acceptance_rate >= 0.98, stats
@@ -134,7 +135,7 @@ def test_draft_equal_to_target_accepts_everything(tiny_pair) -> None:
 @pytest.mark.gemma
 def test_gemma_pair_greedy_equals_target_alone(gemma_pair) -> None:
     target, draft = gemma_pair
-    check_greedy_equality(target, ModelDrafter(draft), FixedK(4), max_tokens=24, min_draft_share=0.5)
+    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), FixedK(4), max_tokens=24, min_draft_share=0.5)
 
 
 @pytest.mark.gemma
@@ -149,7 +150,7 @@ def test_gemma_greedy_equals_target_alone_with_ngram_and_auto_k(gemma_pair) -> N
 def test_gemma_draft_equal_to_target_accepts_nearly_everything(gemma_pair) -> None:
     target, _ = gemma_pair
     with Model(target.path, LoadOptions(n_ctx=512)) as same:
-        generator = Generator(target, ModelDrafter(same), GREEDY, FixedK(4))
+        generator = Generator(target, Planner(model=ModelDrafter(same)), GREEDY, FixedK(4))
         prompt = target.tokenizer.tokenize(PROMPTS[1])
         stats = [e for e in generator.generate(prompt, GenerationLimits(max_tokens=48))][-1].stats
     # F32 batched and single-token logits differ by at most ~0.04, so only exact near-ties can reject.

@@ -17,14 +17,13 @@ from speccli.core.generator import GenerationLimits, Generator, measure_costs
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import Plan
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
-from speccli.drafting.chain import ChainDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.model import ModelDrafter
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import NgramLookup
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.errors import SpeccliError
 from tests.conftest import MemoryBoundAutoK
 from tests.standin import EOG, StandInModel, exact_two_token_distribution, related_draft, stand_in, stand_in_pair
-from tests.test_drafting import request
 from tests.token_distribution import chi_square_p_value
 from tests.two_token_distribution import sampled_pairs_and_stats
 
@@ -41,10 +40,8 @@ def run(generator: Generator, prompt, stop_requested=lambda: False, **limits):
     return [e for e in events if isinstance(e, TokenEvent)], [e for e in events if isinstance(e, StepEvent)], done
 
 
-def draft_models(drafter) -> list[StandInModel]:
-    if isinstance(drafter, ChainDrafter):
-        return [model for source in drafter.drafters for model in draft_models(source)]
-    return [drafter.model] if isinstance(drafter, ModelDrafter) else []
+def draft_models(planner: Planner) -> list[StandInModel]:
+    return [planner.model.model] if isinstance(planner.model, ModelDrafter) else []
 
 
 def assert_caches_follow(generator: Generator) -> None:
@@ -67,10 +64,10 @@ class TakeOverFavouredK(FixedK):
 
 
 DRAFTING = {
-    "model-k4": lambda draft: (ModelDrafter(draft), FixedK(4)),
-    "ngram-k3": lambda draft: (NgramDrafter(), FixedK(3)),
-    "ngram+model-auto": lambda draft: (ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), MemoryBoundAutoK()),
-    "ngram+model-take-overs": lambda draft: (ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), TakeOverFavouredK()),
+    "model-k4": lambda draft: (Planner(model=ModelDrafter(draft)), FixedK(4)),
+    "ngram-k3": lambda draft: (Planner(NgramLookup()), FixedK(3)),
+    "ngram+model-auto": lambda draft: (Planner(NgramLookup(), ModelDrafter(draft)), MemoryBoundAutoK()),
+    "ngram+model-take-overs": lambda draft: (Planner(NgramLookup(), ModelDrafter(draft)), TakeOverFavouredK()),
 }
 
 
@@ -126,7 +123,7 @@ def test_greedy_replies_equal_the_target_alones_turn_after_turn(drafting) -> Non
 
 def test_a_second_call_decodes_only_the_new_tokens() -> None:
     target, draft = stand_in_pair()
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=3)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=3)
     prompt = target.tokenizer.tokenize("the cat sat")
     run(generator, prompt, max_tokens=6)
     new_text = target.tokenizer.tokenize(" and then", add_special=False)
@@ -150,9 +147,9 @@ class NeverDrafts(FixedK):
 def test_a_draft_model_takes_in_a_prompt_only_in_a_reply_it_drafts_in_and_as_the_prefills_time() -> None:
     target, draft = stand_in_pair()
     prompt = target.tokenizer.tokenize("the cat sat on the mat and")
-    run(Generator(target, ModelDrafter(draft), SAMPLED, NeverDrafts(4), seed=3), prompt, max_tokens=6)
+    run(Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, NeverDrafts(4), seed=3), prompt, max_tokens=6)
     assert draft.decoded_tokens == 0  # it owed the prompt, never drafted, and never paid for it
-    _, steps, done = run(Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=3), prompt, max_tokens=6)
+    _, steps, done = run(Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=3), prompt, max_tokens=6)
     assert draft.decode_sizes[0] == (len(prompt) - 1, 0)  # at its first draft, before the draft's own decodes
     assert steps[0].prompt_seconds > 0 and not any(step.prompt_seconds for step in steps[1:])
     # Counted as the prefill's time, not the step's drafting.
@@ -170,7 +167,7 @@ def test_reset_frees_the_rows_a_draft_model_drafted_into() -> None:
     row_bytes = k * draft.n_vocab * 4
     tracemalloc.start()
     try:
-        generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(k), seed=1)
+        generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(k), seed=1)
         run(generator, target.tokenizer.tokenize("the cat sat"), max_tokens=k + 2)  # room for a K-token draft
         held = tracemalloc.get_traced_memory()[0]
         generator.reset()
@@ -185,7 +182,7 @@ def test_reset_frees_the_rows_a_draft_model_drafted_into() -> None:
 @pytest.mark.parametrize("max_tokens", [1, 2, 4, 5, 9])
 def test_max_tokens_is_exact_and_no_step_drafts_more_than_the_reply_still_needs(max_tokens) -> None:
     target, draft = stand_in_pair(CLOSE, eog_bias=NEVER_ENDS)
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=max_tokens)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=max_tokens)
     prompt = target.tokenizer.tokenize("a b c")
     tokens, steps, done = run(generator, prompt, max_tokens=max_tokens)
     assert done.reason == "max_tokens" and len(tokens) == done.stats.generated == max_tokens
@@ -201,7 +198,7 @@ def test_max_tokens_is_exact_and_no_step_drafts_more_than_the_reply_still_needs(
 
 def test_an_end_of_generation_ends_the_reply_unshown_and_drafts_kept_past_it_are_forgotten() -> None:
     target, draft = stand_in_pair(CLOSE, eog_bias=3.0)  # replies end after a few tokens
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=11)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=11)
     prompt = target.tokenizer.tokenize("a b c")
     for _ in range(100):  # until the end of generation comes inside a step's kept drafts
         tokens, steps, done = run(generator, prompt, max_tokens=40)
@@ -224,10 +221,10 @@ def test_an_end_of_generation_ends_the_reply_unshown_and_drafts_kept_past_it_are
 def test_stop_string_ends_the_text_before_it() -> None:
     target, draft = stand_in_pair(eog_bias=NEVER_ENDS)
     prompt = target.tokenizer.tokenize("x")
-    tokens, _, done = run(Generator(target, ModelDrafter(draft), GREEDY, FixedK(3)), prompt, max_tokens=30)
+    tokens, _, done = run(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(3)), prompt, max_tokens=30)
     text = "".join(t.text for t in tokens) + done.trailing_text
     stop = text[3:6]
-    tokens, _, done = run(Generator(target, ModelDrafter(draft), GREEDY, FixedK(3)), prompt, max_tokens=30, stop=(stop,))
+    tokens, _, done = run(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(3)), prompt, max_tokens=30, stop=(stop,))
     assert done.reason == "stop"
     assert "".join(t.text for t in tokens) + done.trailing_text == text[: text.index(stop)]
 
@@ -237,7 +234,7 @@ def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it() ->
     drafts leaves the drafts past it uncounted, so kept drafts never outnumber the tokens given."""
     target, draft = stand_in_pair(CLOSE, eog_bias=NEVER_ENDS)
     prompt = target.tokenizer.tokenize("x")
-    events = list(Generator(target, ModelDrafter(draft), GREEDY, FixedK(4)).generate(prompt, GenerationLimits(max_tokens=40)))
+    events = list(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4)).generate(prompt, GenerationLimits(max_tokens=40)))
     given = [event for event in events if isinstance(event, TokenEvent)]
     text = "".join(event.text for event in given)
     # A stop made of a step's first two tokens, in a step that kept at least 3, where its text first appears.
@@ -251,7 +248,7 @@ def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it() ->
         position += isinstance(event, TokenEvent)
     assert cut is not None, "the stand-in pair should keep 3 drafts in a row somewhere"
     stop, last_given = cut
-    tokens, steps, done = run(Generator(target, ModelDrafter(draft), GREEDY, FixedK(4)), prompt, max_tokens=40, stop=(stop,))
+    tokens, steps, done = run(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4)), prompt, max_tokens=40, stop=(stop,))
     assert done.reason == "stop" and len(tokens) == last_given + 1
     assert done.stats.accepted == sum(t.source is Source.DRAFT for t in tokens)
     assert steps[-1].used == 2 and steps[-1].accepted >= 3  # cut at the stop, though it kept more
@@ -260,7 +257,7 @@ def test_a_stop_inside_a_steps_kept_drafts_counts_only_the_drafts_before_it() ->
 
 def test_a_full_context_ends_generation_cleanly() -> None:
     target, draft = stand_in_pair(eog_bias=NEVER_ENDS, n_ctx=64)
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=3)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=3)
     # A long prompt leaves room for a few tokens only, so the context fills before the model stops.
     prompt = target.tokenizer.tokenize("the cat sat on the mat " * 3)[: target.n_ctx - 6]
     tokens, _, done = run(generator, prompt, max_tokens=1000)
@@ -270,7 +267,7 @@ def test_a_full_context_ends_generation_cleanly() -> None:
 
 def test_a_stop_asked_for_between_steps_ends_after_a_whole_step_with_no_done_event() -> None:
     target, draft = stand_in_pair(eog_bias=NEVER_ENDS)
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4), seed=2)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4), seed=2)
     prompt = target.tokenizer.tokenize("the cat sat")
     asked = []
     # Asked once before the prefill's one batch, then before each step: the fourth step is not made.
@@ -298,7 +295,7 @@ def check_a_prefill_stopped_between_batches(target, draft) -> None:
     exceeds three times."""
     prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 4)
     assert len(prompt) > 3 * target.n_batch
-    generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, FixedK(3))
+    generator = Generator(target, Planner(NgramLookup(), ModelDrafter(draft)), GREEDY, FixedK(3))
     # Stopped before its first batch: no cache holds anything, and the first token is the pending one.
     assert list(generator.generate(prompt, GenerationLimits(max_tokens=8), lambda: True)) == []
     assert target.n_past == draft.n_past == 0 and generator.tokens == prompt[:1]
@@ -325,7 +322,7 @@ def test_no_decode_asks_for_more_rows_than_one_batch_holds(policy) -> None:
     """Neither the cost profile nor a step asks for more logit rows than n_batch; a prompt longer than
     a batch is decoded a batch at a time."""
     target, draft = stand_in_pair(CLOSE, eog_bias=NEVER_ENDS, n_batch=8)
-    generator = Generator(target, ChainDrafter([NgramDrafter(), ModelDrafter(draft)]), GREEDY, policy(), seed=1)
+    generator = Generator(target, Planner(NgramLookup(), ModelDrafter(draft)), GREEDY, policy(), seed=1)
     prompt = target.tokenizer.tokenize("one two three four five six seven eight " * 2)
     tokens, steps, done = run(generator, prompt, max_tokens=60)
     assert done.reason == "max_tokens"
@@ -339,7 +336,7 @@ def test_no_decode_asks_for_more_rows_than_one_batch_holds(policy) -> None:
 def test_prompt_longer_than_the_context_is_refused() -> None:
     target, draft = stand_in_pair()
     with pytest.raises(SpeccliError, match="context holds 256"):
-        run(Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4)), list(range(1, 60)) * 5, max_tokens=1)
+        run(Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4)), list(range(1, 60)) * 5, max_tokens=1)
 
 
 @pytest.mark.parametrize(
@@ -355,12 +352,12 @@ def test_prompt_longer_than_the_context_is_refused() -> None:
 def test_bad_settings_are_refused_with_the_allowed_range(settings, message) -> None:
     target, draft = stand_in_pair()
     with pytest.raises(SpeccliError, match=message):
-        Generator(target, ModelDrafter(draft), settings, FixedK(4))
+        Generator(target, Planner(model=ModelDrafter(draft)), settings, FixedK(4))
 
 
 def test_empty_prompt_and_zero_max_tokens_are_refused() -> None:
     target, draft = stand_in_pair()
-    generator = Generator(target, ModelDrafter(draft), SAMPLED, FixedK(4))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SAMPLED, FixedK(4))
     with pytest.raises(SpeccliError, match="prompt is empty"):
         run(generator, [], max_tokens=3)
     with pytest.raises(SpeccliError, match="max tokens must be >= 1"):
@@ -381,39 +378,38 @@ class LookupsNeverDrafted(AutoK):
         return Plan(0) if key.startswith("ngram") else super().plan(key, available, catch_up, owed_prompt)
 
     def observe(self, draft, step, yielded) -> None:
-        if draft.notes.shadow is not None:
-            self.judged.append((list(draft.notes.shadow.tokens), list(yielded)))
+        if draft.judged is not None:
+            self.judged.append((list(draft.judged.tokens), list(yielded)))
         super().observe(draft, step, yielded)
 
 
-class LookupRecordingWhere(NgramDrafter):
-    """The n-gram lookup, noting the context's length at each proposal it hands on as a shadow."""
+class LookupRecordingWhere(NgramLookup):
+    """The n-gram lookup, noting the context's length at each match it finds."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.shadowed_at: list[int] = []
+        self.matched_at: list[int] = []
 
-    def propose(self, request):
-        draft = super().propose(request)
-        if draft.notes.shadow is not None:
-            self.shadowed_at.append(len(request.context))
-        return draft
+    def match(self, context, limit):
+        found = super().match(context, limit)
+        if found is not None:
+            self.matched_at.append(len(context))
+        return found
 
 
 def test_a_lookup_not_drafted_is_judged_against_the_token_each_plain_step_yielded() -> None:
     target = stand_in(eog_bias=0.0)
     policy, lookup = LookupsNeverDrafted(), LookupRecordingWhere()
-    generator = Generator(target, lookup, GREEDY, policy)
+    generator = Generator(target, Planner(lookup), GREEDY, policy)
     prompt = target.tokenizer.tokenize("a b c d a b c d a b c d a b")
     tokens, steps, done = run(generator, prompt, max_tokens=16)
     assert done.stats.drafted_counted == 0 and policy.judged  # nothing verified, yet the lookup's matches were judged
     # Every step was plain: each proposal was judged against the one token the target yielded after the
     # context it was proposed for (an end-of-generation token, never shown, included).
-    assert len(policy.judged) == len(lookup.shadowed_at)
-    for (proposal, tokens_yielded), at in zip(policy.judged, lookup.shadowed_at):
+    assert len(policy.judged) == len(lookup.matched_at)
+    for (proposal, tokens_yielded), at in zip(policy.judged, lookup.matched_at):
         assert tokens_yielded == [generator.tokens[at]]
-        not_drafted = request(generator.tokens[:at], limit=64, length_for=lambda key, available, catch_up: 0)
-        assert proposal and NgramDrafter().propose(not_drafted).notes.shadow.tokens[: len(proposal)] == proposal
+        assert proposal and NgramLookup().match(generator.tokens[:at], 64).following[: len(proposal)] == proposal
     assert sum(state.acceptance.judged_at[0] for key, state in policy.keys.items() if key.startswith("ngram")) > 0
 
 
@@ -430,7 +426,7 @@ def test_auto_is_told_the_draft_models_catch_up_costs_and_each_catch_up() -> Non
 
     target, draft = stand_in_pair(eog_bias=NEVER_ENDS)
     policy = PlainStepsAtFirst()
-    generator = Generator(target, ModelDrafter(draft), GREEDY, policy)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, policy)
     calibrated, learned = [], []
     calibrate = policy.calibrate
 
@@ -462,7 +458,7 @@ def two_token_p_value(policy, seed: int) -> tuple[float, object]:
     target, draft = stand_in_pair()
     prompt = target.tokenizer.tokenize("the cat")
     expected = exact_two_token_distribution(target, prompt, SETTINGS)
-    generator = Generator(target, ModelDrafter(draft), SETTINGS, policy, seed=seed)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, policy, seed=seed)
     pairs, figures = sampled_pairs_and_stats(generator, prompt, SAMPLES)
     return chi_square_p_value(pairs, expected), figures
 
@@ -500,7 +496,7 @@ def test_a_cost_profile_leaves_every_cache_as_it_was():
     """Measured mid-conversation (bench's samples, a generator's own fallback), the profile decodes at the
     caches' end and drops what it decoded: the next step sees the same caches and the same logits."""
     target, draft = stand_in_pair(eog_bias=NEVER_ENDS)
-    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(2))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(2))
     run(generator, [1, 2, 3, 4, 5], max_tokens=6)
     held = (list(target.held), list(draft.held))
     before = target.decode([generator.tokens[-1]], n_logit_rows=1).copy()

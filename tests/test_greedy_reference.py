@@ -32,6 +32,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.stats import Source, TokenEvent
 from speccli.core.verify import DraftVerdict
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import FixedK
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
@@ -217,7 +218,7 @@ def test_gemma_speculative_greedy_equals_llama_cpp_pythons_own(gemma_pair, gemma
     output in tests/test_engine_greedy.py; that output's one-token rows are bit-identical to this
     reference's.)"""
     target, draft = gemma_pair
-    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4))
     check_against_the_reference(target, gemma_reference, generator, GEMMA_PROMPTS)
 
 
@@ -226,7 +227,7 @@ def test_a_rule_that_keeps_near_misses_is_detected_against_the_reference(gemma_p
     """Negative control: the same check, with drafts kept within 1.0 of the best logit, must fail."""
     target, draft = gemma_pair
     monkeypatch.setattr(generator_module, "verify_greedy", keep_drafts_within_one_logit)
-    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4))
     with pytest.raises(AssertionError, match="NOT a near-tie") as failure:
         check_against_the_reference(target, gemma_reference, generator, GEMMA_PROMPTS)
     warnings.warn(f"the control failed as it should: {failure.value}")
@@ -246,7 +247,7 @@ def qwen_pair_and_reference():
 @pytest.mark.qwen
 def test_qwen_speculative_greedy_equals_llama_cpp_pythons_own(qwen_pair_and_reference) -> None:
     target, draft, reference = qwen_pair_and_reference
-    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4))
     check_against_the_reference(target, reference, generator, QWEN_PROMPTS)
 
 
@@ -257,7 +258,7 @@ def test_a_rule_that_keeps_near_misses_is_detected_against_the_reference_on_qwen
     first on the second prompt, the first's parting being the near-tie the correct rule makes too)."""
     target, draft, reference = qwen_pair_and_reference
     monkeypatch.setattr(generator_module, "verify_greedy", keep_drafts_within_one_logit)
-    generator = Generator(target, ModelDrafter(draft), GREEDY, FixedK(4))
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4))
     with pytest.raises(AssertionError, match="NOT a near-tie") as failure:
         check_against_the_reference(target, reference, generator, QWEN_PROMPTS)
     warnings.warn(f"the control failed as it should: {failure.value}")

@@ -20,6 +20,7 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, StepEvent, TokenEvent
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import FixedK
 from speccli.llama.model import LoadOptions, Model
 from tests.quant_check_files import build_test_files, reference_file
@@ -125,7 +126,7 @@ def test_expected_acceptance_equals_the_rate_speculative_sampling_measures(gemma
     prompt_text = "Write a short story about a lighthouse keeper and a storm."
     with Model(gemma["reference"], OPTIONS) as target, Model(gemma["Q2_K"], OPTIONS) as draft:
         prompt = target.tokenizer.tokenize(prompt_text)
-        generator = Generator(target, ModelDrafter(draft), T1, FixedK(1), seed=7)
+        generator = Generator(target, Planner(model=ModelDrafter(draft)), T1, FixedK(1), seed=7)
         produced: list[int] = []
         step_offsets: list[int] = []  # logits row (offset) each step's draft was judged at
         accepted_flags: list[int] = []

@@ -16,6 +16,7 @@ from speccli.chat.view import Display
 from speccli.cli.app import app
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK, FixedK
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
@@ -67,7 +68,7 @@ def test_greedy_speculative_equals_target_alone(qwen_pair):
     """Equal, or parted only where the target's top-two gap is within its measured batched-vs-single
     logit difference (Q4_K_M: up to about 0.4 here), as for Gemma in test_engine_greedy."""
     target, draft = qwen_pair
-    check_greedy_equality(target, ModelDrafter(draft), FixedK(4), max_tokens=24, min_draft_share=0.3, prompts=PROMPTS)
+    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), FixedK(4), max_tokens=24, min_draft_share=0.3, prompts=PROMPTS)
 
 
 def test_greedy_with_ngram_and_auto_k_equals_target_alone(qwen_pair):

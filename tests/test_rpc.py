@@ -26,6 +26,7 @@ from speccli.core.generator import Generator
 from speccli.core.parting import find_parting
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import FixedK
 from speccli.llama import rpc
 from speccli.llama.model import LoadOptions, Model
@@ -268,7 +269,7 @@ def test_greedy_with_the_target_over_rpc_equals_the_target_alone_here(remote_pai
     for text in PROMPTS[:8]:
         prompt = alone.tokenizer.tokenize(text)
         reference, _, _ = greedy_tokens(Generator(alone, None, GREEDY), prompt, 24)
-        speculative, _, stats = greedy_tokens(Generator(target, ModelDrafter(draft), GREEDY, FixedK(4)), prompt, 24)
+        speculative, _, stats = greedy_tokens(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4)), prompt, 24)
         drafted += stats.positions.accepted
         parting = find_parting(alone, prompt, reference, speculative, 5)
         assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"
@@ -282,11 +283,11 @@ def test_sampling_with_the_target_over_rpc_gives_the_targets_distribution(remote
     target, draft, alone = remote_pair
     prompt = alone.tokenizer.tokenize(b"hello world")
     expected = exact_distribution(alone, prompt, SETTINGS, LENGTH)
-    generations, _ = generate(Generator(target, ModelDrafter(draft), SETTINGS, FixedK(2), seed=5), prompt, LENGTH)
+    generations, _ = generate(Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(2), seed=5), prompt, LENGTH)
     assert first_tokens_p_value(generations, expected) > 1e-3
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(target, "truncate", truncate_keeping_the_rejected_entries(target))
-        broken, _ = generate(Generator(target, ModelDrafter(draft), SETTINGS, FixedK(2), seed=5), prompt, LENGTH,
+        broken, _ = generate(Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(2), seed=5), prompt, LENGTH,
                              fresh=True)
     target.reset()
     assert first_tokens_p_value(broken, expected) < 1e-6
@@ -524,6 +525,6 @@ def test_gemma_over_rpc_gives_the_greedy_output_of_gemma_here(gemma_pair, server
         for text in PROMPTS[:3]:
             prompt = alone.tokenizer.tokenize(text)
             reference, _, _ = greedy_tokens(Generator(alone, None, GREEDY), prompt, 32)
-            speculative, _, _ = greedy_tokens(Generator(target, ModelDrafter(draft), GREEDY, FixedK(4)), prompt, 32)
+            speculative, _, _ = greedy_tokens(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4)), prompt, 32)
             parting = find_parting(alone, prompt, reference, speculative, 5)
             assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"

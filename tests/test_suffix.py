@@ -20,13 +20,13 @@ from speccli.core import generator as generator_module
 from speccli.core import verify as verify_module
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.stats import StepEvent
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import NgramLookup
 from speccli.core.verify import DraftVerdict
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
-from speccli.drafting.suffix import SEPARATOR, SuffixDrafter, SuffixStore
+from speccli.drafting.planner import Planner
+from speccli.drafting.suffix import SEPARATOR, SuffixLookup, SuffixStore
 from tests.conftest import loaded_related_pair
-from tests.test_drafting import request
 from tests.test_engine_distribution import SETTINGS
 from tests.token_distribution import chi_square_p_value
 from tests.test_engine_greedy import GREEDY, PROMPTS, check_greedy_equality
@@ -238,22 +238,18 @@ def test_a_large_store_loads_within_a_second(tmp_path) -> None:
 
 def test_the_source_drafts_the_longer_of_the_context_and_the_store_match() -> None:
     store = store_of(([1, 2, 3, 4], [5, 6, 7]))
-    drafter = SuffixDrafter(store)
-    drafted = drafter.propose(request([9, 1, 2, 3, 4], limit=3))
-    assert (drafted.source, drafted.tokens, drafted.key) == ("suffix", [5, 6, 7], "suffix:3-5/once")
+    found = SuffixLookup(store).match([9, 1, 2, 3, 4], limit=3)
+    assert (found.source, found.following, found.key) == ("suffix", [5, 6, 7], "suffix:3-5/once")
     # The context repeats its own text as long as the store knows it: the context's match drafts.
-    drafter = SuffixDrafter(store)
-    drafted = drafter.propose(request([2, 3, 4, 8, 8, 9, 2, 3, 4], limit=2))
-    assert (drafted.source, drafted.tokens) == ("ngram", [8, 8])
+    found = SuffixLookup(store).match([2, 3, 4, 8, 8, 9, 2, 3, 4], limit=2)
+    assert (found.source, found.following) == ("ngram", [8, 8])
 
 
 def test_kept_tokens_join_the_store_after_the_prompts_last_tokens() -> None:
-    from speccli.core.stats import StepEvent
-
-    drafter = SuffixDrafter()
+    drafter = SuffixLookup()
     drafter.sync(list(range(40)))
     for kept in ([50, 51], [52]):
-        drafter.observe(StepEvent(1, 1, 0.0, 0.0, 0.0, None), kept)
+        drafter.kept(kept)
     drafter.new_conversation()  # another conversation: the store stays
     assert drafter.store.match([38, 39], limit=5).following == [50, 51, 52]
     drafter.forget_all()
@@ -265,14 +261,14 @@ def test_with_nothing_recalled_it_drafts_what_the_lookup_drafts(greedy_pair) -> 
     the default chain's new source changes nothing for a single request (docs/drafting.md)."""
     target, _ = greedy_pair
     replies = {}
-    for drafter in (NgramDrafter(), SuffixDrafter()):
-        generator = Generator(target, drafter, GREEDY, FixedK(5))
+    for lookup in (NgramLookup(), SuffixLookup()):
+        generator = Generator(target, Planner(lookup), GREEDY, FixedK(5))
         steps = []
         for text in PROMPTS[:4]:  # turns of one conversation: each prompt extends the last reply
             prompt = generator.tokens + target.tokenizer.tokenize(text * 2, add_special=not generator.tokens)
             steps += [(e.drafted, e.accepted) for e in generator.generate(prompt, GenerationLimits(max_tokens=20))
                       if isinstance(e, StepEvent)]
-        replies[drafter.name] = steps
+        replies[lookup.name] = steps
         target.reset()
     assert replies["ngram"] == replies["suffix"] and sum(drafted for drafted, _ in replies["ngram"]) > 0
 
@@ -289,7 +285,7 @@ def pair(tmp_path_factory):
 def regenerated(target, seed: int):
     """The first two tokens of SAMPLES generations of one prompt, each drafted from the earlier ones."""
     prompt = target.tokenizer.tokenize(b"the cat sat on")
-    generator = Generator(target, SuffixDrafter(), SETTINGS, FixedK(3), seed=seed)
+    generator = Generator(target, Planner(SuffixLookup()), SETTINGS, FixedK(3), seed=seed)
     return prompt, sampled_pairs_and_stats(generator, prompt, SAMPLES)
 
 

@@ -20,6 +20,7 @@ from speccli.core.seam import Plan
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter, vocabularies_differ
 from speccli.drafting import translated as translated_module
+from speccli.drafting.planner import Planner
 from speccli.drafting.translated import SharedTokens, TranslatedDrafter, on_shared_tokens
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import load_vocab_only
@@ -233,9 +234,9 @@ def loaded(two_vocabularies, tmp_path_factory):
 MODES = ["text", "shared tokens"]
 
 
-def drafter_for(mode: str, target: Model, draft: Model) -> TranslatedDrafter:
+def drafter_for(mode: str, target: Model, draft: Model) -> Planner:
     shared = None if mode == "text" else shared_vocabulary(read_vocab(draft.path), read_vocab(target.path))
-    return TranslatedDrafter(draft, target.tokenizer, shared)
+    return Planner(model=TranslatedDrafter(draft, target.tokenizer, shared))
 
 
 # Draws: the subtler control (q drawn at twice the temperature) needs about 3,100
@@ -332,7 +333,7 @@ def check_greedy_translated(target: Model, draft: Model, prompts, max_tokens: in
     assert drafted > 0, "no translated draft token was ever kept: nothing was tested"
     for line in partings:
         warnings.warn(line)
-    return drafter.mode
+    return drafter.model.mode
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,8 @@ from speccli.drafting.specs import make_drafter, make_policy
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, shared_context
 from speccli.util.interrupts import terminated
-from speccli.validation import AUTO_K, require_draft_model
+from speccli.drafting.registry import require_draft_model
+from speccli.validation import AUTO_K
 
 
 @dataclass

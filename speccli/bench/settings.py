@@ -10,7 +10,8 @@ from pathlib import Path
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
-from speccli.validation import AUTO_K, K, needs_draft_model
+from speccli.drafting.registry import uses_draft_model
+from speccli.validation import AUTO_K, K
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class BenchRequest:
         of them drafts with one; none (and a given --draft refused) if all are n-gram lookup."""
         if self.specs is None:
             return self.pair
-        with_model = [spec for spec in self.specs if needs_draft_model(spec)]
+        with_model = [spec for spec in self.specs if uses_draft_model(spec)]
         return replace(self.pair, spec=with_model[0] if with_model else self.specs[0])
 
     def reproducing_command(self, settings: BenchSettings, n_ctx: int) -> str:

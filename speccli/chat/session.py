@@ -23,6 +23,7 @@ from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
 from speccli.drafting.policy import PROFILED_SIZES
+from speccli.drafting.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError
@@ -77,6 +78,9 @@ class ChatSession:
         # Earlier replies, for a `suffix` source: this session's regenerations and turns, or remembered ones.
         self.store = SuffixStore() if store is None else store
         self.generator = Generator(target, make_drafter(spec, draft, target, self.store), sampling, make_policy(k), seed)
+        # What `auto` learnt about this pair in earlier sessions: a first reply drafts as the last ended.
+        self.learnt = LearntFile(target, draft, display.warning)
+        self.learnt.recall(self.generator.policy, sampling)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
@@ -198,6 +202,7 @@ class ChatSession:
         }
         self.display.reply_done(record, run, self.target_token_seconds)
         self.store.persist()
+        self.learnt.keep(self.generator.policy, self.generator.sampling)
         return reply_text
 
     def _prompt_that_fits(self, user_text: str) -> Prompt:
@@ -264,6 +269,7 @@ class ChatSession:
             self.display.notice("(conversation and earlier replies forgotten)")
         elif name == "/k":
             self.generator.policy = make_policy(parse_k(argument, "/k"))
+            self.learnt.recall(self.generator.policy, self.generator.sampling)
             if self.generator.policy.needs_costs and not set(PROFILED_SIZES) <= self.generator.costs.decode_seconds.keys():
                 self._profile(PROFILED_SIZES)
             self.display.notice(f"(k = {self.generator.policy.name})")

@@ -10,7 +10,8 @@ import typer
 from speccli.cli.options import MinPOption, TemperatureOption, TopKOption, TopPOption, checked, with_pair_options
 from speccli.drafting.registry import DEFAULT_SPEC, spec_help
 from speccli.errors import UsageError
-from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep, parse_spec_list
+from speccli.drafting.registry import parse_spec_list
+from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep
 
 if TYPE_CHECKING:
     from speccli.models.pair import PairRequest

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from speccli import validation
-from speccli.drafting.registry import DEFAULT_SPEC, spec_help
+from speccli.drafting.registry import DEFAULT_SPEC, check_spec, spec_help
 
 
 def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.CallbackParam, Any], Any]:
@@ -47,7 +47,7 @@ SpecOption = Annotated[
     typer.Option(
         "--spec", metavar="SOURCE",
         help=f"Draft source: {spec_help()} (default: the pair's, else {DEFAULT_SPEC}).",
-        callback=checked(validation.check_spec),
+        callback=checked(check_spec),
     ),
 ]
 

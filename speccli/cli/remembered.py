@@ -1,4 +1,5 @@
-"""`speccli remembered`: the stores of earlier replies `--remember` keeps (they hold your generated text)."""
+"""`speccli remembered`: the stores of earlier replies `--remember` keeps (they hold your generated text),
+and what `--k auto` learnt about each pair (no text)."""
 from __future__ import annotations
 
 import stat
@@ -7,8 +8,10 @@ from typing import Annotated
 import typer
 
 
-def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store.")] = False) -> None:
-    """List the earlier replies kept on disk for the suffix draft source (--remember), or delete them."""
+def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store and what auto learnt.")] = False) -> None:
+    """List what is kept on disk between runs: earlier replies for the suffix draft source (--remember)
+    and what --k auto learnt about each pair; or delete them."""
+    from speccli.drafting.learnt import describe, learnt_files
     from speccli.drafting.suffix import describe_stores, killed_saves, store_files, stores_dir
     from speccli.errors import SpeccliError, UnreadableFileError, unreadable
 
@@ -23,7 +26,7 @@ def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every
         raise unreadable(folder, error, "folder") from None
     if clear:
         deleted, failed = 0, []
-        for path in [*store_files(), *killed_saves()]:
+        for path in [*store_files(), *killed_saves(), *learnt_files()]:
             try:
                 path.unlink(missing_ok=True)
                 deleted += 1
@@ -33,9 +36,11 @@ def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every
         if failed:
             raise SpeccliError("; ".join(failed))
         return
-    stores = describe_stores()
-    if not stores:
+    stores, learnt = describe_stores(), learnt_files()
+    if not stores and not learnt:
         typer.echo(f"no stores in {folder} (chat and serve keep one with --remember)")
         return
     for store in stores:
         typer.echo(f"{store['file']}  {store['model']}  {store['tokens']:,} tokens  {store['bytes'] / 2**20:.1f} MiB")
+    for path in learnt:
+        typer.echo(f"{path}  {describe(path)}")

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from speccli.core.sampling import Distribution, RowBuffer, RowDistributions, SamplingParams, distribution, sample
-from speccli.core.seam import CostProfile, Draft, DraftRequest, Drafter, KPolicy
-from speccli.core.stats import COMPUTE_CLOCK, DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
+from speccli.core.seam import CostProfile, Draft, Drafting, KPolicy
+from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import TextAssembler
 from speccli.core.verify import DraftVerdict, verify_greedy, verify_sampled
 from speccli.errors import SpeccliError
+from speccli.llama.clock import COMPUTE_CLOCK
 from speccli.util.sequences import common_prefix_length
 from speccli.validation import check_max_tokens
 
@@ -51,7 +52,7 @@ class Generator:
     def __init__(
         self,
         target: Model,
-        drafter: Drafter | None,
+        drafter: Drafting | None,
         sampling: SamplingParams,
         policy: KPolicy | None = None,
         seed: int | None = None,
@@ -190,11 +191,11 @@ class Generator:
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
         """Draft up to `limit` tokens, verify them in one target decode, keep the accepted prefix and one more."""
         started, computed_before = time.perf_counter(), COMPUTE_CLOCK.seconds
-        draft = Draft.nothing()
+        draft = Draft()
         if self.drafter is not None and limit > 0:
-            draft = self.drafter.propose(DraftRequest(self.tokens, limit, self.sampling, self.rng, self.policy))
+            draft = self.drafter.draft(self.tokens, limit, self.sampling, self.rng, self.policy)
         draft_seconds = time.perf_counter() - started
-        proposed = draft.proposed
+        proposed = draft.tokens
         k = len(proposed)
         target_started = time.perf_counter()
         target_logits = self.target.decode(self.tokens[self.target.n_past :] + proposed, n_logit_rows=k + 1)
@@ -207,18 +208,17 @@ class Generator:
         sources = [Source.DRAFT] * verdict.n_accepted + [_source_of_next(verdict, k)]
         other_seconds = time.perf_counter() - started - draft_seconds - target_seconds
         taken_over = draft.continuation
-        prompt_seconds = draft.notes.prompt_seconds  # the prefill's, deferred to the first draft
+        prompt_seconds = draft.prompt_seconds  # the prefill's, deferred to the first draft
         step = StepEvent(
             drafted=k, accepted=verdict.n_accepted, draft_seconds=draft_seconds - prompt_seconds,
             target_seconds=target_seconds, other_seconds=other_seconds, source=draft.source or None,
-            catch_up_seconds=draft.notes.catch_up_seconds,
+            catch_up_seconds=draft.catch_up_seconds,
             compute_seconds=max(0.0, COMPUTE_CLOCK.seconds - computed_before - prompt_seconds),
             prompt_seconds=prompt_seconds,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
         )
         if self.drafter is not None:
-            self.policy.observe(draft, step, new_tokens)
-            self.drafter.observe(step, new_tokens)
+            self.drafter.observe(draft, step, new_tokens, self.policy)
         return new_tokens, sources, step
 
     def _verify(self, proposed: list[int], q: list[Distribution] | None, target_logits: np.ndarray) -> DraftVerdict:
@@ -232,7 +232,7 @@ class Generator:
 
 
 def measure_costs(
-    target: Model, drafter: Drafter | None, context: Sequence[int], sizes: Sequence[int], sampling: SamplingParams,
+    target: Model, drafter: Drafting | None, context: Sequence[int], sizes: Sequence[int], sampling: SamplingParams,
 ) -> CostProfile:
     """The pair's cost profile, timed at the caches' end (which then hold what they held): a target decode
     of n logit rows for 1 and each of `sizes` that fits (in the context and one batch), a draw from one

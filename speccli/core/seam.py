@@ -1,12 +1,12 @@
-"""The seam between the generation loop and whatever proposes draft tokens: Draft, Drafter, KPolicy.
+"""The seam between the generation loop and the drafting that feeds it: Draft, Drafting, KPolicy.
 
-Each step the generator asks its `Drafter` for a `Draft` of at most `limit` tokens. The drafter asks
-the K policy how many (`KPolicy.plan`, free of side effects: a source may ask as often as it likes),
-naming the kind of proposal it is about to make by a key (the draft model; n-gram matches by length),
-so the policy keeps acceptance and costs apart per kind. After the target's one decode the generator
-tells the policy what the draft yielded and cost (`KPolicy.observe`, the policy's only update).
+Each step the generator asks its `Drafting` (speccli/drafting/planner.py) for a `Draft` of at most
+`limit` tokens, and after the target's one decode tells it what the step yielded (`observe`). The
+planner asks the K policy how many tokens each kind of proposal should draft (`KPolicy.plan`, free of
+side effects), naming the kind by a key (the draft model; lookup matches by length and history), and
+the policy learns only in `KPolicy.observe`.
 
-Nothing a drafter or the policy decides may look at the target's verdict on this step: the number
+Nothing the planner or the policy decides may look at the target's verdict on this step: the number
 and kind of tokens depend on the past and the draft's own tokens and probabilities only. That is what
 keeps the output distribution the target's (docs/exactness.md).
 """
@@ -26,8 +26,8 @@ class Plan:
     """A policy's answer for one key: draft `k` tokens (0: a plain step)."""
 
     k: int
-    # Expected tokens per second of the length the estimates choose: a chain weighs one source's
-    # draft against the next's by it. None where the policy keeps no estimates (a fixed K).
+    # Expected tokens per second of the length the estimates choose: the planner weighs one source's
+    # draft against another's by it. None where the policy keeps no estimates (a fixed K).
     rate: float | None = None
     probe: bool = False  # a re-check of a key the estimates had ruled out: it measures, not pays
 
@@ -36,77 +36,50 @@ NO_PLAN = Plan(0)
 
 
 @dataclass(frozen=True)
-class DraftNotes:
-    """What the K policy learns from a draft beside its tokens (`KPolicy.observe`): verifying the draft
-    never reads them."""
+class Segment:
+    """One source's part of a step: what it proposed under which plan. A step verifies at most two
+    segments in a row (a draft model's tokens, then a lookup taking over); a proposal the step does
+    not verify is judged against what the step yields (`Draft.judged`)."""
 
-    plan: Plan = NO_PLAN  # what the policy answered for the draft's key (the policy counts it as the key's ask)
-    # A draft model's confidence in each token it drafted, where the policy asked for it, and whether it
+    source: str  # "model", "ngram" (a match in the context) or "suffix" (a match in earlier replies)
+    key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same")
+    tokens: list[int]
+    plan: Plan = NO_PLAN
+    # A draft model's confidence in each token it drafted, where the policy read it, and whether it
     # then withheld the next token it decoded (unsure of it): the policy learns how unsure tokens fare.
     confidences: tuple[float, ...] = ()
     withheld: bool = False
-    # Seconds spent taking in context the source had not seen (lookup drafts were used meanwhile), and
-    # how many tokens: part of this step's drafting time, but not a cost of the tokens drafted.
-    catch_up_seconds: float = 0.0
-    catch_up_tokens: int = 0
-    # Seconds and tokens of the prompt a draft model took in at its first draft of the reply, deferred
-    # from the prefill (`ModelDrafter.sync`): the prefill's time, not this step's drafting.
-    prompt_seconds: float = 0.0
-    prompt_tokens: int = 0
-    # A free source's proposal this step does not verify (its plan was 0, or a chain preferred another
-    # source): the policy judges it against what the step yields, which is how verifying it would have
-    # judged it, so a lookup's estimates follow the text at no cost.
-    shadow: Draft | None = None
-
-
-NO_NOTES = DraftNotes()
 
 
 @dataclass(frozen=True)
 class Draft:
-    """One source's proposal for a step: what verifying it reads, and `notes` for the policy."""
+    """A step's proposal: what verifying it reads (`tokens`, `q`) and, for the policy, who proposed what."""
 
-    source: str  # "model" or "ngram", what statistics report; "" where it proposes no tokens
-    key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same"); "" for none
-    tokens: list[int]
-    q: list[Distribution] | None  # what each token was drawn from; None: proposed with certainty
-    # Another source's draft that took over after these tokens (`DraftRequest.take_over`): verified with
-    # them in the same step, with certainty where it has no q rows; its source and key are counted apart.
-    continuation: Draft | None = None
-    notes: DraftNotes = NO_NOTES
-
-    @staticmethod
-    def nothing() -> Draft:
-        return Draft("", "", [], None)
-
-    @staticmethod
-    def judged_only(shadow: Draft) -> Draft:
-        """No tokens to verify, and `shadow` for the policy to judge (`DraftNotes.shadow`)."""
-        return Draft("", "", [], None, notes=DraftNotes(shadow=shadow))
+    segments: tuple[Segment, ...] = ()  # the first asked to draft (its tokens may be none), then a take-over
+    q: list[Distribution] | None = None  # what the first len(q) tokens were drawn from; the rest are certain
+    judged: Segment | None = None  # a free proposal not verified: judged against what the step yields
+    # Seconds and tokens a draft model took in before drafting: context it had skipped (a catch-up, part
+    # of the step's drafting but not a cost of its tokens), and the reply's prompt at its first draft
+    # (the prefill's time, deferred: `ModelDrafter.sync`).
+    catch_up_seconds: float = 0.0
+    catch_up_tokens: int = 0
+    prompt_seconds: float = 0.0
+    prompt_tokens: int = 0
 
     @property
-    def proposed(self) -> list[int]:
-        """Every token this step verifies: these, then the continuation's."""
-        return self.tokens + self.continuation.tokens if self.continuation else self.tokens
+    def tokens(self) -> list[int]:
+        """Every token this step verifies, segment after segment."""
+        return [token for segment in self.segments for token in segment.tokens]
 
+    @property
+    def source(self) -> str:
+        """The source of the first token verified; "" where none is."""
+        return self.segments[0].source if self.segments and self.segments[0].tokens else ""
 
-# (the tokens a draft model has drafted so far this step) -> another source's draft continuing them,
-# which ends the model's own; an empty one where none takes over.
-TakeOver = Callable[[Sequence[int]], Draft]
-
-
-def no_take_over(drafted: Sequence[int]) -> Draft:
-    return Draft.nothing()
-
-
-@dataclass(frozen=True)
-class DraftRequest:
-    context: Sequence[int]  # every token so far; context[-1] is pending (no cache holds it yet)
-    limit: int  # at most this many tokens: room in the context, tokens the reply still needs
-    sampling: SamplingParams
-    rng: np.random.Generator
-    policy: KPolicy
-    take_over: TakeOver = no_take_over  # set by a chain for its costlier sources
+    @property
+    def continuation(self) -> Segment | None:
+        """The segment that took over from the first, if any."""
+        return self.segments[1] if len(self.segments) > 1 else None
 
 
 @dataclass(frozen=True)
@@ -161,24 +134,27 @@ class KPolicy(Protocol):
         """A new reply (a prompt, a chat turn) starts: its text may not be like the last one's."""
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
-        """What this step's draft (with its continuation and its notes' shadow) was planned as, yielded (`step`;
-        `yielded`: the kept drafts, then the target's own token) and cost."""
+        """What this step's draft was planned as, yielded (`step`; `yielded`: the kept drafts, then the
+        target's own token) and cost."""
 
 
-class Drafter(Protocol):
-    name: str  # "model", "ngram" or "ngram+model"
+class Drafting(Protocol):
+    """What the generator drives (speccli.drafting.planner.Planner): one call per step, one to learn."""
+
+    name: str  # the --spec it drafts by: "model", "ngram", "suffix+model", ...
 
     def sync(self, context: Sequence[int]) -> None:
         """Take in a new prompt: hold context[:-1] (the prefix held already was kept by `forget`)."""
 
-    def propose(self, request: DraftRequest) -> Draft: ...
+    def draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
+              policy: KPolicy) -> Draft:
+        """At most `limit` tokens to verify after `context` (whose last token no cache holds yet)."""
+
+    def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
+        """What the step yielded and cost, and the tokens it kept: the accepted drafts, then the target's."""
 
     def forget(self, n_tokens: int) -> None:
         """The context was cut back to its first `n_tokens` tokens (rejected drafts, a new prompt)."""
-
-    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
-        """What the step just verified yielded and cost, whichever source drafted it, and the tokens it
-        kept: the accepted drafts, then the target's own."""
 
     def new_conversation(self) -> None:
         """Another conversation starts: forget this one's context, keep what was learnt across them."""
@@ -186,35 +162,5 @@ class Drafter(Protocol):
     def forget_all(self) -> None:
         """Forget everything, what was learnt across conversations too."""
 
-    def catch_up_tokens(self, context: Sequence[int]) -> int:
-        """Tokens of `context` this source must take in before it can draft at its end."""
-
-    def owed_prompt_tokens(self) -> int:
-        """Tokens of this reply's prompt it must take in at its first draft (a one-time cost)."""
-
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """What drafting costs, by proposal key, measured now (a draft model decodes a few times)."""
-
-
-class DraftSource:
-    """Defaults for a source that needs no catch-up, costs nothing to weigh, learns nothing from a step
-    and keeps nothing across conversations (a lookup in the context): subclass it and write `propose`,
-    `forget` and `new_conversation`."""
-
-    def sync(self, context: Sequence[int]) -> None:
-        pass
-
-    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
-        pass
-
-    def forget_all(self) -> None:
-        self.new_conversation()
-
-    def catch_up_tokens(self, context: Sequence[int]) -> int:
-        return 0
-
-    def owed_prompt_tokens(self) -> int:
-        return 0
-
-    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
-        return {}

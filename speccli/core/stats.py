@@ -12,17 +12,6 @@ class Source(Enum):
     TARGET = "target"  # target-only generation
 
 
-class ComputeClock:
-    """Seconds this process has spent inside llama.cpp's decode, every model's (speccli.llama.model adds
-    each call's): the rest of a step's time is the host's own work (sampling, verifying, bookkeeping)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-
-COMPUTE_CLOCK = ComputeClock()
-
-
 @dataclass(frozen=True)
 class TokenEvent:
     token: int

@@ -1,11 +1,19 @@
-"""A smaller model of the same vocabulary as the draft source: K decodes, each token drawn from q."""
+"""A smaller model of the same vocabulary as the draft source: its next token and the q it was drawn from.
+
+Passive: the planner (speccli/drafting/planner.py) asks what taking in the context would cost
+(`catch_up_tokens`, `owed_prompt_tokens`), has it take it in (`begin`), then asks for one token at a
+time (`next`) for as long as it decides, and tells it which it keeps (`take`).
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample, top_probability
-from speccli.core.seam import Draft, DraftCosts, DraftNotes, DraftRequest, DraftSource
+import numpy as np
+
+from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution, greedy_token, sample, top_probability
+from speccli.core.seam import DraftCosts
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -17,15 +25,44 @@ if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to imp
 CATCH_UP_SIZES = (2, 16)
 
 
-class ModelDrafter(DraftSource):
+@dataclass(frozen=True)
+class Intake:
+    """What a draft model took in before drafting: its deferred prompt, and context it had skipped."""
+
+    prompt_seconds: float = 0.0
+    prompt_tokens: int = 0
+    catch_up_seconds: float = 0.0
+    catch_up_tokens: int = 0
+
+
+class NextToken:
+    """A drafted token, the q it was drawn from (None when greedy), and the draft's confidence in it,
+    computed only where asked (a fixed K never asks)."""
+
+    def __init__(self, token: int, q: Distribution | None, logits: np.ndarray, scratch: np.ndarray) -> None:
+        self.token, self.q = token, q
+        self._logits, self._scratch = logits, scratch
+        self.confidence_read: float | None = None
+
+    def confidence(self) -> float:
+        if self.confidence_read is None:
+            self.confidence_read = float(self.q.max()) if self.q is not None else top_probability(self._logits, out=self._scratch)
+        return self.confidence_read
+
+
+class ModelDrafter:
     """Drafts with a draft `Model`, keeping its KV cache a prefix of the context between steps."""
 
     name = "model"
+    drafts_by_token = True  # the planner may stop it after any token, or hand the draft to a lookup
 
     def __init__(self, model: Model) -> None:
         self.model = model
         self._q_rows = RowBuffer()
         self._prompt_end = 0  # the cache must hold the context this far before drafting (see `sync`)
+        self._pending: list[int] = []  # what the next decode takes in before giving a row
+        self._rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
+        self._drawn = 0
 
     def sync(self, context: Sequence[int]) -> None:
         """Owe context[:-1] (the cache holds a prefix of it already: see `forget`): taken in at this
@@ -37,6 +74,10 @@ class ModelDrafter(DraftSource):
         taken_in_now = self._prompt_end - self.model.n_batch
         if self.model.n_past < taken_in_now:
             self.model.decode(self.visible(context[self.model.n_past : taken_in_now]), n_logit_rows=0)
+
+    def room(self, context: Sequence[int], limit: int) -> int:
+        """How many of `limit` tokens it can draft: decoding k - 1 past the context must fit its window."""
+        return min(limit, self.model.n_ctx - len(context) + 1)
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         """Tokens taken in as one batched decode before drafting at the end of `context`: the context
@@ -51,71 +92,41 @@ class ModelDrafter(DraftSource):
         """Tokens of the reply's prompt `sync` deferred that the cache does not hold yet."""
         return max(0, self._prompt_end - self.model.n_past)
 
-    def _take_in_prompt(self, context: Sequence[int]) -> tuple[float, int]:
-        """Decode the prompt `sync` deferred, if the cache does not hold it yet: (seconds, tokens)."""
-        owed = self.owed_prompt_tokens()
-        if not owed:
-            return 0.0, 0
-        began = time.perf_counter()
-        self.model.decode(self.visible(context[self.model.n_past : self._prompt_end]), n_logit_rows=0)
-        return time.perf_counter() - began, owed
-
-    def propose(self, request: DraftRequest) -> Draft:
-        model, policy = self.model, request.policy
-        # Decoding k - 1 tokens past the context must fit in the draft's own window.
-        available = min(request.limit, model.n_ctx - len(request.context) + 1)
-        if available <= 0:
-            return Draft.nothing()
-        catch_up = self.catch_up_tokens(request.context)
-        plan = policy.plan(self.name, available, catch_up, self.owed_prompt_tokens())
-        if plan.k <= 0:  # not drafted: the policy still counts what it was asked
-            return Draft("", self.name, [], None, notes=DraftNotes(plan))
-        prompt_seconds, prompt_tokens = self._take_in_prompt(request.context)
-        q_rows = self._q_rows.take(plan.k, model.n_vocab)  # dense rows' weights (no filter bounds them)
-        drawn_from: list[Distribution] = []
-        drafted: list[int] = []
-        confidences: list[float] = []  # each drafted token's, where the policy read it
-        withheld = False
-        continuation = Draft.nothing()
-        pending = self.visible(request.context[model.n_past :])
-        catch_up_seconds = 0.0
-        if catch_up:  # timed apart, so the K policy's per-token cost of this model stays what drafting costs
+    def begin(self, context: Sequence[int], k: int) -> Intake:
+        """Take in what drafting at the end of `context` needs (the deferred prompt, a catch-up: each
+        timed apart, so the policy's per-token cost stays what drafting costs), for up to k tokens."""
+        model = self.model
+        prompt_seconds, prompt_tokens = 0.0, self.owed_prompt_tokens()
+        if prompt_tokens:
             began = time.perf_counter()
-            model.decode(pending[:-1], n_logit_rows=0)
+            model.decode(self.visible(context[model.n_past : self._prompt_end]), n_logit_rows=0)
+            prompt_seconds = time.perf_counter() - began
+        catch_up = self.catch_up_tokens(context)
+        self._pending = self.visible(context[model.n_past :])
+        catch_up_seconds = 0.0
+        if catch_up:
+            began = time.perf_counter()
+            model.decode(self._pending[:-1], n_logit_rows=0)
             catch_up_seconds = time.perf_counter() - began
-            pending = pending[-1:]
-        for i in range(plan.k):
-            logits = model.decode(pending, n_logit_rows=1)
-            if request.sampling.greedy:
-                token = greedy_token(logits[0])  # refused where the row is NaN: a broken draft is named
-            else:
-                q = distribution(logits[0], request.sampling, out=q_rows[i])
-                token = sample(q, request.rng)
-                drawn_from.append(q)
+            self._pending = self._pending[-1:]
+        self._rows = self._q_rows.take(k, model.n_vocab)  # dense rows' weights (no filter bounds them)
+        self._drawn = 0
+        return Intake(prompt_seconds, prompt_tokens, catch_up_seconds, catch_up)
 
-            def confidence() -> float:  # computed only where the policy asks (a fixed K never does)
-                greedy = request.sampling.greedy
-                confidences.append(top_probability(logits[0], out=q_rows[i]) if greedy else float(q.max()))
-                return confidences[-1]
+    def next(self, sampling: SamplingParams, rng: np.random.Generator) -> NextToken:
+        """Decode what is pending and draw the next token from the row (its argmax when greedy)."""
+        logits = self.model.decode(self._pending, n_logit_rows=1)
+        row = self._rows[self._drawn]
+        self._drawn += 1
+        if sampling.greedy:
+            return NextToken(greedy_token(logits[0]), None, logits[0], row)  # a NaN row is refused by name
+        q = distribution(logits[0], sampling, out=row)
+        return NextToken(sample(q, rng), q, logits[0], row)
 
-            # Stopping on the draft's own confidence uses nothing the target has said: still exact.
-            if not policy.keep_drafting(self.name, plan, confidence):
-                withheld = True
-                del confidences[len(drafted) :]  # the withheld token's: it is not part of the draft
-                break
-            drafted.append(token)
-            pending = [token]
-            if i + 1 < plan.k:
-                continuation = request.take_over(drafted)
-                if continuation.tokens:
-                    break
-        # The last draft token is decoded here only where the draft stopped short after it (its next
-        # token unsure): otherwise, if all pass, the next step catches up.
-        q_drawn = None if request.sampling.greedy or not drafted else drawn_from[: len(drafted)]
-        return Draft(
-            self.name if drafted else "", self.name, drafted, q_drawn, continuation if continuation.tokens else None,
-            DraftNotes(plan, tuple(confidences), withheld, catch_up_seconds, catch_up, prompt_seconds, prompt_tokens),
-        )
+    def take(self, token: int) -> None:
+        """The planner keeps `token`: the next decode takes it in. The last token of a draft is never
+        decoded here; if all pass, the next step catches up."""
+        self._pending = [token]
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary
@@ -131,6 +142,10 @@ class ModelDrafter(DraftSource):
         self.model.reset()
         self._prompt_end = 0
         self._q_rows = RowBuffer()  # K rows of the vocabulary (64 MiB at K=64, 262k tokens): not kept idle
+        self._rows = np.empty((0, 0), dtype=np.float32)
+
+    def forget_all(self) -> None:
+        self.new_conversation()
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each

@@ -25,35 +25,32 @@ from typing import Sequence
 
 import numpy as np
 
-from speccli.core.seam import Draft, DraftNotes, DraftRequest, DraftSource
 from speccli.validation import MAX_K
 
 MATCH_LENGTHS = ((12, "12+"), (6, "6-11"), (3, "3-5"), (1, "1-2"))  # a key's match length, from the shortest of each
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
-# Tokens of a proposal not drafted that are judged against what the step yields (`DraftNotes.shadow`): as
+# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.judged`): as
 # many as a step of the longest draft `auto` makes (24) yields.
-SHADOW_TOKENS = 25
+JUDGED_TOKENS = 25
 
 
 @dataclass(frozen=True)
 class Match:
-    """A lookup's find: how long the match of the context's end is, how the matched text went on where it
-    occurred before ("once", "same", "varied": see `NgramDrafter._match`), and what followed it."""
+    """A lookup's find: which lookup found it (`source`), how long the match of the context's end is, how
+    the matched text went on where it occurred before ("once", "same", "varied": see
+    `NgramLookup._match`), and what followed it."""
 
+    source: str
     length: int
     went_on: str
     following: list[int]  # as many tokens as a step may draft
 
-    def draft(self, source: str, request: DraftRequest) -> Draft:
-        """The proposal, of the length the policy plans for this kind of match; where that is none, the
-        proposal judged all the same (see `DraftNotes.shadow`)."""
-        key = f"{source}:{next(name for shortest, name in MATCH_LENGTHS if self.length >= shortest)}/{self.went_on}"
-        plan = request.policy.plan(key, len(self.following))
-        if plan.k <= 0:
-            return Draft.judged_only(Draft(source, key, self.following[:SHADOW_TOKENS], None, notes=DraftNotes(plan)))
-        return Draft(source, key, self.following[: plan.k], None, notes=DraftNotes(plan))
+    @property
+    def key(self) -> str:
+        """The kind of match the K policy learns apart, e.g. "ngram:12+/same"."""
+        return f"{self.source}:{next(name for shortest, name in MATCH_LENGTHS if self.length >= shortest)}/{self.went_on}"
 
 
 def longest_matches(
@@ -83,29 +80,37 @@ def longest_matches(
     return candidates, length
 
 
-class NgramDrafter(DraftSource):
+class NgramLookup:
+    """The lookup in the context. Passive: the planner asks it for a match and tells it where the context
+    was cut back."""
+
     name = "ngram"
 
     def __init__(self) -> None:
         self.new_conversation()
 
     @classmethod
-    def from_inputs(cls, inputs: object) -> NgramDrafter:
+    def from_inputs(cls, inputs: object) -> NgramLookup:
         return cls()
 
     def new_conversation(self) -> None:
         self._tokens = array("i")  # the indexed prefix of the context
         self._positions: dict[int, array] = {}  # token id -> ascending positions of it in _tokens
 
+    def forget_all(self) -> None:
+        self.new_conversation()
+
     def sync(self, context: Sequence[int]) -> None:
         self._index(context)
 
-    def propose(self, request: DraftRequest) -> Draft:
-        match = self.context_match(request)
-        return Draft.nothing() if match is None else match.draft(self.name, request)
+    def kept(self, tokens: Sequence[int]) -> None:
+        """A step kept these tokens: the context's index takes them in as the context grows."""
 
-    def context_match(self, request: DraftRequest) -> Match | None:
-        context = request.context
+    def match(self, context: Sequence[int], limit: int) -> Match | None:
+        """The longest earlier match of the context's end, and up to `limit` tokens of what followed it."""
+        return self.context_match(context, limit)
+
+    def context_match(self, context: Sequence[int], limit: int) -> Match | None:
         self._index(context)
         match = self._longest_match()
         if match is None:
@@ -116,8 +121,8 @@ class NgramDrafter(DraftSource):
         # itself (at least twice in a row), so the proposal repeats it on past the context's end. (A
         # reply caught in a loop, "la la la", had one token to draft a step: its most recent match ends
         # one token before the end; a longer loop had at most one period's tokens.)
-        available = min(request.limit, MAX_K) if length >= period else min(period, request.limit, MAX_K)
-        return Match(length, went_on, [context[end + i % period] for i in range(available)])
+        available = min(limit, MAX_K) if length >= period else min(period, limit, MAX_K)
+        return Match(NgramLookup.name, length, went_on, [context[end + i % period] for i in range(available)])
 
     def forget(self, n_tokens: int) -> None:
         # Positions were appended in order, so each dropped position is the last of its token's array.

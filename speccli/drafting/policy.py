@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting
+from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
 from speccli.core.stats import StepEvent
 from speccli.drafting.acceptance import PRIOR_ACCEPTANCE, RECENCY, UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
@@ -127,6 +127,7 @@ class Schedule:
         return 2 ** min(self.failed_probes, 8)
 
 
+@dataclass
 class ModelSchedule(Schedule):
     """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
     the loss bound; re-checked where a reply first asks it and, as a lookup is, after idle steps within
@@ -136,7 +137,8 @@ class ModelSchedule(Schedule):
 
     loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
     share: float = 1.0  # of a reply's tokens from its first draft on, the share its steps yielded
-    yielded_by_it = yielded_since_its_first = 0  # this reply's tokens
+    yielded_by_it: int = 0  # this reply's tokens drafted by it,
+    yielded_since_its_first: int = 0  # and all of this reply's since its first draft
 
     def begin_reply(self) -> None:
         super().begin_reply()
@@ -254,6 +256,35 @@ class AutoK:
         if self.verify.decode_seconds:
             self._price_ramps()
 
+    def learnt(self) -> dict[str, object]:
+        """What carries to another process (speccli/drafting/learnt.py): each key's acceptance, schedule
+        and drafting cost, and the replies' lengths. The verify curve is not: each process profiles it."""
+        return {
+            "keys": {key: {"model": isinstance(state.schedule, ModelSchedule), "schedule": vars(state.schedule),
+                           "acceptance": vars(state.acceptance), "cost": vars(state.cost)}
+                     for key, state in self.keys.items()},
+            "reply_lengths": self.reply_lengths, "reply_tokens": self.reply_tokens,
+        }
+
+    def recall(self, learnt: dict[str, object]) -> None:
+        """Take up what `learnt` gave (another process's, read back from JSON); ValueError where it is not that."""
+        try:
+            keys = {}
+            for key, state in learnt["keys"].items():
+                schedule = ModelSchedule() if state["model"] is True else LookupSchedule()
+                parts = (schedule, Acceptance(), DraftCost())
+                for part, values in zip(parts, (state["schedule"], state["acceptance"], state["cost"])):
+                    _restore(part, values)
+                keys[str(key)] = KeyState(*parts)
+            lengths, tokens = learnt["reply_lengths"], learnt["reply_tokens"]
+            if not all(type(n) is int and n >= 0 for n in [*lengths, tokens]):
+                raise ValueError("reply lengths are not counts")
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"not a policy's learnt state ({type(error).__name__}: {error})") from None
+        self.keys, self.reply_lengths, self.reply_tokens = keys, list(lengths)[-REPLY_LENGTHS_KEPT:], tokens
+        if self.verify.decode_seconds:
+            self._price_ramps()
+
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         limit = min(available, self.max_k)
         state = self.keys.get(key) or KeyState(LookupSchedule())  # a draft model's key exists from calibrate
@@ -307,51 +338,57 @@ class AutoK:
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         self.verify.update(step.drafted + 1, step.target_seconds, step.other_seconds)
         self.reply_tokens += len(yielded)
+        first = draft.segments[0] if draft.segments else None
         for key, state in self.keys.items():
             if isinstance(state.schedule, ModelSchedule):
-                state.schedule.count_step(draft.key == key and bool(draft.tokens), len(yielded))
-        notes = draft.notes
-        for asked in (draft, draft.continuation, notes.shadow):
-            if asked is not None and asked.key and asked.notes.plan is not NO_PLAN:
+                state.schedule.count_step(first is not None and first.key == key and bool(first.tokens), len(yielded))
+        for asked in (*draft.segments, draft.judged):
+            if asked is not None and asked.key and asked.plan is not NO_PLAN:
                 state = self._state(asked.key)
-                if asked.notes.plan.probe:
+                if asked.plan.probe:
                     state.acceptance.fade(RECHECK_CARRY)
-                state.schedule.asked(asked.notes.plan.k)
+                state.schedule.asked(asked.plan.k)
+        if first is None:
+            self._judge_unverified(draft, yielded)
+            return
         if step.drafted:
-            if notes.plan.probe:
+            if first.plan.probe:
                 self.reply.rechecks += 1
             else:
                 self.reply.chosen += 1
-        own = len(draft.tokens)
+        own = len(first.tokens)
         # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
         # them all, while its acceptance counts its own tokens only.
-        self._learn(draft, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
-        if notes.catch_up_tokens:
-            self._state(draft.key).cost.learn_catch_up(notes.catch_up_tokens, step.catch_up_seconds, self.verify.level)
+        self._learn(first, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
+        if draft.catch_up_tokens:
+            self._state(first.key).cost.learn_catch_up(draft.catch_up_tokens, step.catch_up_seconds, self.verify.level)
         taken_over = draft.continuation
         if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
             self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
-        if notes.shadow is not None:
-            # Proposed with certainty, a token is kept with the probability that the target yields it
-            # there (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md).
-            shadow = notes.shadow
-            compared = min(len(shadow.tokens), len(yielded))
-            self._judge(self._state(shadow.key), compared, common_prefix_length(shadow.tokens, yielded))
+        self._judge_unverified(draft, yielded)
 
-    def _learn(self, draft: Draft, accepted: int, seconds: float, kept_run: int) -> None:
+    def _judge_unverified(self, draft: Draft, yielded: Sequence[int]) -> None:
+        """Proposed with certainty, a token is kept with the probability that the target yields it there
+        (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md)."""
+        if draft.judged is not None:
+            judged = draft.judged
+            compared = min(len(judged.tokens), len(yielded))
+            self._judge(self._state(judged.key), compared, common_prefix_length(judged.tokens, yielded))
+
+    def _learn(self, segment: Segment, accepted: int, seconds: float, kept_run: int) -> None:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
-        if not draft.key:
+        if not segment.key:
             return
         # A token decoded but withheld (the source was unsure) counts as drafted and, where every token
         # before it was kept, as rejected: that is what stopping there yielded, and what it cost.
-        drafted = len(draft.tokens) + draft.notes.withheld
+        drafted = len(segment.tokens) + segment.withheld
         if not drafted:
             return
-        state = self._state(draft.key)
-        self._judge(state, drafted, accepted, draft.notes.confidences)
+        state = self._state(segment.key)
+        self._judge(state, drafted, accepted, segment.confidences)
         state.schedule.kept(kept_run, kept_run >= drafted)
         state.cost.learn_token(seconds / drafted / self.verify.level)
-        if draft.notes.plan.probe:
+        if segment.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_ramps)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
@@ -404,3 +441,20 @@ class AutoK:
         while k < self.max_k and (k + 1) * token_seconds + self.verify(k + 2) <= bound:
             k += 1
         return k
+
+
+def _restore(part: object, values: dict[str, object]) -> None:
+    """Set `part`'s fields from `values`, each of its own type (a count may have been saved as a float's
+    whole number), refusing a name it lacks or a value of another type."""
+    fields = vars(part)
+    if set(values) - set(fields):
+        raise ValueError(f"unknown fields {sorted(set(values) - set(fields))}")
+    for name, value in values.items():
+        default = fields[name]
+        numbers = (int, float) if isinstance(default, float) or default is None else (type(default),)
+        if isinstance(default, list):
+            if not isinstance(value, list) or not all(type(v) in (int, float) and v >= 0 for v in value):
+                raise ValueError(f"{name} is not a list of counts")
+        elif value is not None and (type(value) not in numbers or (type(value) is float and value != value)):
+            raise ValueError(f"{name} is {value!r}")
+        setattr(part, name, float(value) if isinstance(default, float) and value is not None else value)

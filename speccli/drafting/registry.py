@@ -1,10 +1,10 @@
 """Every draft source by name: what `--spec` accepts, its help, and how each is made.
 
-A new source is one file in this folder (a `DraftSource` with a `from_inputs` constructor) and one line
-in SOURCES. The `--spec` values follow from SOURCES: each source alone, or a chain of them joined by
-"+", lookups first in this order, the draft model last (cheapest first: speccli/drafting/chain.py).
-Light on imports: the command line checks `--spec` against it before numpy or llama.cpp load; each
-source's module is imported only when a drafter is made.
+A new source is one file in this folder (a lookup or a draft model, as the planner asks them:
+speccli/drafting/planner.py, with a `from_inputs` constructor) and one line in SOURCES, which declares
+its kind. The `--spec` values follow from SOURCES: each source alone, or a lookup then the draft model
+joined by "+" (cheapest first). Light on imports: the command line checks `--spec` here before numpy or
+llama.cpp load; each source's module is imported only when a planner is made.
 """
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING
 
+from speccli.errors import SpeccliError
+
 if TYPE_CHECKING:
-    from speccli.core.seam import DraftSource
+    from speccli.drafting.planner import DraftModel, Lookup
     from speccli.drafting.suffix import SuffixStore
     from speccli.llama.model import Model
 
@@ -21,15 +23,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RegisteredSource:
     name: str  # as `--spec` and the statistics name it
-    uses_draft_model: bool  # decodes the draft model (at most one such source in a chain, and last)
+    uses_draft_model: bool  # its kind: a draft model (at most one in a spec, and last), else a lookup
     summary: str  # a few words for --help
     make: str  # "module:callable", the callable taking `DraftInputs`
     includes: tuple[str, ...] = ()  # sources it does the work of: never chained with it
 
 
 SOURCES = (
-    RegisteredSource("ngram", False, "a lookup in the context", "speccli.drafting.ngram:NgramDrafter.from_inputs"),
-    RegisteredSource("suffix", False, "the lookup, and in earlier replies", "speccli.drafting.suffix:SuffixDrafter.from_inputs", ("ngram",)),
+    RegisteredSource("ngram", False, "a lookup in the context", "speccli.drafting.ngram:NgramLookup.from_inputs"),
+    RegisteredSource("suffix", False, "the lookup, and in earlier replies", "speccli.drafting.suffix:SuffixLookup.from_inputs", ("ngram",)),
     RegisteredSource("model", True, "the draft model", "speccli.drafting.specs:model_source"),
 )
 DEFAULT_SPEC = "suffix+model"  # a lookup where the text repeats (the context, earlier replies), the model elsewhere
@@ -84,9 +86,28 @@ def default_spec(with_draft_model: bool) -> str:
     return DEFAULT_SPEC if with_draft_model else "+".join(n for n in DEFAULT_SPEC.split("+") if not source_named(n).uses_draft_model)
 
 
-def make_source(name: str, inputs: DraftInputs) -> DraftSource:
+def make_source(name: str, inputs: DraftInputs) -> Lookup | DraftModel:
     from functools import reduce
     from importlib import import_module
 
     module, attributes = source_named(name).make.split(":")
     return reduce(getattr, attributes.split("."), import_module(module))(inputs)
+
+
+def check_spec(text: str, name: str = "--spec") -> str:
+    """A draft source or a chain of them (speccli.drafting.registry)."""
+    if text not in SPECS:
+        raise SpeccliError(f"{name} must be one of {', '.join(SPECS)}, got {text!r}")
+    return text
+
+
+def require_draft_model(spec: str, draft: object | None) -> None:
+    """A guard behind the command line's own check (`resolve_pair` refuses such a pair before loading)."""
+    if draft is None and uses_draft_model(spec):
+        raise SpeccliError(f"--spec {spec} needs a draft model, and none was loaded")
+
+
+def parse_spec_list(text: str, name: str = "--spec") -> list[str]:
+    """'ngram' -> ['ngram']; 'model,ngram' -> both, in the order given, each once."""
+    specs = [check_spec(item.strip(), name) for item in text.split(",")]
+    return list(dict.fromkeys(specs))

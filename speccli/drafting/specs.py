@@ -1,16 +1,16 @@
-"""A `--spec` (speccli.drafting.registry) and K (`--k`) -> the drafter and K policy that implement them."""
+"""A `--spec` (speccli.drafting.registry) and K (`--k`) -> the planner and K policy that implement them."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speccli.core.seam import Drafter, DraftSource, KPolicy
-from speccli.drafting.chain import ChainDrafter
+from speccli.core.seam import KPolicy
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import DraftModel, Planner
 from speccli.drafting.policy import AutoK, FixedK
-from speccli.drafting.registry import DraftInputs, make_source
+from speccli.drafting.registry import DraftInputs, check_spec, make_source, require_draft_model, source_named
 from speccli.drafting.translated import TranslatedDrafter
-from speccli.validation import AUTO_K, K, check_spec, require_draft_model
+from speccli.validation import AUTO_K, K
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.drafting.suffix import SuffixStore
@@ -24,16 +24,17 @@ def make_policy(k: K) -> KPolicy:
     return AutoK() if k == AUTO_K else FixedK(k)
 
 
-def make_drafter(spec: str, draft_model: Model | None, target: Model, store: SuffixStore | None = None) -> Drafter:
-    """`store`: the earlier replies a `suffix` source drafts from, shared with other drafters for this
-    target (None: its own)."""
+def make_drafter(spec: str, draft_model: Model | None, target: Model, store: SuffixStore | None = None) -> Planner:
+    """The planner over the spec's sources. `store`: the earlier replies a `suffix` source drafts from,
+    shared with other planners for this target (None: its own)."""
     require_draft_model(check_spec(spec), draft_model)
     inputs = DraftInputs(draft_model, target, store)
-    sources = [make_source(name, inputs) for name in spec.split("+")]
-    return sources[0] if len(sources) == 1 else ChainDrafter(sources)
+    lookups = [make_source(name, inputs) for name in spec.split("+") if not source_named(name).uses_draft_model]
+    models = [make_source(name, inputs) for name in spec.split("+") if source_named(name).uses_draft_model]
+    return Planner(lookups[0] if lookups else None, models[0] if models else None)
 
 
-def model_source(inputs: DraftInputs) -> DraftSource:
+def model_source(inputs: DraftInputs) -> DraftModel:
     """The draft model: its own ids where its vocabulary is the target's, else translated tokens
     (speccli/drafting/translated.py)."""
     draft, target = inputs.draft_model, inputs.target

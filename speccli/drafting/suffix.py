@@ -27,15 +27,12 @@ import stat
 import time
 from array import array
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 import numpy as np
 
-from speccli.core.seam import Draft, DraftRequest
-from speccli.core.stats import StepEvent
-from speccli.drafting.ngram import MAX_MATCH, SHADOW_TOKENS, Match, NgramDrafter, longest_matches
+from speccli.drafting.ngram import JUDGED_TOKENS, MAX_MATCH, Match, NgramLookup, longest_matches
 from speccli.util.cache import speccli_cache_dir
 from speccli.util.files import PARTIAL_SUFFIX, partial_path, process_alive, remove_abandoned_partials
 
@@ -133,7 +130,7 @@ class SuffixStore:
         if not following:
             return None
         went_on = "once" if occurrences == 1 else "same" if len(window) == occurrences else "varied"
-        return Match(length, went_on, following)
+        return Match(SuffixLookup.name, length, went_on, following)
 
     def _evict(self) -> None:
         """Drop the oldest replies, down to three quarters of the cap (so eviction is rare), and re-index."""
@@ -310,7 +307,9 @@ def vocabulary_fingerprint(tokenizer: Tokenizer) -> str:
     return digest.hexdigest()[:32]
 
 
-class SuffixDrafter(NgramDrafter):
+class SuffixLookup(NgramLookup):
+    """The context's lookup and the store's: the longer match of the two."""
+
     name = "suffix"
 
     def __init__(self, store: SuffixStore | None = None) -> None:
@@ -320,19 +319,19 @@ class SuffixDrafter(NgramDrafter):
         self._in_reply = False
 
     @classmethod
-    def from_inputs(cls, inputs: DraftInputs) -> SuffixDrafter:
+    def from_inputs(cls, inputs: DraftInputs) -> SuffixLookup:
         return cls(inputs.store)
 
     def sync(self, context: Sequence[int]) -> None:
         super().sync(context)
         self._head, self._in_reply = list(context[-HEAD_TOKENS:]), False
 
-    def propose(self, request: DraftRequest) -> Draft:
-        here = self.context_match(request)
-        earlier = self.store.match(request.context, min(request.limit, SHADOW_TOKENS))
+    def match(self, context: Sequence[int], limit: int) -> Match | None:
+        here = self.context_match(context, limit)
+        earlier = self.store.match(context, min(limit, JUDGED_TOKENS))
         if earlier is not None and (here is None or self.store_drafts(here, earlier)):
-            return earlier.draft(self.name, request)
-        return Draft.nothing() if here is None else here.draft(NgramDrafter.name, request)
+            return earlier
+        return here
 
     @staticmethod
     def store_drafts(here: Match, earlier: Match) -> bool:
@@ -340,11 +339,12 @@ class SuffixDrafter(NgramDrafter):
         this text's own; the rules tried against it: tests/benchmarks/suffix_replay.py)."""
         return earlier.length > here.length
 
-    def observe(self, step: StepEvent, kept: Sequence[int]) -> None:
+    def kept(self, tokens: Sequence[int]) -> None:
+        """Only tokens the target kept, after it kept them, enter the store (the module docstring)."""
         if not self._in_reply:
             self.store.begin(self._head)
             self._in_reply = True
-        self.store.extend(kept)
+        self.store.extend(tokens)
 
     def forget_all(self) -> None:
         self.new_conversation()

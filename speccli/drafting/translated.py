@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import Distribution, RowBuffer, distribution, greedy_token, sample
-from speccli.core.seam import Draft, DraftCosts, DraftNotes, DraftRequest, DraftSource
-from speccli.drafting.model import CATCH_UP_SIZES
+from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution, greedy_token, sample
+from speccli.core.seam import DraftCosts
+from speccli.drafting.model import CATCH_UP_SIZES, Intake
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
@@ -39,10 +39,12 @@ if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to imp
 WINDOW = 4  # target tokens of context re-tokenized with the drafted text, to find where the proposal starts
 
 
-class TranslatedDrafter(DraftSource):
-    """Drafts with a draft `Model` whose vocabulary is not the target's (`target_vocabulary`)."""
+class TranslatedDrafter:
+    """Drafts with a draft `Model` whose vocabulary is not the target's (`target_vocabulary`): a block of
+    tokens at a time, re-tokenized as a whole, so the planner neither stops it early nor hands it over."""
 
     name = "model"
+    drafts_by_token = False
 
     def __init__(self, model: Model, target_vocabulary: Tokenizer, shared: SharedVocabulary | None = None) -> None:
         self.model = model
@@ -60,41 +62,46 @@ class TranslatedDrafter(DraftSource):
         pending = len(context) - self._covered
         return pending - 1 if pending > 2 else 0
 
-    def propose(self, request: DraftRequest) -> Draft:
-        model, policy = self.model, request.policy
-        skipped = self.catch_up_tokens(request.context)
-        plan = policy.plan(self.name, request.limit, skipped)
-        if plan.k <= 0:
-            return Draft("", self.name, [], None, notes=DraftNotes(plan))
-        read = self._read(request.context, catching_up=skipped > 0)
+    def room(self, context: Sequence[int], limit: int) -> int:
+        return limit
+
+    def owed_prompt_tokens(self) -> int:
+        return 0  # `sync` reads the prompt in the prefill
+
+    def draft_block(
+        self, context: Sequence[int], k: int, limit: int, sampling: SamplingParams, rng: np.random.Generator,
+    ) -> tuple[list[int], list[Distribution] | None, Intake]:
+        """Up to k draft tokens, as target ids (at most `limit`), the q they were drawn from where they
+        were drawn among the shared tokens (else None: proposed with certainty), and what was taken in."""
+        model = self.model
+        read = self._read(context, catching_up=self.catch_up_tokens(context) > 0)
         if read is None:  # the context, as the draft's tokens, fills its window
-            return Draft("", self.name, [], None, notes=DraftNotes(plan))
+            return [], None, Intake()
         logits, catch_up, catch_up_seconds = read
+        intake = Intake(catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
         # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
-        k = min(plan.k, model.n_ctx - model.n_past + 1)
-        if self.shared is not None and not request.sampling.greedy:  # greedy, text is kept more (module docstring)
-            proposal, q = self._draft_shared_tokens(logits, min(k, request.limit), request)
-            self._covered = len(request.context) + len(proposal)
-            return Draft(self.name if proposal else "", self.name, proposal, q,
-                         notes=DraftNotes(plan, catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up))
+        k = min(k, model.n_ctx - model.n_past + 1)
+        if self.shared is not None and not sampling.greedy:  # greedy, text is kept more (module docstring)
+            proposal, q = self._draft_shared_tokens(logits, min(k, limit), sampling, rng)
+            self._covered = len(context) + len(proposal)
+            return proposal, q, intake
         drafted: list[int] = []
         for i in range(k):
-            if request.sampling.greedy:
+            if sampling.greedy:
                 token = greedy_token(logits[0])
             else:
-                token = sample(distribution(logits[0], request.sampling, out=self._q_row.take(1, model.n_vocab)[0]), request.rng)
+                token = sample(distribution(logits[0], sampling, out=self._q_row.take(1, model.n_vocab)[0]), rng)
             if model.tokenizer.is_end_of_generation(token):
                 break
             drafted.append(token)
             if i + 1 < k:
                 logits = model.decode([token], n_logit_rows=1)
                 self._held.append(token)
-        proposal = self._translate(request.context, model.tokenizer.detokenize(drafted))[:request.limit]
-        self._covered = len(request.context) + len(proposal)
-        return Draft(self.name if proposal else "", self.name, proposal, None,
-                     notes=DraftNotes(plan, catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up))
+        proposal = self._translate(context, model.tokenizer.detokenize(drafted))[:limit]
+        self._covered = len(context) + len(proposal)
+        return proposal, None, intake
 
-    def _draft_shared_tokens(self, logits: np.ndarray, k: int, request: DraftRequest) -> tuple[list[int], list[Distribution] | None]:
+    def _draft_shared_tokens(self, logits: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None]:
         """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution
         restricted to the tokens both vocabularies spell alike, renormalised, on the target's ids; the
         distribution it was drawn from is its q."""
@@ -102,11 +109,11 @@ class TranslatedDrafter(DraftSource):
         proposal: list[int] = []
         drawn_from: list[Distribution] = []
         for i in range(k):
-            restricted = on_shared_tokens(distribution(logits[0], request.sampling, out=self._q_row.take(1, model.n_vocab)[0]),
+            restricted = on_shared_tokens(distribution(logits[0], sampling, out=self._q_row.take(1, model.n_vocab)[0]),
                                           shared)
             if restricted is None:  # the draft gives the shared tokens nothing: no proposal to make
                 break
-            chosen = sample(restricted, request.rng)
+            chosen = sample(restricted, rng)
             proposal.append(chosen)
             drawn_from.append(restricted)
             if i + 1 < k:
@@ -171,6 +178,9 @@ class TranslatedDrafter(DraftSource):
         self._held = []
         self._covered = 0
         self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle
+
+    def forget_all(self) -> None:
+        self.new_conversation()
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""

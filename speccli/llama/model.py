@@ -23,10 +23,10 @@ import numpy as np
 
 import llama_cpp
 
-from speccli.core.stats import COMPUTE_CLOCK
 from speccli.errors import NonFiniteLogitsError, SpeccliError
 from speccli.gguf_meta import trained_context_length
 from speccli.llama import rpc
+from speccli.llama.clock import COMPUTE_CLOCK
 from speccli.llama.log import clear_errors, last_llama_error
 from speccli.llama.rpc import Endpoint
 from speccli.llama.tokenizer import Tokenizer, interruptible, load_model

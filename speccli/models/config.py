@@ -24,7 +24,8 @@ from speccli.models.sources import DerivedSource, LocalSource, ModelSource, Pack
 from speccli.util.cache import expand_home, user_config_path
 from speccli.util.files import read_text_input
 from speccli.drafting.registry import DEFAULT_SPEC
-from speccli.validation import AUTO_K, Endpoint, K, needs_draft_model
+from speccli.drafting.registry import uses_draft_model
+from speccli.validation import AUTO_K, Endpoint, K
 
 DEFAULT_K: K = AUTO_K  # K chosen per step from measured costs
 # llama.cpp's n_gpu_layers: -1 offloads every layer where the backend can; CPU-only builds ignore it.
@@ -187,7 +188,7 @@ def _parse_pair(entry: TomlTable, name: str, file: Path) -> PairEntry:
     return PairEntry(
         name=name,
         target=entry.string("target"),
-        draft=entry.string("draft", required=needs_draft_model(spec)),
+        draft=entry.string("draft", required=uses_draft_model(spec)),
         k=entry.k("k"),
         spec=spec,
         target_n_gpu_layers=entry.gpu_layers("target_n_gpu_layers", default=DEFAULT_N_GPU_LAYERS),

@@ -16,7 +16,8 @@ from speccli.llama.model import LoadOptions, Model, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.llama import rpc
-from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_spec, check_threads
+from speccli.drafting.registry import check_spec
+from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_threads
 from speccli.vocab.check import checked_pair
 from speccli.vocab.report import VocabVerdict
 

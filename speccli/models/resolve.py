@@ -12,7 +12,8 @@ from speccli.gguf_files import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
 from speccli.util.cache import expand_home
-from speccli.validation import Endpoint, K, needs_draft_model
+from speccli.drafting.registry import uses_draft_model
+from speccli.validation import Endpoint, K
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def resolve_pair(
     K, ngram+model, full GPU offload). A draft source without a model (ngram) resolves no draft; one
     given is refused."""
     pair: PairEntry | None = None
-    ad_hoc = pair_name is None and target is not None and (draft is not None or (spec is not None and not needs_draft_model(spec)))
+    ad_hoc = pair_name is None and target is not None and (draft is not None or (spec is not None and not uses_draft_model(spec)))
     if not ad_hoc:
         name = registry.default_pair if pair_name is None else pair_name
         if pair_name is None and target is not None:
@@ -113,7 +114,7 @@ def resolve_pair(
     spec = spec or (pair.spec if pair else DEFAULT_SPEC)
     # Only None means "not given": an empty name reaches resolve_model, which refuses it.
     target_name = pair.target if target is None else target
-    if needs_draft_model(spec):
+    if uses_draft_model(spec):
         draft_name = pair.draft if draft is None else draft
         if draft_name is None:
             raise SpeccliError(f"pair {pair.name} drafts by lookup and names no draft model; --spec {spec} needs one: give --draft")

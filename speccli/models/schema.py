@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from speccli.errors import SpeccliError
-from speccli.validation import AUTO_K, Endpoint, K, check_gpu_layers, check_k, check_spec, parse_endpoints
+from speccli.drafting.registry import check_spec
+from speccli.validation import AUTO_K, Endpoint, K, check_gpu_layers, check_k, parse_endpoints
 
 _BARE_TOML_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -26,9 +26,11 @@ from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
 from speccli.server.service import Service
 from speccli.drafting.registry import DEFAULT_SPEC
+from speccli.drafting.learnt import LearntFile
 from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
-from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_listen, check_spec, require_draft_model
+from speccli.drafting.registry import check_spec, require_draft_model
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_listen
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
     require_draft_model(settings.spec, draft)
     warn = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     store = open_store(target.tokenizer, model_id, settings.remember, warn)
-    worker = Worker(target, draft, settings.max_waiting, metrics, store)
+    worker = Worker(target, draft, settings.max_waiting, metrics, store, LearntFile(target, draft, warn))
     on_server_lost(lambda reason: _answer_503_from_now_on(worker, reason))
     return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key)
 

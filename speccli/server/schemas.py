@@ -12,7 +12,8 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from speccli.validation import K, MAX_K, SPECS
+from speccli.drafting.registry import SPECS
+from speccli.validation import K, MAX_K
 
 
 class Strict(BaseModel):

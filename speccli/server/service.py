@@ -14,7 +14,7 @@ from speccli.server.metrics import Metrics
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
 from speccli.server.worker import Speculation, Worker
 from speccli.drafting.registry import default_spec
-from speccli.validation import needs_draft_model
+from speccli.drafting.registry import uses_draft_model
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Service:
         if not control.enabled:
             return Speculation(None, None)
         spec = control.spec or self.default_speculation.spec or default_spec(self.draft is not None)
-        if needs_draft_model(spec) and self.draft is None:
+        if uses_draft_model(spec) and self.draft is None:
             raise APIError(400, f"speculative.spec {spec!r} needs a draft model, and this server has none "
                            f"(start it with a draft, or use {default_spec(False)!r})", param="speculative.spec")
         k = self.default_speculation.k if control.k is None else control.k

@@ -26,6 +26,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile
 from speccli.core.stats import DoneEvent, TokenEvent
 from speccli.drafting.policy import PROFILED_SIZES
+from speccli.drafting.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError
@@ -107,12 +108,14 @@ class LostGeneration(GenerationError):
 
 class Worker:
     def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics,
-                 store: SuffixStore | None = None) -> None:
+                 store: SuffixStore | None = None, learnt: LearntFile | None = None) -> None:
         self.target = target
         self.draft = draft
         # Earlier replies, shared by every request's `suffix` source for the life of the process (and
         # kept on disk with --remember); a switch of configuration starts a new conversation, not a new store.
         self.store = SuffixStore() if store is None else store
+        # What `auto` learnt in earlier processes, taken up by each configuration's policy as it starts.
+        self.learnt = learnt
         self.metrics = metrics
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()  # in order; a job leaves it when it starts or its client leaves
@@ -145,6 +148,9 @@ class Worker:
         if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
         self.store.persist(now=True)
+        if self.learnt is not None:
+            for generator in self._generators.values():
+                self.learnt.keep(generator.policy, generator.sampling, now=True)
 
     @property
     def stopping(self) -> bool:
@@ -242,12 +248,14 @@ class Worker:
             finally:
                 self._running = None
 
-    def _generator_for(self, speculation: Speculation) -> Generator:
+    def _generator_for(self, speculation: Speculation, sampling: SamplingParams) -> Generator:
         generator = self._generators.get(speculation)
         if generator is None:
             drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target, self.store)
             policy = None if speculation.k is None else make_policy(speculation.k)
             generator = Generator(self.target, drafter, SamplingParams(), policy)
+            if self.learnt is not None:
+                self.learnt.recall(policy, sampling)
             self._generators[speculation] = generator
         if self._active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.
@@ -273,7 +281,7 @@ class Worker:
             return naming_non_finite_logits(self.target, self.draft, lambda model: model.path.name)
 
         with naming():  # the cost profile samples from the target's logits
-            generator = self._generator_for(job.speculation)
+            generator = self._generator_for(job.speculation, job.sampling)
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
@@ -288,5 +296,7 @@ class Worker:
                     self.metrics.record(event.stats, "completed")
                     job.emit(event)
                     self.store.persist()
+                    if self.learnt is not None:
+                        self.learnt.keep(generator.policy, job.sampling)
                     return
         self.metrics.record(generator.reply_stats, "cancelled")  # no DoneEvent: cancelled in its prefill

@@ -27,6 +27,7 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, StepEvent
 from speccli.drafting.model import ModelDrafter
+from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.llama.model import LoadOptions, Model
@@ -42,7 +43,7 @@ GREEDY = SamplingParams(temperature=0.0)
 def profiled_costs(target: Model, draft: Model, prompt: list[int]) -> tuple[float, VerifyCosts]:
     """(c, V) in target 1-token decodes, from a generator's own calibration on `prompt`."""
     policy = AutoK()
-    generator = Generator(target, ModelDrafter(draft), GREEDY, policy)
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, policy)
     for _ in generator.generate(prompt, GenerationLimits(max_tokens=1)):
         pass
     one_token = policy.verify.decode_seconds[1]  # the profile, as measured (the curve's shape at level 1)

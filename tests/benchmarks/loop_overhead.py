@@ -13,7 +13,10 @@ right, moves with it):
 
   speccli target      `Generator` without a drafter, as chat and bench run it
   speccli K=4         `Generator` with a `ModelDrafter`, `FixedK(4)`
-  speccli auto        speccli's defaults: `--spec ngram+model --k auto` (a fresh policy each run)
+  speccli auto        speccli's defaults: `--spec suffix+model --k auto`, its policy warm as a user's second
+                      invocation finds it (what `auto` learnt kept between processes: a first run is
+                      unmeasured, and each run goes on from the last; no store of earlier replies);
+                      `--cold` starts each run from the priors
   llama-completion    the target alone (-no-cnv --ignore-eos)
   llama-speculative-simple n-max N   greedy only, --spec-type draft-simple, N from `--draft-max` (default 4)
   llama-speculative n-max N          at chat's defaults, the same
@@ -52,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -64,11 +67,10 @@ import llama_cpp  # noqa: E402
 from speccli.core.generator import GenerationLimits, Generator  # noqa: E402
 from speccli.core.sampling import SamplingParams  # noqa: E402
 from speccli.core.stats import DoneEvent, StepEvent  # noqa: E402
-from speccli.drafting.model import ModelDrafter  # noqa: E402
 from speccli.drafting.policy import AutoK, FixedK  # noqa: E402
+from speccli.drafting.registry import DEFAULT_SPEC  # noqa: E402
 from speccli.drafting.specs import make_drafter  # noqa: E402
 from speccli.llama.model import LoadOptions, Model  # noqa: E402
-from tests.tiny_gguf import TinyConfig, write_tiny_gguf  # noqa: E402
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then it runs far away into the woods"
 SETTINGS = {
@@ -88,6 +90,8 @@ class Run:
 
 
 def write_model(directory: Path, vocab: int) -> Path:
+    from tests.tiny_gguf import TinyConfig, write_tiny_gguf  # needs `gguf`, the tests' set-up's (--dev): not --files'
+
     path = directory / f"loop-{vocab}.gguf"
     if not path.exists():
         write_tiny_gguf(path, TinyConfig(vocab_size=vocab, n_embd=16, n_layer=1, n_head=2, n_head_kv=1, n_ff=32,
@@ -130,13 +134,16 @@ class Bench:
     draft_path: Path
 
     seed: int = SEED  # each round's own: sampled text, and so what drafts it allows, varies with it
+    warm: bool = True  # `auto` goes on from what it learnt in the runs before, per setting
+    policies: dict[SamplingParams, AutoK] = field(default_factory=dict)
 
     def speccli(self, sampling: SamplingParams, name: str, n_predict: int | None = None) -> Run:
-        """speccli's target alone, K=4 with the draft model, or its defaults (--spec ngram+model --k auto)."""
+        """speccli's target alone, K=4 with the draft model, or its defaults (--spec suffix+model --k auto)."""
         n_predict = n_predict or self.n_predict
-        drafter = {"speccli target": None, "speccli K=4": lambda: ModelDrafter(self.draft),
-                   "speccli auto": lambda: make_drafter("ngram+model", self.draft, self.target)}[name]
-        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": AutoK()}[name]
+        drafter = {"speccli target": None, "speccli K=4": lambda: make_drafter("model", self.draft, self.target),
+                   "speccli auto": lambda: make_drafter(DEFAULT_SPEC, self.draft, self.target)}[name]
+        auto = self.policies.setdefault(sampling, AutoK()) if self.warm else AutoK()
+        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": auto}[name]
         generator = Generator(self.target, drafter and drafter(), sampling, policy, seed=self.seed)
         prompt = self.target.tokenizer.tokenize(self.prompt.encode())
         steps = rows = 0
@@ -211,6 +218,7 @@ def main() -> None:
     parser.add_argument("--tools", type=Path, default=Path("/work/llama.cpp-tools/bin"))
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "speccli-loop-overhead")
     parser.add_argument("--profile", choices=["greedy-target", "greedy-k4", "chat-target", "chat-k4"])
+    parser.add_argument("--cold", action="store_true", help="speccli auto from its priors in every run")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     only, draft_max = set(args.only.split(",")), [int(n) for n in args.draft_max.split(",")]
@@ -223,7 +231,7 @@ def main() -> None:
                  for path in [write_model(args.workdir, vocab)]]
     for title, target_path, draft_path in pairs:
         target, draft = Model(target_path, options), Model(draft_path, options)
-        bench = Bench(target, draft, args.prompt, args.n_predict, args.tools, target_path, draft_path)
+        bench = Bench(target, draft, args.prompt, args.n_predict, args.tools, target_path, draft_path, warm=not args.cold)
         if args.profile:
             setting, config = args.profile.split("-")
             bench.speccli(SETTINGS[setting], "speccli K=4" if config == "k4" else "speccli target")  # warm
@@ -235,6 +243,9 @@ def main() -> None:
         order = configurations(args.tools, only, draft_max)
         results: dict[tuple[str, str], list[Run]] = {key: [] for key in order}
         bench.speccli(SETTINGS["chat"], "speccli target", n_predict=16)  # warm the caches and pages
+        if bench.warm and "speccli" in only:
+            for setting in SETTINGS:  # a user's first invocation: what the measured ones go on from
+                bench.speccli(SETTINGS[setting], "speccli auto")
         for round_index in range(args.rounds):
             bench.seed = SEED + round_index
             for setting, name in order if round_index % 2 == 0 else order[::-1]:

@@ -14,10 +14,7 @@ import tracemalloc
 
 import numpy as np
 
-from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftRequest
-from speccli.drafting.policy import FixedK
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.ngram import NgramLookup
 
 
 def token_stream(length: int, seed: int = 0) -> list[int]:
@@ -35,16 +32,14 @@ def token_stream(length: int, seed: int = 0) -> list[int]:
 
 def measure(context_tokens: int, steps: int = 2000) -> tuple[float, float]:
     stream = token_stream(context_tokens + steps * 4)
-    drafter = NgramDrafter()
+    drafter = NgramLookup()
     drafter.sync(stream[:context_tokens])
     rng = np.random.default_rng(0)
-    sampling = SamplingParams(temperature=0)
     seconds, end = [], context_tokens
     for _ in range(steps):
         end += int(rng.integers(1, 5))  # 1-4 tokens accepted per step
-        request = DraftRequest(stream[:end], 32, sampling, rng, FixedK(32))
         began = time.perf_counter()
-        drafter.propose(request)
+        drafter.match(stream[:end], 32)
         seconds.append(time.perf_counter() - began)
     seconds.sort()
     return statistics.median(seconds), seconds[int(0.99 * len(seconds))]
@@ -55,7 +50,7 @@ def main() -> None:
         median, p99 = measure(length)
         print(f"context {length:>6} tokens: {median * 1e3:.3f} ms median, {p99 * 1e3:.3f} ms p99 per step (index + lookup)")
     tracemalloc.start()
-    drafter = NgramDrafter()
+    drafter = NgramLookup()
     drafter.sync(token_stream(16_000))
     current, _ = tracemalloc.get_traced_memory()
     print(f"index memory at 16,000 tokens: {current / 2**20:.1f} MiB")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.ngram import NgramDrafter
+from speccli.drafting.planner import Planner
+from speccli.drafting.ngram import NgramLookup
 from speccli.drafting.policy import AutoK
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
@@ -36,7 +37,7 @@ def main(mode: str) -> None:
     prompt = target.tokenizer.tokenize(text)[:PROMPT_TOKENS]
     if len(prompt) < PROMPT_TOKENS:
         sys.exit(f"the documentation is {len(prompt)} tokens, fewer than the {PROMPT_TOKENS} this measures at")
-    drafter = NgramDrafter() if mode == "ngram" else None
+    drafter = Planner(NgramLookup()) if mode == "ngram" else None
     generator = Generator(target, drafter, SamplingParams(temperature=0.8), AutoK(), seed=1)
     stats = list(generator.generate(prompt, GenerationLimits(max_tokens=128)))[-1].stats
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

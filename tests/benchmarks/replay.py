@@ -49,8 +49,8 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, top_probability
 from speccli.core.stats import StepEvent, TokenEvent
-from speccli.core.seam import CostProfile, Draft, DraftCosts, DraftRequest
-from speccli.drafting.chain import ChainDrafter
+from speccli.core.seam import CostProfile, Draft, DraftCosts
+from speccli.drafting.planner import Planner
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.policy import AUTO_MAX_K, PROFILED_SIZES, VerifyCosts
 from speccli.drafting.registry import SPECS, DraftInputs, make_source, source_named, uses_draft_model
@@ -235,8 +235,9 @@ def replay(
 
     # The real sources, the draft model's over the stand-in (the lookups need no model).
     inputs = DraftInputs(draft_model=None, target=None)  # type: ignore[arg-type]
-    sources = [ModelDrafter(model) if source_named(name).uses_draft_model else make_source(name, inputs) for name in spec.split("+")]
-    drafter = ChainDrafter(sources) if len(sources) > 1 else sources[0]
+    names = spec.split("+")
+    lookup = next((make_source(name, inputs) for name in names if not source_named(name).uses_draft_model), None)
+    drafter = Planner(lookup, ModelDrafter(model) if uses_draft_model(spec) else None)
     policy = make_policy(k)
     catch_up_seconds = {n: catch_up_decodes(n) * c * UNIT for n in CATCH_UP_SIZES}
     draft_costs = {"model": DraftCosts(c * UNIT, catch_up_seconds)} if uses_draft_model(spec) else {}
@@ -258,16 +259,16 @@ def replay(
         while t < len(reply.tokens):
             limit = (max_tokens or len(reply.tokens)) - t - 1
             model.step_from(len(context))
-            draft = Draft.nothing()
+            draft = Draft()
             if limit > 0:
-                draft = drafter.propose(DraftRequest(context, limit, GREEDY, rng, policy))
-            proposed = draft.proposed
+                draft = drafter.draft(context, limit, GREEDY, rng, policy)
+            proposed = draft.tokens
             truth = reply.tokens[t:]
             accepted = common_prefix_length(proposed, truth)  # truth is longer: the rest of the reply
             new_tokens = truth[: accepted + 1]
             # The prompt a draft model took in at its first draft: one decode before the catch-up's.
-            intake_cost = catch_up_decodes(draft.notes.prompt_tokens) * c
-            catch_up_cost = catch_up_decodes(model.caught_up - draft.notes.prompt_tokens)
+            intake_cost = catch_up_decodes(draft.prompt_tokens) * c
+            catch_up_cost = catch_up_decodes(model.caught_up - draft.prompt_tokens)
             step = StepEvent(
                 drafted=len(proposed), accepted=accepted,
                 draft_seconds=((model.decodes + catch_up_cost) * c + model.decodes * host_row
@@ -277,8 +278,7 @@ def replay(
                 catch_up_seconds=catch_up_cost * c * UNIT,
                 continuation=(draft.continuation.source, len(draft.continuation.tokens)) if draft.continuation else None,
             )
-            policy.observe(draft, step, new_tokens)
-            drafter.observe(step, new_tokens)
+            drafter.observe(draft, step, new_tokens, policy)
             cost += (step.draft_seconds + step.target_seconds + step.other_seconds) / UNIT + intake_cost
             steps.append(step_text(step))
             context += new_tokens

@@ -5,7 +5,7 @@
     .venv/bin/python tests/benchmarks/suffix_replay.py --target T.gguf --recording /tmp/workload.json
 
 The target alone's greedy replies to serve_workload.py's workloads (its --json: the first round of
-`speccli alone`) are stepped through by the real SuffixDrafter, its store carried from request to
+`speccli alone`) are stepped through by the real SuffixLookup, its store carried from request to
 request as serve carries it: each step proposes up to 25 tokens (K fixed; the walk's own stops decide
 the length), keeps them up to the first that differs from the recorded reply, and one token more (the
 target's). The prompts are rendered by the target's chat template, as serve renders them; a reply's
@@ -34,11 +34,9 @@ import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (do
 import numpy as np
 
 from speccli.chat.template import chat_format_for, tokenize_rendered
-from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftRequest
 from speccli.drafting import suffix
-from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import FixedK, VerifyCosts
+from speccli.drafting.ngram import NgramLookup
+from speccli.drafting.policy import VerifyCosts
 from speccli.llama.tokenizer import load_vocab_only
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,8 +53,8 @@ TRIED = {
 }
 
 
-class Choosing(suffix.SuffixDrafter):
-    """SuffixDrafter with another rule for which match drafts, the context's (`here`) or the store's."""
+class Choosing(suffix.SuffixLookup):
+    """SuffixLookup with another rule for which match drafts, the context's (`here`) or the store's."""
 
     def __init__(self, store_drafts) -> None:
         super().__init__()
@@ -64,7 +62,7 @@ class Choosing(suffix.SuffixDrafter):
 
 
 RULES = {
-    "the longer match, the context's on a tie": suffix.SuffixDrafter.store_drafts,  # SuffixDrafter's own
+    "the longer match, the context's on a tie": suffix.SuffixLookup.store_drafts,  # SuffixLookup's own
     "the store's on a tie": lambda here, earlier: earlier.length >= here.length,
     "the store's unless the context's is 2 longer": lambda here, earlier: earlier.length + 2 > here.length,
     "the store's always": lambda here, earlier: True,
@@ -76,10 +74,9 @@ def verify_cost(n_rows: int, profile: tuple[float, ...]) -> float:
     return float(np.interp(n_rows, (1, 2, 4, 8, 16, 32), (1.0, *profile, profile[3] + 2 * (profile[3] - profile[2]))))
 
 
-def replay(conversations: list[tuple[list[int], list[int]]], drafter: NgramDrafter | None = None) -> list[tuple[int, int]]:
+def replay(conversations: list[tuple[list[int], list[int]]], drafter: NgramLookup | None = None) -> list[tuple[int, int]]:
     """(draft tokens verified, tokens kept) per step, over every reply in order, one store for all."""
-    drafter = suffix.SuffixDrafter() if drafter is None else drafter
-    policy, rng, greedy = FixedK(LIMIT), np.random.default_rng(0), SamplingParams(temperature=0.0)
+    drafter = suffix.SuffixLookup() if drafter is None else drafter
     steps = []
     for prompt, reply in conversations:
         drafter.new_conversation()
@@ -87,13 +84,14 @@ def replay(conversations: list[tuple[list[int], list[int]]], drafter: NgramDraft
         drafter.sync(context)
         done = 0
         while done < len(reply):
-            request = DraftRequest(context, min(LIMIT, len(reply) - done - 1), greedy, rng, policy)
-            proposed = drafter.propose(request).tokens if request.limit > 0 else []
+            limit = min(LIMIT, len(reply) - done - 1)
+            match = drafter.match(context, limit) if limit > 0 else None
+            proposed = match.following[:limit] if match is not None else []  # a fixed K drafts all it may
             matched = 0
             while matched < len(proposed) and proposed[matched] == reply[done + matched]:
                 matched += 1
             kept = reply[done : done + matched + 1]
-            drafter.observe(None, kept)  # the source reads the kept tokens only
+            drafter.kept(kept)
             context += kept
             done += len(kept)
             steps.append((len(proposed), len(kept)))
@@ -142,7 +140,7 @@ def main() -> None:
     defaults = {name: getattr(suffix, name) for name in TRIED}
     for name, conversations in workloads.items():
         print(f"\n{name}: {len(conversations)} replies, {sum(len(r) for _, r in conversations)} tokens")
-        print(f"  {'ngram (context only)':20}{figures(replay(conversations, NgramDrafter()))}")
+        print(f"  {'ngram (context only)':20}{figures(replay(conversations, NgramLookup()))}")
         auto = "  ".join(f"{name} {spec} {speedup:4.2f}×" for (name, spec), speedup in auto_speedups(conversations).items())
         print(f"  {'under auto':20}{auto}")
         for rule, store_drafts in RULES.items():

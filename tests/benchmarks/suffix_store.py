@@ -18,11 +18,8 @@ from pathlib import Path
 import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (docs/gpu.md)
 import numpy as np
 
-from speccli.core.sampling import SamplingParams
-from speccli.core.seam import DraftRequest
-from speccli.drafting.ngram import NgramDrafter
-from speccli.drafting.policy import FixedK
-from speccli.drafting.suffix import SuffixDrafter, SuffixStore
+from speccli.drafting.ngram import NgramLookup
+from speccli.drafting.suffix import SuffixLookup, SuffixStore
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.resolve import resolve_models
 from speccli.models.config import load_registry
@@ -81,14 +78,12 @@ def main() -> None:
           f"(peak RSS {rss_mib('VmHWM'):.0f} MiB, the text it was built from included); "
           f"file {size:.1f} MiB, loaded in {load:.2f} s")
     context = text[args.store_tokens:]
-    policy = FixedK(8)
-    for name, drafter in (("ngram", NgramDrafter()), ("suffix", SuffixDrafter(loaded))):
+    for name, drafter in (("ngram", NgramLookup()), ("suffix", SuffixLookup(loaded))):
         drafter.sync(context[: args.context // 2])
         times = []
         for end in range(args.context // 2, args.context):
-            request = DraftRequest(context[:end], 24, SamplingParams(temperature=0), np.random.default_rng(0), policy)
             started = time.perf_counter()
-            drafter.propose(request)
+            drafter.match(context[:end], 24)
             times.append(time.perf_counter() - started)
         times.sort()
         print(f"{name:7} one step at a {args.context:,}-token context: median {statistics.median(times) * 1e3:.3f} ms, "

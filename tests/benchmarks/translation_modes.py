@@ -18,6 +18,7 @@ from pathlib import Path
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.policy import FixedK
+from speccli.drafting.planner import Planner
 from speccli.drafting.translated import TranslatedDrafter
 from speccli.llama.model import LoadOptions, Model
 from speccli.models.config import load_registry
@@ -47,7 +48,7 @@ def main() -> None:
                 tokens = target.tokenizer.tokenize(prompt)
                 for mode in (("text", "shared tokens") if index % 2 == 0 else ("shared tokens", "text")):
                     drafter = TranslatedDrafter(draft, target.tokenizer, None if mode == "text" else shared)
-                    generator = Generator(target, drafter, SamplingParams(temperature=temperature), FixedK(args.k), seed=index)
+                    generator = Generator(target, Planner(model=drafter), SamplingParams(temperature=temperature), FixedK(args.k), seed=index)
                     began = time.perf_counter()
                     stats = list(generator.generate(tokens, GenerationLimits(max_tokens=args.n)))[-1].stats
                     total = totals[mode]

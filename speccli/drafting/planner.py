@@ -1,0 +1,244 @@
+"""The planner: it owns each step's drafting, from asking the sources to learning from the verdict.
+
+A step, in the order the planner asks (docs/drafting.md walks through it):
+
+1. The lookup (if the spec has one) is asked for its match at the context's end: tokens, length and
+   kind. The K policy plans a length for that kind; a plan of none leaves the match to be judged
+   against what the step yields (`Draft.judged`), so the lookup's estimates follow the text for free.
+2. With a draft model as well, the lookup's draft stands where the model is not expected to do better
+   (`Plan.rate`, the model's catch-up and owed prompt priced in), and, where the lookup has a proposal
+   at all, where the model's own steps have yielded no more tokens per second than the steps before
+   it (`RealizedRate`; a copy's tokens are the lookup's a step later, almost for free).
+3. Otherwise the draft model drafts: the policy plans its length; the model takes in what it lacks,
+   then gives one token at a time. After each, the policy may stop it on its confidence
+   (`KPolicy.keep_drafting`), and the lookup is asked to continue from there: a continuation expected
+   to pay at least as well as more of the model's tokens takes the rest of the draft over (where a
+   reply starts to copy, the model's first tokens lead the lookup into the copied text).
+4. After the target's decode, `observe` tells the policy what was drafted and kept, the lookup what
+   was kept (the suffix store), and the realized rates which source the step counts for.
+
+Under a fixed K (no estimates, `Plan.rate` None) the same loop runs: the first source that proposes
+drafts all K tokens, nothing stops early and nothing takes over. Sources never see the policy: a lookup
+returns a `Match`, a draft model a `NextToken` (or, of another vocabulary, a block of tokens). Each rule
+replayed with it removed: tests/benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from speccli.core.sampling import Distribution, SamplingParams
+from speccli.core.seam import Draft, DraftCosts, KPolicy, Segment
+from speccli.core.stats import StepEvent
+from speccli.drafting.model import Intake, NextToken
+from speccli.drafting.ngram import JUDGED_TOKENS, Match
+
+REALIZED_WEIGHT = 0.1  # weight of the newest step in a source's realized rate (about the last 10 steps)
+
+
+class Lookup(Protocol):
+    """A source that drafts at no model step's cost: the context's lookup, or the suffix store's."""
+
+    name: str
+
+    def match(self, context: Sequence[int], limit: int) -> Match | None: ...
+    def kept(self, tokens: Sequence[int]) -> None: ...
+    def sync(self, context: Sequence[int]) -> None: ...
+    def forget(self, n_tokens: int) -> None: ...
+    def new_conversation(self) -> None: ...
+    def forget_all(self) -> None: ...
+
+
+class DraftModel(Protocol):
+    """A draft model: `ModelDrafter` (a token at a time) or `TranslatedDrafter` (a block at a time)."""
+
+    name: str
+    drafts_by_token: bool
+
+    def room(self, context: Sequence[int], limit: int) -> int: ...
+    def catch_up_tokens(self, context: Sequence[int]) -> int: ...
+    def owed_prompt_tokens(self) -> int: ...
+    def begin(self, context: Sequence[int], k: int) -> Intake: ...
+    def next(self, sampling: SamplingParams, rng: np.random.Generator) -> NextToken: ...
+    def take(self, token: int) -> None: ...
+    def draft_block(self, context: Sequence[int], k: int, limit: int, sampling: SamplingParams,
+                    rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None, Intake]: ...
+    def sync(self, context: Sequence[int]) -> None: ...
+    def forget(self, n_tokens: int) -> None: ...
+    def new_conversation(self) -> None: ...
+    def forget_all(self) -> None: ...
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]: ...
+
+
+@dataclass
+class RealizedRate:
+    """Tokens and seconds per step, the newest step weighted REALIZED_WEIGHT: their ratio is the
+    tokens per second the steps actually yielded (a ratio of means, not a mean of ratios)."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        weight = REALIZED_WEIGHT if self.seconds else 1.0
+        self.tokens += weight * (tokens - self.tokens)
+        self.seconds += weight * (seconds - self.seconds)
+
+    @property
+    def per_second(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds else None
+
+
+class Planner:
+    """Drafts each step from a lookup, a draft model, or a lookup then a draft model (cheapest first)."""
+
+    def __init__(self, lookup: Lookup | None = None, model: DraftModel | None = None) -> None:
+        if lookup is None and model is None:
+            raise ValueError("a planner needs a source")
+        self.lookup, self.model = lookup, model
+        self.name = "+".join(source.name for source in (lookup, model) if source is not None)
+        self._new_prompt()
+
+    # --- a step -------------------------------------------------------------------------------------
+
+    def draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
+              policy: KPolicy) -> Draft:
+        if self.lookup is None:
+            return self._model_draft(context, limit, sampling, rng, policy)
+        drafted, judged = self._offer(self.lookup.match(context, limit), policy)
+        if self.model is None:
+            return Draft((drafted,)) if drafted else Draft(judged=judged)
+        model_rate = policy.plan(self.model.name, limit, self.model.catch_up_tokens(context),
+                                 self.model.owed_prompt_tokens()).rate
+        proposal = drafted or judged
+        if model_rate is not None and proposal is not None and self._model_did_no_better():
+            return Draft((drafted,)) if drafted else Draft(judged=judged)  # even a plain step: this stretch did best so
+        if drafted and not _promises_more(model_rate, drafted, policy):
+            return Draft((drafted,))
+        model_draft = self._model_draft(context, limit, sampling, rng, policy)
+        return Draft(model_draft.segments, model_draft.q, proposal, model_draft.catch_up_seconds,
+                     model_draft.catch_up_tokens, model_draft.prompt_seconds, model_draft.prompt_tokens)
+
+    def _offer(self, match: Match | None, policy: KPolicy) -> tuple[Segment | None, Segment | None]:
+        """A lookup's match as (a segment to verify, None) or, where the policy plans none, (None, the
+        match to judge); (None, None) where there is no match."""
+        if match is None:
+            return None, None
+        plan = policy.plan(match.key, len(match.following))
+        if plan.k <= 0:
+            return None, Segment(match.source, match.key, match.following[:JUDGED_TOKENS], plan)
+        return Segment(match.source, match.key, match.following[: plan.k], plan), None
+
+    def _model_draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
+                     policy: KPolicy) -> Draft:
+        model = self.model
+        available = model.room(context, limit)
+        if available <= 0:
+            return Draft()
+        catch_up = model.catch_up_tokens(context)
+        plan = policy.plan(model.name, available, catch_up, model.owed_prompt_tokens())
+        if plan.k <= 0:  # not drafted: the policy still counts what it was asked
+            return Draft((Segment(model.name, model.name, [], plan),))
+        if not model.drafts_by_token:
+            tokens, q, intake = model.draft_block(context, plan.k, limit, sampling, rng)
+            return _with_intake(Draft((Segment(model.name, model.name, tokens, plan),), q), intake)
+        # A take-over is weighed on the estimates: under a fixed K there are none.
+        may_take_over = self.lookup is not None and policy.plan(model.name, limit).rate is not None
+        intake = model.begin(context, plan.k)
+        tokens: list[int] = []
+        q: list[Distribution] = []
+        confidences: list[float] = []  # each drafted token's, where the policy read it
+        withheld = False
+        continuation = None
+        for i in range(plan.k):
+            proposed = model.next(sampling, rng)
+            # Stopping on the draft's own confidence uses nothing the target has said: still exact.
+            if not policy.keep_drafting(model.name, plan, proposed.confidence):
+                withheld = True
+                break
+            if proposed.confidence_read is not None:
+                confidences.append(proposed.confidence_read)
+            tokens.append(proposed.token)
+            if proposed.q is not None:
+                q.append(proposed.q)
+            model.take(proposed.token)
+            if i + 1 < plan.k and may_take_over:
+                continuation = self._take_over(context, tokens, limit, policy)
+                if continuation is not None:
+                    break
+        own = Segment(model.name, model.name, tokens, plan, tuple(confidences), withheld)
+        segments = (own,) if continuation is None else (own, continuation)
+        return _with_intake(Draft(segments, q if q and tokens else None), intake)
+
+    def _take_over(self, context: Sequence[int], drafted: Sequence[int], limit: int, policy: KPolicy) -> Segment | None:
+        """The lookup's draft from the model's tokens on, where it is expected to pay at least as well as
+        more of the model's would; its index is cut back after the look."""
+        rest = limit - len(drafted)
+        rate_of_more = policy.plan(self.model.name, rest).rate  # it is drafting: caught up
+        match = self.lookup.match([*context, *drafted], rest)
+        self.lookup.forget(len(context))
+        segment, _ = self._offer(match, policy)
+        if segment is not None and not segment.plan.probe and not _promises_more(rate_of_more, segment, policy):
+            return segment
+        return None
+
+    def _model_did_no_better(self) -> bool:
+        """Have the model's steps yielded no more tokens per second than the lookup's? Not until both have steps."""
+        its, before = self._realized[self.model.name].per_second, self._realized[self.lookup.name].per_second
+        return its is not None and before is not None and its <= before
+
+    # --- learning ---------------------------------------------------------------------------------
+
+    def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
+        """The one place a step is learnt from: the policy's estimates, the lookup's store, the realized rates."""
+        policy.observe(draft, step, kept)
+        if self.lookup is not None:
+            self.lookup.kept(kept)
+        if self.lookup is not None and self.model is not None:
+            counted = self.model.name if step.source == self.model.name else self.lookup.name
+            if step.continuation is not None and step.drafted - step.continuation[1] <= step.accepted < step.drafted:
+                # The model's tokens were kept, the take-over's failed: that poor yield is not the model's
+                # (counted as its own, it passed the model over: RESULTS.md, "A failed take-over").
+                counted = self.lookup.name
+            self._realized[counted].add(step.accepted + 1, step.draft_seconds + step.target_seconds + step.other_seconds)
+
+    # --- the sources' caches ------------------------------------------------------------------------
+
+    def _sources(self) -> list[Lookup | DraftModel]:
+        return [source for source in (self.lookup, self.model) if source is not None]
+
+    def _new_prompt(self) -> None:
+        # Realized rates are kept per prompt: a stretch that copied the last reply says nothing of this one.
+        self._realized = {source.name: RealizedRate() for source in self._sources()}
+
+    def sync(self, context: Sequence[int]) -> None:
+        self._new_prompt()
+        for source in self._sources():
+            source.sync(context)
+
+    def forget(self, n_tokens: int) -> None:
+        for source in self._sources():
+            source.forget(n_tokens)
+
+    def new_conversation(self) -> None:
+        for source in self._sources():
+            source.new_conversation()
+
+    def forget_all(self) -> None:
+        for source in self._sources():
+            source.forget_all()
+
+    def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
+        return self.model.costs(context) if self.model is not None else {}
+
+
+def _promises_more(model_rate: float | None, segment: Segment, policy: KPolicy) -> bool:
+    """Is the model's best expected rate above that of this lookup draft?"""
+    this = policy.plan(segment.key, len(segment.tokens)).rate
+    return this is not None and model_rate is not None and model_rate > this
+
+
+def _with_intake(draft: Draft, intake: Intake) -> Draft:
+    return Draft(draft.segments, draft.q, draft.judged, intake.catch_up_seconds, intake.catch_up_tokens,
+                 intake.prompt_seconds, intake.prompt_tokens)
