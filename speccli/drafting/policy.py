@@ -39,10 +39,11 @@ PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
 # A reply's first draft of a key is at most its ramp's start, each next at most twice what the last
 # kept: a long draft on the last reply's acceptance cost Gemma a quarter of a summary (RESULTS.md).
 RAMP_START = 4
-# A ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs at most
-# RAMP_LOSS plain steps more than a plain step, and never falls below it (a lookup's 8 tokens on Gemma F32
-# here, a draft model's 16 at a GPU-like cost, up to 26% faster there: RESULTS.md). A lookup whose drafts
-# are kept whole may risk one plain step more per token they kept (RESULTS.md, "A copy earns its length").
+# A lookup's ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs
+# at most RAMP_LOSS plain steps more than a plain step, and never falls below it (8 tokens on Gemma F32
+# here: RESULTS.md). A lookup whose drafts are kept whole may risk one plain step more per token they kept
+# (RESULTS.md, "A copy earns its length"). A draft model is re-checked where what it skipped costs at most
+# RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
 MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
@@ -55,11 +56,13 @@ PROBE_LENGTH = 2
 # ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
 # kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
 LOOKUP_REPLY_PRIOR = 0.5
-# A draft model whose drafts, kept at the prior's rate, would gain LONG_MEMORY_GAIN or more over plain
-# steps at the measured costs (a GPU's) weighs its earlier drafts by LONG_RECENCY: there two misses in
-# a row ruled out a draft that keeps most of its tokens. Where drafting gains less (this project's CPU
-# pairs), the short memory keeps it out of text it fails on (RESULTS.md, "At the H200's costs").
-LONG_MEMORY_GAIN = 1.25
+# A draft model whose drafts, kept at the prior's rate, would gain RAMP_FREE_GAIN or more over plain
+# steps at the measured costs (a GPU's) is not ramped: its estimates alone choose its length, where the
+# ramp had held it at 3 tokens when 8 pay; and it weighs its earlier drafts by LONG_RECENCY, where two
+# misses in a row had ruled out a draft that keeps most of its tokens. Where drafting gains less (this
+# project's CPU pairs), the ramp and the short memory keep a compute-bound target from paying for long
+# failed drafts (RESULTS.md, "At the H200's costs" and "The planner (2026-12-05)").
+RAMP_FREE_GAIN = 1.25
 LONG_RECENCY = 0.95
 # The prompt a draft model takes in at its first draft of a reply is spread (`_intake_per_token`) by the
 # lengths of the last REPLY_LENGTHS_KEPT replies and the model's share of a reply's tokens, which each
@@ -129,13 +132,13 @@ class Schedule:
 
 @dataclass
 class ModelSchedule(Schedule):
-    """A draft model: ramped from the longer of RAMP_START and its loss bound in each reply, never below
-    the loss bound; re-checked where a reply first asks it and, as a lookup is, after idle steps within
+    """A draft model: ramped from RAMP_START in each reply (unless drafting gains RAMP_FREE_GAIN or more:
+    then unramped); re-checked where a reply first asks it and, as a lookup is, after idle steps within
     a reply, but once measured only where what it skipped costs at most RAMP_LOSS plain steps to take
     in: a chain may first ask it after the lookup drafted dozens of tokens (RESULTS.md), and a model
     ruled out by two misses in a row must come back within the reply where it can (docs/gpu.md)."""
 
-    loss_bound: int = 1  # the longest draft whose failure costs RAMP_LOSS plain steps (at least 1)
+    unramped: bool = False  # drafting gains RAMP_FREE_GAIN or more here: its estimates alone set its length
     share: float = 1.0  # of a reply's tokens from its first draft on, the share its steps yielded
     yielded_by_it: int = 0  # this reply's tokens drafted by it,
     yielded_since_its_first: int = 0  # and all of this reply's since its first draft
@@ -153,9 +156,11 @@ class ModelSchedule(Schedule):
         self.yielded_since_its_first += tokens if self.yielded_by_it else 0
 
     def ramp(self, lookup_ramps: Sequence[int]) -> int:
+        if self.unramped:
+            return AUTO_MAX_K
         if self.last_kept is None:
-            return max(RAMP_START, self.loss_bound)
-        return max(self.loss_bound, 2 * self.last_kept)
+            return RAMP_START
+        return max(1, 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
@@ -425,20 +430,19 @@ class AutoK:
         """Each ramp's start and floor, and a lookup's by what its copy kept, at the costs measured now
         (see RAMP_LOSS)."""
         start = min(RAMP_START, self.max_k)
-        self.lookup_ramps = [max(start, self._loss_bound(0.0, RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
+        self.lookup_ramps = [max(start, self._loss_bound(RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
         for state in self.keys.values():
             if isinstance(state.schedule, ModelSchedule):
-                token_seconds = (state.cost.token_seconds or 0.0) * self.verify.level
-                state.schedule.loss_bound = max(1, self._loss_bound(token_seconds))
                 rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
-                state.acceptance.recency = LONG_RECENCY if max(rates) >= LONG_MEMORY_GAIN * rates[0] else RECENCY
+                state.schedule.unramped = max(rates) >= RAMP_FREE_GAIN * rates[0]
+                state.acceptance.recency = LONG_RECENCY if state.schedule.unramped else RECENCY
 
-    def _loss_bound(self, token_seconds: float, loss: float = RAMP_LOSS) -> int:
-        """The longest draft whose complete failure (its tokens at `token_seconds` each, and a verify of
-        one row more) costs at most `loss` plain steps more than a plain step (V never falls as n grows)."""
+    def _loss_bound(self, loss: float) -> int:
+        """The longest lookup draft (its tokens free) whose complete failure, a verify of one row more,
+        costs at most `loss` plain steps more than a plain step (V never falls as n grows)."""
         bound = (1 + loss) * self.verify(1)
         k = 0
-        while k < self.max_k and (k + 1) * token_seconds + self.verify(k + 2) <= bound:
+        while k < self.max_k and self.verify(k + 2) <= bound:
             k += 1
         return k
 
