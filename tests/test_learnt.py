@@ -108,6 +108,9 @@ def test_the_file_is_keyed_by_pair_and_regime_and_cold_start_neither_reads_nor_w
                                                               "acceptance": {}, "cost": {}}},
                                          "reply_lengths": [], "reply_tokens": 0}}).encode(), "idle_steps is 'x'"),
     (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [-3], "reply_tokens": 0}}).encode(), "reply lengths are not counts"),
+    (json.dumps({"format": 1, "learnt": {"keys": {"model": {"model": True, "schedule": {"last_kept": 2.5},
+                                                              "acceptance": {"judged_at": [1e999]}, "cost": {}}},
+                                         "reply_lengths": [], "reply_tokens": 0}}).encode(), "last_kept is 2.5"),
     (b"\xff\xfe", "damaged (not a policy file's JSON)"),
     (b'{"format": 1}', "damaged (KeyError: 'learnt')"),
 ])

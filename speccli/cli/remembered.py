@@ -9,8 +9,7 @@ import typer
 
 
 def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store and what auto learnt.")] = False) -> None:
-    """List what is kept on disk between runs: earlier replies for the suffix draft source (--remember)
-    and what --k auto learnt about each pair; or delete them."""
+    """List what is kept between runs (replies for the suffix source with --remember, what --k auto learnt), or delete it."""
     from speccli.drafting.learnt import describe, learnt_files
     from speccli.drafting.suffix import describe_stores, killed_saves, store_files, stores_dir
     from speccli.errors import SpeccliError, UnreadableFileError, unreadable

@@ -106,9 +106,11 @@ class Planner:
               policy: KPolicy) -> Draft:
         if self.lookup is None:
             return self._model_draft(context, limit, sampling, rng, policy)
+        # 1. The lookup's match, planned for its kind.
         drafted, judged = self._offer(self.lookup.match(context, limit), policy)
         if self.model is None:
             return Draft((drafted,)) if drafted else Draft(judged=judged)
+        # 2. Which source drafts: the lookup's draft stands unless the model promises (and has done) better.
         model_rate = policy.plan(self.model.name, limit, self.model.catch_up_tokens(context),
                                  self.model.owed_prompt_tokens()).rate
         proposal = drafted or judged
@@ -116,6 +118,7 @@ class Planner:
             return Draft((drafted,)) if drafted else Draft(judged=judged)  # even a plain step: this stretch did best so
         if drafted and not _promises_more(model_rate, drafted, policy):
             return Draft((drafted,))
+        # 3. The draft model drafts; the lookup's proposal, passed over, is judged all the same.
         model_draft = self._model_draft(context, limit, sampling, rng, policy)
         return Draft(model_draft.segments, model_draft.q, proposal, model_draft.catch_up_seconds,
                      model_draft.catch_up_tokens, model_draft.prompt_seconds, model_draft.prompt_tokens)

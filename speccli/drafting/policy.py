@@ -22,7 +22,8 @@ docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each (
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
 from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
@@ -448,17 +449,29 @@ class AutoK:
 
 
 def _restore(part: object, values: dict[str, object]) -> None:
-    """Set `part`'s fields from `values`, each of its own type (a count may have been saved as a float's
-    whole number), refusing a name it lacks or a value of another type."""
-    fields = vars(part)
-    if set(values) - set(fields):
-        raise ValueError(f"unknown fields {sorted(set(values) - set(fields))}")
+    """Set the dataclass `part`'s fields from `values` (read back from JSON), each as its annotation says
+    (every number here is a count, a rate or seconds: finite, not negative); ValueError for a field it
+    lacks or a value of another kind."""
+    kinds = {field.name: str(field.type) for field in fields(part)}
+    if set(values) - set(kinds):
+        raise ValueError(f"unknown fields {sorted(set(values) - set(kinds))}")
+
+    def number(value: object, kind: type) -> bool:
+        return type(value) in ((int, float) if kind is float else (kind,)) and math.isfinite(value) and value >= 0
+
     for name, value in values.items():
-        default = fields[name]
-        numbers = (int, float) if isinstance(default, float) or default is None else (type(default),)
-        if isinstance(default, list):
-            if not isinstance(value, list) or not all(type(v) in (int, float) and v >= 0 for v in value):
+        kind = kinds[name]
+        if value is None and "None" in kind:
+            pass
+        elif kind.startswith("list"):
+            if not isinstance(value, list) or not all(number(v, float) for v in value):
                 raise ValueError(f"{name} is not a list of counts")
-        elif value is not None and (type(value) not in numbers or (type(value) is float and value != value)):
+            value = [float(v) for v in value]
+        elif kind == "bool":
+            if type(value) is not bool:
+                raise ValueError(f"{name} is {value!r}")
+        elif not number(value, float if "float" in kind else int):
             raise ValueError(f"{name} is {value!r}")
-        setattr(part, name, float(value) if isinstance(default, float) and value is not None else value)
+        elif "float" in kind:
+            value = float(value)
+        setattr(part, name, value)
