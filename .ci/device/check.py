@@ -245,6 +245,7 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
     from speccli.core.generator import Generator
     from speccli.core.sampling import SamplingParams
     from speccli.drafting.model import ModelDrafter
+    from speccli.drafting.planner import Planner
     from speccli.drafting.policy import FixedK
     from tests.two_token_distribution import exact_two_token_distribution, sampled_pairs
 
@@ -267,13 +268,13 @@ def chi2_check(models: Path, n_gpu_layers: int, samples: int) -> dict:
                          "seconds": round(time.perf_counter() - started, 2)})
 
         run("target alone", None, 1, seed=7, must_pass=True)
-        run("model draft", ModelDrafter(draft), 1, seed=1235, must_pass=True)
-        run("model draft", ModelDrafter(draft), 3, seed=1237, must_pass=True)
+        run("model draft", Planner(model=ModelDrafter(draft)), 1, seed=1235, must_pass=True)
+        run("model draft", Planner(model=ModelDrafter(draft)), 3, seed=1237, must_pass=True)
         # The control: after a rejection, draw from p itself instead of the residual max(0, p - q).
         correct_residual = verify_module.residual_distribution
         verify_module.residual_distribution = lambda p, q: p
         try:
-            run("BROKEN rule (no residual), must fail", ModelDrafter(draft), 3, seed=99, must_pass=False)
+            run("BROKEN rule (no residual), must fail", Planner(model=ModelDrafter(draft)), 3, seed=99, must_pass=False)
         finally:
             verify_module.residual_distribution = correct_residual
     return {"temperature": SAMPLING_TEMPERATURE, "top_k": CHI2_TOP_K, "prompt": CHI2_PROMPT, "n_gpu_layers": n_gpu_layers,
