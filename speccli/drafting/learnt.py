@@ -7,7 +7,7 @@ policy's estimates (acceptance by source and kind of match, each key's schedule 
 text. The verify curve is profiled again by each process. A file that cannot serve (damaged, another
 format, foreign) is one warning line and a fresh start; a file that cannot be written is said once.
 `SPECCLI_COLD_START=1` turns it off (neither read nor written): `auto` then starts from its priors in
-every process, so a `--seed` draws the same reply in every run (tests/conftest.py sets it).
+every process, whatever earlier runs left (tests/conftest.py sets it).
 """
 from __future__ import annotations
 
