@@ -4,6 +4,7 @@ and a fresh start; `speccli remembered` lists and clears it."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -142,10 +143,13 @@ def test_remembered_lists_and_clears_what_auto_learnt(cache, tmp_path) -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
     LearntFile(target_file, draft_file, print).keep(policy, GREEDY, now=True)
     path = learnt_path(target_file, draft_file, GREEDY)
+    fifo = cache / "remembered" / "fifo.policy"
+    os.mkfifo(fifo)  # a read of it would block for ever
     listed = CliRunner().invoke(app, ["remembered"])
-    assert listed.exit_code == 0 and listed.stdout == f"{path}  what auto learnt: target.gguf + draft.gguf (greedy)\n"
+    assert listed.exit_code == 0 and listed.stdout.splitlines() == sorted([
+        f"{path}  what auto learnt: target.gguf + draft.gguf (greedy)", f"{fifo}  ? (not a policy file)"])
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
-    assert cleared.exit_code == 0 and cleared.stdout == f"deleted 1 file from {cache / 'remembered'}\n"
+    assert cleared.exit_code == 0 and cleared.stdout == f"deleted 2 files from {cache / 'remembered'}\n"
     assert not path.exists()
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -60,17 +61,17 @@ class LearntFile:
     def __init__(self, target: Model, draft: Model | None, warn: Callable[[str], None]) -> None:
         self.target, self.draft, self.warn = target, draft, warn
         self.pair = target.path.name + (f" + {draft.path.name}" if draft is not None else "")
-        self.writable = os.environ.get(COLD_START, "0") in ("", "0")
+        self.active = os.environ.get(COLD_START, "0") in ("", "0")  # off: cold starts, or a file it cannot write
         self._kept_at = time.monotonic()
 
     def recall(self, policy: object, sampling: SamplingParams) -> None:
-        if hasattr(policy, "recall") and self.writable:
+        if hasattr(policy, "recall") and self.active:
             problem = _read_into(policy, learnt_path(self.target, self.draft, sampling))
             if problem is not None:
                 self.warn(problem)
 
     def keep(self, policy: object, sampling: SamplingParams, now: bool = False) -> None:
-        if not (hasattr(policy, "learnt") and self.writable and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
+        if not (hasattr(policy, "learnt") and self.active and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
             return
         path = learnt_path(self.target, self.draft, sampling)
         text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy.learnt()})
@@ -79,7 +80,7 @@ class LearntFile:
         except (OSError, SpeccliError) as error:
             self.warn(f"warning: {path}: cannot be written ({getattr(error, 'strerror', None) or error}); what "
                       "`auto` learnt is kept for this process only")
-            self.writable = False
+            self.active = False
         self._kept_at = time.monotonic()
 
 
@@ -87,10 +88,7 @@ def _read_into(policy: object, path: Path) -> str | None:
     """Give `policy` what the file at `path` holds; a line saying why not where it cannot serve (none
     where there is no file yet)."""
     try:
-        with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
-            if not path.is_file():
-                return f"warning: {path}: not a regular file; `auto` starts from its priors"
-            data = file.read(MAX_BYTES + 1)
+        data = _read_regular(path)
     except FileNotFoundError:
         return None
     except OSError as error:
@@ -111,6 +109,15 @@ def _read_into(policy: object, path: Path) -> str | None:
     return None
 
 
+def _read_regular(path: Path) -> bytes:
+    """Up to MAX_BYTES + 1 bytes of `path`, if it is a regular file: a FIFO would block the read, a link
+    to /dev/zero never end it (OSError otherwise)."""
+    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(0, "not a regular file")
+        return file.read(MAX_BYTES + 1)
+
+
 def learnt_files() -> list[Path]:
     return sorted(stores_dir().glob("*.policy"))
 
@@ -118,8 +125,8 @@ def learnt_files() -> list[Path]:
 def describe(path: Path) -> str:
     """What `speccli remembered` says of a policy file: its pair and regime."""
     try:
-        saved = json.loads(path.read_bytes()[:MAX_BYTES])
+        saved = json.loads(_read_regular(path))
         label = f"{saved['pair']} ({saved['regime']})"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "? (not a policy file)"
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in f"what auto learnt: {label}")
