@@ -457,9 +457,6 @@ class ScriptedModel:
     def new_conversation(self) -> None:
         pass
 
-    def forget_all(self) -> None:
-        pass
-
     def costs(self, context) -> dict[str, DraftCosts]:
         return {self.name: DraftCosts(0.5, {})}
 

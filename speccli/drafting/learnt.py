@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import platform
-import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -23,7 +22,8 @@ from typing import TYPE_CHECKING, Callable
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.suffix import SAVE_EVERY_SECONDS, stores_dir
 from speccli.errors import SpeccliError
-from speccli.util.files import build_atomically
+from speccli.util.files import build_atomically, open_regular
+from speccli.util.format import one_line
 
 if TYPE_CHECKING:
     from speccli.llama.model import Model
@@ -110,11 +110,8 @@ def _read_into(policy: object, path: Path) -> str | None:
 
 
 def _read_regular(path: Path) -> bytes:
-    """Up to MAX_BYTES + 1 bytes of `path`, if it is a regular file: a FIFO would block the read, a link
-    to /dev/zero never end it (OSError otherwise)."""
-    with open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            raise OSError(0, "not a regular file")
+    """Up to MAX_BYTES + 1 bytes of `path`, if it is a regular file (`open_regular`)."""
+    with open_regular(path) as file:
         return file.read(MAX_BYTES + 1)
 
 
@@ -129,4 +126,4 @@ def describe(path: Path) -> str:
         label = f"{saved['pair']} ({saved['regime']})"
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "? (not a policy file)"
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in f"what auto learnt: {label}")
+    return one_line(f"what auto learnt: {label}")

@@ -144,9 +144,6 @@ class ModelDrafter:
         self._q_rows = RowBuffer()  # K rows of the vocabulary (64 MiB at K=64, 262k tokens): not kept idle
         self._rows = np.empty((0, 0), dtype=np.float32)
 
-    def forget_all(self) -> None:
-        self.new_conversation()
-
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each
         timed at the cache's end and dropped again (the one-token decode twice, the second timed, so a

@@ -24,7 +24,7 @@ replayed with it removed: tests/benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -68,7 +68,6 @@ class DraftModel(Protocol):
     def sync(self, context: Sequence[int]) -> None: ...
     def forget(self, n_tokens: int) -> None: ...
     def new_conversation(self) -> None: ...
-    def forget_all(self) -> None: ...
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]: ...
 
 
@@ -119,9 +118,7 @@ class Planner:
         if drafted and not _promises_more(model_rate, drafted, policy):
             return Draft((drafted,))
         # 3. The draft model drafts; the lookup's proposal, passed over, is judged all the same.
-        model_draft = self._model_draft(context, limit, sampling, rng, policy)
-        return Draft(model_draft.segments, model_draft.q, proposal, model_draft.catch_up_seconds,
-                     model_draft.catch_up_tokens, model_draft.prompt_seconds, model_draft.prompt_tokens)
+        return replace(self._model_draft(context, limit, sampling, rng, policy), judged=proposal)
 
     def _offer(self, match: Match | None, policy: KPolicy) -> tuple[Segment | None, Segment | None]:
         """A lookup's match as (a segment to verify, None) or, where the policy plans none, (None, the
@@ -229,8 +226,10 @@ class Planner:
             source.new_conversation()
 
     def forget_all(self) -> None:
-        for source in self._sources():
-            source.forget_all()
+        if self.lookup is not None:
+            self.lookup.forget_all()  # the suffix store too
+        if self.model is not None:
+            self.model.new_conversation()  # a draft model keeps nothing across conversations
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return self.model.costs(context) if self.model is not None else {}
@@ -243,5 +242,4 @@ def _promises_more(model_rate: float | None, segment: Segment, policy: KPolicy) 
 
 
 def _with_intake(draft: Draft, intake: Intake) -> Draft:
-    return Draft(draft.segments, draft.q, draft.judged, intake.catch_up_seconds, intake.catch_up_tokens,
-                 intake.prompt_seconds, intake.prompt_tokens)
+    return replace(draft, **vars(intake))

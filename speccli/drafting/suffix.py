@@ -19,11 +19,9 @@ speccli's cache (docs/drafting.md).
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 import time
 from array import array
 from collections import Counter
@@ -34,7 +32,8 @@ import numpy as np
 
 from speccli.drafting.ngram import JUDGED_TOKENS, MAX_MATCH, Match, NgramLookup, longest_matches
 from speccli.util.cache import speccli_cache_dir
-from speccli.util.files import PARTIAL_SUFFIX, partial_path, process_alive, remove_abandoned_partials
+from speccli.util.files import PARTIAL_SUFFIX, open_regular, partial_path, process_alive, remove_abandoned_partials
+from speccli.util.format import one_line
 
 if TYPE_CHECKING:
     from speccli.drafting.registry import DraftInputs
@@ -189,7 +188,7 @@ class SuffixStore:
         store of this vocabulary is never read as one: it could only draft wrong tokens)."""
         store = cls(cap_tokens, vocabulary)
         try:
-            with _open_regular(path) as file:
+            with open_regular(path) as file:
                 header = _read_header(file)
                 body_bytes = os.fstat(file.fileno()).st_size - file.tell()
                 problem = _problem(header, body_bytes, vocabulary)
@@ -209,17 +208,6 @@ class SuffixStore:
         if body_bytes // 4 > cap_tokens:
             store._evict()
         return store, None
-
-
-def _open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading, if it is a regular file: a FIFO named *.suffix would block the read,
-    a link to /dev/zero never end it."""
-    file = open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
-    mode = os.fstat(file.fileno()).st_mode
-    if not stat.S_ISREG(mode):
-        file.close()
-        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR)) if stat.S_ISDIR(mode) else OSError(0, "not a regular file")
-    return file
 
 
 def _read_header(file: BinaryIO) -> dict | None:
@@ -282,7 +270,7 @@ def describe_stores() -> list[dict[str, object]]:
     described = []
     for path in store_files():
         try:
-            with _open_regular(path) as file:
+            with open_regular(path) as file:
                 header = _read_header(file)
                 length = os.fstat(file.fileno()).st_size
                 body_bytes = length - file.tell()
@@ -294,7 +282,7 @@ def describe_stores() -> list[dict[str, object]]:
             described.append({"file": path, "model": "? (not a store)", "tokens": 0, "bytes": length})
             continue
         # A file name may hold a newline or an escape sequence; a listing line must stay one line.
-        model = "".join(character if character.isprintable() else repr(character)[1:-1] for character in model)
+        model = one_line(model)
         described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length})
     return described
 

@@ -179,9 +179,6 @@ class TranslatedDrafter:
         self._covered = 0
         self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle
 
-    def forget_all(self) -> None:
-        self.new_conversation()
-
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""
         model, token = self.model, [0]

@@ -4,11 +4,14 @@ a lock so that concurrent runs build a file once. And text input (prompts, a tex
 with a bound."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 try:
     import fcntl
@@ -136,3 +139,14 @@ def build_lock(dest: Path) -> Iterator[None]:
         finally:
             if fcntl is not None:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading, if it is a regular file: a FIFO named like a cache file would block the
+    read, a link to /dev/zero never end it (OSError: EISDIR for a folder, else "not a regular file")."""
+    file = open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
+    mode = os.fstat(file.fileno()).st_mode
+    if not stat.S_ISREG(mode):
+        file.close()
+        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR)) if stat.S_ISDIR(mode) else OSError(0, "not a regular file")
+    return file

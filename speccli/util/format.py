@@ -22,6 +22,12 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def one_line(text: str) -> str:
+    """`text` with anything unprintable (a newline, a terminal's escape) written as its escape: a listing's
+    line stays one line, whatever a file name holds."""
+    return "".join(character if character.isprintable() else repr(character)[1:-1] for character in text)
+
+
 def escape_undecodable(text: str) -> str:
     """`text` with each byte that is not UTF-8 (a file name's, which reaches Python as a surrogate
     escape) written as `\\udce9`, as Python writes it on stderr."""
