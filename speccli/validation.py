@@ -90,9 +90,14 @@ def _finite(value: float, name: str) -> float:
     return value
 
 
+# OpenAI's limit, which serve's clients are held to: one range for chat, bench and serve alike. Past
+# it every token is nearly as likely as any other.
+MAX_TEMPERATURE = 2.0
+
+
 def check_temperature(value: float, name: str = "--temp") -> float:
-    if not _finite(value, name) >= 0:
-        raise SpeccliError(f"{name} must be >= 0 (0 is greedy), got {value}")
+    if not 0 <= _finite(value, name) <= MAX_TEMPERATURE:
+        raise SpeccliError(f"{name} must be from 0 (greedy) to {MAX_TEMPERATURE:g}, got {value}")
     return value
 
 

@@ -385,7 +385,7 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--runs", "0"], "--runs must be >= 1"),
         (["--warmup", "-1"], "--warmup must be >= 0"),
         (["--n-predict", "0"], "--n-predict must be >= 1"),
-        (["--temp", "-1"], "--temp must be >= 0 (0 is greedy), got -1"),
+        (["--temp", "-1"], "--temp must be from 0 (greedy) to 2, got -1"),
         (["--temp", "inf"], "--temp must be a finite number, got inf"),
         (["--k", "-1"], "between 1 and 64, got -1"),
         (["--prompts", "MISSING"], "no such file"),

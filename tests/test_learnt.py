@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from types import SimpleNamespace
 
 import pytest
@@ -151,6 +152,27 @@ def test_remembered_lists_and_clears_what_auto_learnt(cache, tmp_path) -> None:
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
     assert cleared.exit_code == 0 and cleared.stdout == f"deleted 2 files from {cache / 'remembered'}\n"
     assert not path.exists()
+
+
+def test_a_running_process_never_writes_back_what_clear_deleted(cache, tmp_path) -> None:
+    """`remembered --clear` while a chat or server runs: at its next save it had written the file again,
+    from what it had learnt before the clear."""
+    target_file, draft_file = files(tmp_path)
+    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
+    kept = LearntFile(target_file, draft_file, print)
+    kept.keep(policy, GREEDY, now=True)
+    path = learnt_path(target_file, draft_file, GREEDY)
+    assert path.exists()
+    assert CliRunner().invoke(app, ["remembered", "--clear"]).exit_code == 0
+    kept.keep(policy, GREEDY, now=True)
+    assert not path.exists()
+    recalled = LearntFile(target_file, draft_file, print)  # a file it only read is not written back either
+    LearntFile(target_file, draft_file, print).keep(policy, GREEDY, now=True)
+    recalled.recall(AutoK(), GREEDY)
+    path.unlink()
+    recalled.keep(policy, GREEDY, now=True)
+    assert not path.exists()
+    assert stat.S_IMODE((cache / "remembered").stat().st_mode) == 0o700  # it names the user's models
 
 
 def test_a_one_shot_chat_keeps_what_auto_learnt_and_the_next_takes_it_up(cache, tiny_pair) -> None:

@@ -7,7 +7,9 @@ never with wording.
 """
 from __future__ import annotations
 
+import asyncio
 import gzip
+import http.client
 import json
 import os
 import re
@@ -34,7 +36,8 @@ from speccli.bench.prompts import load_prompt_set
 from speccli.chat.conversation import Conversation
 from speccli.chat.template import chat_format_for
 from speccli.cli.app import app as cli_app
-from speccli.core.generator import PROFILE_TIMINGS
+from speccli.core.generator import PROFILE_TIMINGS, GenerationLimits
+from speccli.core.sampling import SamplingParams
 from speccli.core.stats import RunStats, StepEvent
 from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.llama.model import LoadOptions, Model
@@ -820,6 +823,142 @@ def test_serve_command_prints_its_loopback_url_serves_and_stops_on_ctrl_c(chat_p
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_remembering_server_owns_its_store_clear_waits_for_it_and_a_second_keeps_its_own_in_memory(chat_pair, tmp_path):
+    """`remembered --clear` while a server ran reported success, and the server wrote every reply back at
+    its next save; two servers on one store overwrote each other's. Now the first holds the store: the
+    second is told and writes nothing, --clear refuses naming the writer and deletes nothing, and once
+    the servers stop it deletes all."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SPECCLI_CACHE_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
+               "--port", "0", "-t", "1", "--ctx", "64", "--remember"]
+    body = {"model": chat_pair[0].stem, "messages": [{"role": "user", "content": "hi"}], **GREEDY}
+    servers = []
+    try:
+        for _ in range(2):
+            servers.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+            lines = [servers[-1].stderr.readline()]
+            while "serving" not in lines[-1] and lines[-1]:
+                lines.append(servers[-1].stderr.readline())
+            url = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", lines[-1]).group(1)
+            assert post(url, "/v1/chat/completions", body)[0] == 200
+            if len(servers) == 1:  # the reply is sent, then saved
+                deadline = time.monotonic() + 10
+                while not (stores := list((tmp_path / "remembered").glob("*.suffix"))) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                [store] = stores
+                first_replies = store.read_bytes()
+        assert lines[:-1] == [f"warning: {store}: in use by another speccli process (pid {servers[0].pid}); this one "
+                              "drafts from it too but keeps its own replies in memory only\n"]
+        cleared = CliRunner().invoke(cli_app, ["remembered", "--clear"], env={"SPECCLI_CACHE_DIR": str(tmp_path)})
+        assert (cleared.exit_code, cleared.stdout) == (1, "")
+        assert cleared.stderr == (f"error: {store.name} is written by a running speccli process (pid {servers[0].pid}): "
+                                  "stop it (chat or serve with --remember), then clear; nothing was deleted\n")
+        listed = CliRunner().invoke(cli_app, ["remembered"], env={"SPECCLI_CACHE_DIR": str(tmp_path)})
+        assert f"(in use by pid {servers[0].pid})" in listed.stdout
+        for server in servers:
+            server.send_signal(signal.SIGINT)
+            assert server.wait(timeout=20) == 0
+        assert store.read_bytes() == first_replies  # the second server wrote nothing over them
+        cleared = CliRunner().invoke(cli_app, ["remembered", "--clear"], env={"SPECCLI_CACHE_DIR": str(tmp_path)})
+        assert (cleared.exit_code, list((tmp_path / "remembered").glob("*.suffix"))) == (0, [])
+    finally:
+        for server in servers:
+            if server.poll() is None:
+                server.kill()
+
+
+def test_the_queue_admits_fills_withdraws_and_stops_by_its_rules_without_a_thread():
+    """Worker.admit / submit / withdraw / cancel / stop / lose, driven directly (no generation thread, no
+    models): --queue 1 is one place running and one waiting; a stop tells each waiting job why (503)
+    and refuses every later request; a lost server refuses with its reason."""
+    from speccli.server.worker import Job, LostError, QueueFullError, ShuttingDownError, StoppedGeneration, Worker
+
+    loop = asyncio.new_event_loop()
+    try:
+        metrics = Metrics()
+        worker = Worker(None, None, max_waiting=1, metrics=metrics)
+
+        def job() -> Job:
+            return Job([1], GenerationLimits(4), SamplingParams(), None, Speculation(None, None), loop)
+
+        def waiting() -> float:
+            return metric(metrics.render(), "queue_waiting")
+
+        def outcome(name: str) -> float:
+            return metric(metrics.render(), f'requests_total{{outcome="{name}"}}')
+
+        worker.admit()
+        worker.admit()
+        assert waiting() == 2
+        with pytest.raises(QueueFullError):
+            worker.admit()  # the two places are taken while their prompts are tokenized
+        worker.withdraw()  # a prompt refused as it was tokenized gives its place back
+        assert waiting() == 1
+        first, second = job(), job()
+        worker.submit(first)
+        assert waiting() == 1
+        worker.admit()
+        worker.submit(second)
+        worker.cancel(first)  # its client left while it waited: its place is free at once
+        assert (waiting(), outcome("cancelled"), first.cancelled.is_set()) == (1, 1, True)
+        worker.stop()
+        loop.run_until_complete(asyncio.sleep(0))  # the events are handed over on the job's loop
+        assert isinstance(second.events.get_nowait(), StoppedGeneration) and second.cancelled.is_set()
+        assert (waiting(), outcome("cancelled")) == (0, 2)
+        with pytest.raises(ShuttingDownError):
+            worker.admit()
+        lost = Worker(None, None, max_waiting=1, metrics=Metrics())
+        lost.lose("the RPC server at 10.0.0.2:50052 went away")
+        with pytest.raises(LostError, match="went away"):
+            lost.admit()
+    finally:
+        loop.close()
+
+
+def test_ctrl_c_pressed_twice_is_one_clean_stop(chat_pair):
+    """The second Ctrl-C, while the server stops, changes nothing: uvicorn had skipped the app's shutdown
+    on it and printed the lifespan's CancelledError traceback (exit 0 all the same)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "speccli", "serve", "-m", str(chat_pair[0]), "-md", str(chat_pair[1]),
+               "--port", "0", "-t", "1", "--ctx", "64"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", process.stderr.readline()).group(1)
+        assert get(url, "/health")[0] == 200  # serving: uvicorn has taken the signals over
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.12)  # inside the shutdown: connections closed, the lifespan not yet told
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+        assert process.stderr.read() == ""
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_only_a_json_body_is_read_since_a_web_page_can_post_other_types_unasked(chat_pair):
+    """A browser posts text/plain, a form or a body without a type to any address with no CORS preflight:
+    read as JSON, a page the user visits could make a key-less local server generate (and, with
+    --remember, write into the store). Such a post is 415, naming its type; the request is not run."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **GREEDY})
+    with serving(chat_pair, n_ctx=256) as url:
+        host, port = url.removeprefix("http://").split(":")
+
+        def post_as(content_type: str | None) -> tuple[int, dict]:
+            connection = http.client.HTTPConnection(host, int(port), timeout=30)  # adds no Content-Type itself
+            headers = {"Origin": "http://evil.example", **({"Content-Type": content_type} if content_type else {})}
+            connection.request("POST", "/v1/chat/completions", body, headers)
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+
+        for refused in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+            status, error = post_as(refused)
+            assert_openai_error(status, error, 415, "unsupported_media_type")
+            assert (repr(refused) if refused else "no Content-Type") in error["error"]["message"]
+        assert metric(get(url, "/metrics")[1], "tokens_generated_total") == 0
+        for accepted in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
+            assert post_as(accepted)[0] == 200
 
 
 def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):

@@ -217,6 +217,68 @@ def test_clear_deletes_what_a_killed_save_left_but_not_a_live_save(tmp_path, mon
     assert [p.name for p in stores.iterdir()] == [f"a.suffix.{os.getppid()}.partial"]
 
 
+def test_a_store_cut_short_keeps_its_whole_tokens_and_is_listed_so(tmp_path, monkeypatch) -> None:
+    """A store cut mid-token (a copy, a full disk) was "not a speccli store of this version", and thrown
+    away whole: it is this version, and every token before the cut is good."""
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    path = tmp_path / "remembered" / "v1.suffix"
+    whole = store_of(([1, 2], [3, 4, 5]), ([1, 2], [3, 4, 6]))
+    whole.vocabulary, whole.model = "v1", "target.gguf"
+    whole.save(path)
+    path.write_bytes(path.read_bytes()[:-2])  # half of the last token
+    loaded, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    assert problem == f"{path}: cut short mid-token; keeping the 11 whole tokens before the cut"
+    assert loaded.n_tokens == whole.n_tokens - 1 and loaded.match([1, 2], limit=5).following[:2] == [3, 4]
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.stdout == f"{path}  target.gguf (cut short mid-token)  11 tokens  0.0 MiB\n"
+
+
+def test_remembered_lists_what_a_killed_save_left(tmp_path, monkeypatch) -> None:
+    """Such a file holds replies, and --clear deletes it: the listing left it out."""
+    import subprocess
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    stores.mkdir()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (stores / f"a.suffix.{ended.pid}.partial").write_bytes(b"r" * 2**20)
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.stdout == f"{stores / f'a.suffix.{ended.pid}.partial'}  (left by a save that was killed; holds replies)  1.0 MiB\n"
+
+
+def test_a_target_with_a_long_non_ascii_name_keeps_a_readable_store(tmp_path) -> None:
+    """A name of 700 non-ASCII characters, escaped six bytes each, made a header past the 4 KiB a
+    header is read up to: saved, then refused on load as no store."""
+    store = store_of(([1, 2], [3, 4, 5]))
+    store.vocabulary, store.model = "v1", "é" * 700 + ".gguf"
+    store.save(tmp_path / "v1.suffix")
+    loaded, problem = SuffixStore.load(tmp_path / "v1.suffix", "v1", n_vocab=10, cap_tokens=1000)
+    assert problem is None and loaded.n_tokens == store.n_tokens
+
+
+def test_the_stores_folder_is_the_users_alone(tmp_path) -> None:
+    """Created 0755, it let other users list the stores' names (vocabulary fingerprints), sizes and times;
+    one left so by an earlier version is narrowed at the next save."""
+    folder = tmp_path / "remembered"
+    store_of(([1, 2], [3])).save(folder / "a.suffix")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o755)
+    store_of(([1, 2], [3])).save(folder / "a.suffix")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_opening_a_folder_as_a_store_leaves_no_descriptor_open(tmp_path) -> None:
+    """open_regular had wrapped the descriptor before checking it: a folder's stayed open."""
+    from speccli.util.files import open_regular
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(IsADirectoryError):
+            open_regular(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_large_store_loads_within_a_second(tmp_path) -> None:
     """1M tokens of text-like ids (the docs state this size's memory and load time)."""
     rng = np.random.default_rng(0)

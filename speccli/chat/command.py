@@ -133,7 +133,7 @@ def run_chat(
                 if failed:  # a script feeding chat must see that lines failed
                     raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
         finally:
-            store.persist(now=True)  # what this session added: written at the end whatever ended it
+            store.close()  # what this session added: written at the end whatever ended it
             session.learnt.keep(session.generator.policy, session.generator.sampling, now=True)
 
 

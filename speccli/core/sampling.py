@@ -143,7 +143,6 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
 # 1e-30 where they differ, so every gap becomes -inf either way. The cap keeps 1/temperature finite
 # (1e-39 is a valid temperature), where infinity would make the top token's 0 gap times it NaN.
 _MAX_INVERSE_TEMPERATURE = 1e30
-_LEAST_INVERSE_TEMPERATURE = float(np.finfo(np.float32).smallest_subnormal)
 _LOWEST = np.finfo(np.float32).min  # the least finite logit
 
 
@@ -157,9 +156,8 @@ def greedy_token(logits: np.ndarray) -> int:
 
 
 def _inverse_temperature(params: SamplingParams) -> np.float32:
-    """1/temperature, kept within float32's positive range: at 0 a masked token's -inf gap times it is NaN
-    (a temperature of 1e46 or more); the smallest positive value gives the limit, every token alike."""
-    return np.float32(min(max(1 / params.temperature, _LEAST_INVERSE_TEMPERATURE), _MAX_INVERSE_TEMPERATURE))
+    """1/temperature, kept finite (temperatures are at most MAX_TEMPERATURE, so it is at least 1/2)."""
+    return np.float32(min(1 / params.temperature, _MAX_INVERSE_TEMPERATURE))
 
 
 def _checked(top: np.float32) -> np.float32:

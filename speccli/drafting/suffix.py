@@ -32,7 +32,9 @@ import numpy as np
 
 from speccli.drafting.ngram import JUDGED_TOKENS, MAX_MATCH, Match, NgramLookup, longest_matches
 from speccli.util.cache import speccli_cache_dir
-from speccli.util.files import PARTIAL_SUFFIX, open_regular, partial_path, process_alive, remove_abandoned_partials
+from speccli.util.files import (
+    PARTIAL_SUFFIX, open_regular, partial_path, private_folder, process_alive, remove_abandoned_partials, try_lock,
+)
 from speccli.util.format import one_line
 
 if TYPE_CHECKING:
@@ -48,7 +50,8 @@ MAX_CANDIDATES = 256
 WALKED = 16
 DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
 FORMAT = 1
-MAX_HEADER_BYTES = 4096  # a header is a few dozen bytes; a length past this is not a store
+MAX_HEADER_BYTES = 4096  # a header is a few hundred bytes at most; a length past this is not a store
+MAX_MODEL_NAME = 256  # characters of the target's name kept in the header (at most 4 bytes each)
 DEFAULT_CAP_TOKENS = DEFAULT_CAP_MB * 2**20 // 8
 SAVE_EVERY_SECONDS = 10  # a remembered store is written after a reply at most this often, and on exit
 
@@ -63,6 +66,7 @@ class SuffixStore:
         self.model = ""  # the target's file name, for `speccli remembered`
         self.warn: Callable[[str], None] = lambda line: None  # where a file it cannot write is said
         self._saved_at = 0.0
+        self._lock = None  # the owner lock (`open_store`), held while this process writes the file
         self.clear()
 
     def clear(self) -> None:
@@ -164,12 +168,21 @@ class SuffixStore:
                 return
             self._unsaved, self._saved_at = False, time.monotonic()
 
+    def close(self) -> None:
+        """Written now, and given up: the process that opens this store next may write it."""
+        self.persist(now=True)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock, self.path = None, None
+
     def save(self, path: Path) -> None:
         """Written whole or not at all, readable by the user alone: it holds the user's replies."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         remove_abandoned_partials(path)
         partial = partial_path(path)
-        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": self.model}).encode()
+        # The model's name only labels the listing: cut, so that any name keeps the header readable.
+        model = self.model[:MAX_MODEL_NAME]
+        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": model}, ensure_ascii=False).encode()
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(descriptor, "wb") as file:
@@ -191,10 +204,11 @@ class SuffixStore:
             with open_regular(path) as file:
                 header = _read_header(file)
                 body_bytes = os.fstat(file.fileno()).st_size - file.tell()
-                problem = _problem(header, body_bytes, vocabulary)
+                problem = _problem(header, vocabulary)
                 if problem is None:
+                    # A file cut short mid-token (a copy, a full disk) keeps the whole tokens before the cut.
                     kept = min(body_bytes // 4, cap_tokens)
-                    file.seek(-4 * kept, os.SEEK_END)
+                    file.seek(file.tell() + 4 * (body_bytes // 4 - kept))
                     tokens = np.frombuffer(file.read(4 * kept), dtype=np.int32)
                     if len(tokens) and (tokens.min() < SEPARATOR or tokens.max() >= n_vocab):
                         problem = "holds token ids outside this vocabulary"
@@ -207,6 +221,8 @@ class SuffixStore:
         store._load_tokens(tokens)
         if body_bytes // 4 > cap_tokens:
             store._evict()
+        if body_bytes % 4:
+            return store, f"{path}: cut short mid-token; keeping the {body_bytes // 4:,} whole tokens before the cut"
         return store, None
 
 
@@ -222,10 +238,10 @@ def _read_header(file: BinaryIO) -> dict | None:
     return header if isinstance(header, dict) else None
 
 
-def _problem(header: dict | None, body_bytes: int, vocabulary: str) -> str | None:
+def _problem(header: dict | None, vocabulary: str) -> str | None:
     if header is None:
         return "not a speccli store"
-    if header.get("format") != FORMAT or body_bytes % 4:
+    if header.get("format") != FORMAT:
         return "not a speccli store of this version"
     if header.get("vocabulary") != vocabulary:
         return "a store of another vocabulary"
@@ -243,15 +259,52 @@ def open_store(tokenizer: Tokenizer, model: str, remember: bool, warn: Callable[
         return SuffixStore()
     fingerprint = vocabulary_fingerprint(tokenizer)
     path = stores_dir() / f"{fingerprint}.suffix"
+    # One process writes a store: the one holding its lock. Another drafts from what it holds on disk
+    # and keeps its own replies in memory, so neither overwrites the other's; `--clear` waits for neither.
+    try:
+        lock, holder = try_lock(owner_lock(path))
+    except OSError as error:
+        lock, holder = None, None
+        warn(f"warning: {path}: cannot be written ({error.strerror or error}); earlier replies are kept for this process only")
     store, problem = SuffixStore.load(path, fingerprint, tokenizer.n_vocab, DEFAULT_CAP_TOKENS)
     if problem is not None:
         warn(f"warning: {problem}")
-    store.path, store.model, store.warn = path, model, warn
+    if holder is not None:
+        warn(f"warning: {path}: in use by another speccli process{f' (pid {holder})' if holder else ''}; this one "
+             "drafts from it too but keeps its own replies in memory only")
+    store.model, store.warn = model, warn
+    if lock is not None:
+        store.path, store._lock = path, lock
     return store
+
+
+def owner_lock(path: Path) -> Path:
+    """The lock the process writing the store at `path` holds for its life (in the cache's locks/, so a
+    cleared remembered/ is empty)."""
+    return speccli_cache_dir() / "locks" / f"{path.name}.owner"
 
 
 def store_files() -> list[Path]:
     return sorted(stores_dir().glob("*.suffix"))
+
+
+def stores_owned() -> list[Path]:
+    """The stores whose owner lock exists (`owner_lock`): a running process may hold replies in memory
+    for one that has no file yet."""
+    return [stores_dir() / lock.name.removesuffix(".owner") for lock in (speccli_cache_dir() / "locks").glob("*.suffix.owner")]
+
+
+def holder_of(path: Path) -> int | None:
+    """The pid of the process writing the store at `path` (0 where it has not said), None where none does."""
+    if not owner_lock(path).exists():
+        return None
+    try:
+        lock, holder = try_lock(owner_lock(path), say_pid=False)
+    except OSError:
+        return None
+    if lock is not None:
+        lock.close()
+    return holder
 
 
 def killed_saves() -> list[Path]:
@@ -278,12 +331,15 @@ def describe_stores() -> list[dict[str, object]]:
             described.append({"file": path, "model": f"? (unreadable: {error.strerror or error})", "tokens": 0, "bytes": 0})
             continue
         model = header.get("model") if header is not None and header.get("format") == FORMAT else None
-        if not isinstance(model, str) or body_bytes % 4:
+        if not isinstance(model, str):
             described.append({"file": path, "model": "? (not a store)", "tokens": 0, "bytes": length})
             continue
         # A file name may hold a newline or an escape sequence; a listing line must stay one line.
-        model = one_line(model)
-        described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length})
+        model = one_line(model) + (" (cut short mid-token)" if body_bytes % 4 else "")
+        described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length, "holder": holder_of(path)})
+    for path in killed_saves():
+        described.append({"file": path, "model": "(left by a save that was killed; holds replies)", "tokens": None,
+                          "bytes": path.stat().st_size if path.exists() else 0})
     return described
 
 

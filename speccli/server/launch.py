@@ -171,3 +171,10 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await asyncio.to_thread(self.service.worker.stop)
         await super().shutdown(sockets)
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        """A second Ctrl-C or SIGTERM while stopping changes nothing. uvicorn would skip the app's
+        shutdown, its lifespan task then cancelled mid-wait (a traceback), and the stop is bounded anyway
+        (a step, and 2 s for open streams); skipping it could only lose the replies it saves."""
+        if not self.should_exit:
+            super().handle_exit(sig, frame)

@@ -20,6 +20,7 @@ RequestModel = TypeVar("RequestModel", bound=BaseModel)
 async def parse_body(request: Request, schema: type[RequestModel]) -> RequestModel:
     """The body as `schema`, refused (400) where it is no JSON object, holds a lone surrogate, sets a
     parameter this server cannot honour, or fails the schema; the message names the field."""
+    check_content_type(request)
     body = await read_body(request)
     try:
         payload = json.loads(body, parse_int=_whole_number)
@@ -59,6 +60,19 @@ def _whole_number(text: str) -> int | object:
 
 
 _PAST_EVERY_LIMIT = object()
+
+
+def check_content_type(request: Request) -> None:
+    """Only a body sent as application/json is read (OpenAI's and llama-server's contract). A web page
+    can post text/plain, a form or no type at all to any address without the browser asking first
+    (no CORS preflight); read as JSON, such a post from a page the user visits could make a local
+    server without a key generate, and with --remember write into the store (415)."""
+    declared = request.headers.get("content-type")
+    if declared is not None and declared.partition(";")[0].strip().lower() == "application/json":
+        return
+    said = f"Content-Type {declared!r} is not supported" if declared is not None else "the request has no Content-Type"
+    raise APIError(415, f"{said}: send the body as application/json (curl: -H 'Content-Type: application/json')",
+                   code="unsupported_media_type")
 
 
 async def read_body(request: Request) -> bytes:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from speccli.drafting.registry import SPECS
-from speccli.validation import K, MAX_K
+from speccli.validation import MAX_TEMPERATURE, K, MAX_K
 
 
 class Strict(BaseModel):
@@ -117,7 +117,7 @@ class GenerationRequest(Strict):
     model: str
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    temperature: float = Field(0.8, ge=0, le=2, allow_inf_nan=False)
+    temperature: float = Field(0.8, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
     top_p: float = Field(0.95, gt=0, le=1, allow_inf_nan=False)
     top_k: int = Field(40, ge=0)
     min_p: float = Field(0.05, ge=0, lt=1, allow_inf_nan=False)

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 try:
     import fcntl
@@ -143,10 +143,47 @@ def build_lock(dest: Path) -> Iterator[None]:
 
 def open_regular(path: Path) -> BinaryIO:
     """`path` opened for reading, if it is a regular file: a FIFO named like a cache file would block the
-    read, a link to /dev/zero never end it (OSError: EISDIR for a folder, else "not a regular file")."""
-    file = open(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
-    mode = os.fstat(file.fileno()).st_mode
+    read, a link to /dev/zero never end it (IsADirectoryError for a folder, else OSError "not a regular
+    file"). The descriptor is checked before a file object owns it, and closed where it is refused."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    mode = os.fstat(descriptor).st_mode
     if not stat.S_ISREG(mode):
-        file.close()
-        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR)) if stat.S_ISDIR(mode) else OSError(0, "not a regular file")
-    return file
+        os.close(descriptor)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        raise OSError(0, "not a regular file", str(path))
+    return open(descriptor, "rb")
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made if missing, readable by the user alone (0700): what is kept there names the user's
+    models and holds their replies. One made by an earlier version (0755) is narrowed if it is ours."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_mode & 0o077 and info.st_uid == os.getuid():
+        folder.chmod(0o700)
+    return folder
+
+
+def try_lock(lock_file: Path, say_pid: bool = True) -> tuple[IO[str] | None, int | None]:
+    """An exclusive advisory lock on `lock_file`, without waiting: (the open file, None), the lock held
+    until that file is closed or the process ends (the OS releases it if the process dies), the pid
+    written in it where `say_pid`; or (None, the holder's pid, 0 where it has not said) where another
+    process holds it. OSError where the lock file cannot be made."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    handle = lock_file.open("a+")
+    if fcntl is None:
+        return handle, None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        said = handle.read(32).strip()
+        handle.close()
+        return None, int(said) if said.isdigit() else 0
+    if say_pid:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+    return handle, None
