@@ -335,7 +335,7 @@ def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair)
         "error: /k (draft tokens per step) must be between 1 and 64, got 65",
         "error: /k needs 'auto' or a whole number from 1 to 64, got 'x'",
     ]
-    assert errors[4:7] == ["error: /temp must be >= 0 (0 is greedy), got -1.0", "error: /temp needs a number, got 'hot'",
+    assert errors[4:7] == ["error: /temp must be from 0 (greedy) to 2, got -1.0", "error: /temp needs a number, got 'hot'",
                            "error: /temp needs a number, and none was given"]
     # Words after a command that takes none: it had acted (quit, forgot) as if they were not there.
     assert errors[7:9] == ["error: /quit takes no argument, got 'now'", "error: /reset takes no argument, got 'all'"]
@@ -749,7 +749,9 @@ def test_a_pasted_block_of_lines_is_one_message(endless_pair, tmp_path):
     [
         (["--k", "0"], "error: --k (draft tokens per step) must be between 1 and 64, got 0"),
         (["--k", "65"], "error: --k (draft tokens per step) must be between 1 and 64, got 65"),
-        (["--temp", "-0.5"], "error: --temp must be >= 0 (0 is greedy), got -0.5"),
+        (["--temp", "-0.5"], "error: --temp must be from 0 (greedy) to 2, got -0.5"),
+        # serve's limit too (OpenAI's): chat had run at 100 where serve refused it.
+        (["--temp", "100"], "error: --temp must be from 0 (greedy) to 2, got 100.0"),
         (["--top-p", "0"], "error: --top-p must be in (0, 1], got 0.0"),
         (["--top-p", "1.5"], "error: --top-p must be in (0, 1], got 1.5"),
         (["--top-k", "-1"], "error: --top-k must be >= 0 (0 keeps every token), got -1"),
@@ -858,10 +860,11 @@ def test_auto_drafts_by_the_profile_the_session_timed_for_its_estimate(chat_pair
         display = Display("plain", provenance=False, out=io.StringIO(), err=io.StringIO())
         session = ChatSession(target, draft, display, sampling=SamplingParams(temperature=0), spec="model", k=2,
                               max_tokens=8)
-        assert set(session.generator.costs.decode_seconds) == {1}
+        assert set(session.costs.measured.decode_seconds) == {1}
         session.send("hello there")
         session.command("/k auto")
-        costs = session.generator.costs
+        costs = session.costs.measured
+        assert session.generator.costs is session.costs
         assert set(costs.decode_seconds) == {1, 2, 4, 8, 16, 25} and costs.draft_costs["model"].token_seconds > 0
         assert session.target_token_seconds == costs.target_token_seconds
         probes = []

@@ -27,7 +27,7 @@ from speccli.bench.settings import BenchSettings, Configuration
 from speccli.bench.summary import Round, summarize
 from speccli.bench.theory import best_configuration
 from speccli.bench.verdict import cannot_pay
-from speccli.core.generator import GenerationLimits, Generator, measure_costs
+from speccli.core.generator import GenerationLimits, Generator, PairCosts, measure_costs
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
 from speccli.core.stats import DoneEvent, TokenEvent
@@ -191,7 +191,7 @@ def run_bench(
                 sides = {"mode": "target", "spec": None, "k": 0}
             else:
                 drafter = make_drafter(configuration.spec, draft, target)
-                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, auto_costs)
+                generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, PairCosts(target, drafter, auto_costs))
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
         baseline = done.pop(None)

@@ -17,7 +17,7 @@ from typing import Iterator
 from speccli.chat.conversation import Conversation, Prompt
 from speccli.chat.template import chat_format_for
 from speccli.chat.view import Display
-from speccli.core.generator import GenerationLimits, Generator, measure_costs
+from speccli.core.generator import GenerationLimits, Generator, PairCosts
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
@@ -77,7 +77,9 @@ class ChatSession:
         self.draft = draft
         # Earlier replies, for a `suffix` source: this session's regenerations and turns, or remembered ones.
         self.store = SuffixStore() if store is None else store
-        self.generator = Generator(target, make_drafter(spec, draft, target, self.store), sampling, make_policy(k), seed)
+        drafter = make_drafter(spec, draft, target, self.store)
+        self.costs = PairCosts(target, drafter)
+        self.generator = Generator(target, drafter, sampling, make_policy(k), seed, self.costs)
         # What `auto` learnt about this pair in earlier sessions: a first reply drafts as the last ended.
         self.learnt = LearntFile(target, draft, display.warning)
         self.learnt.recall(self.generator.policy, sampling)
@@ -240,8 +242,7 @@ class ChatSession:
         generator = self.generator
         context = generator.tokens or [max(generator.target.tokenizer.bos_id, 0)]
         with naming_non_finite_logits(generator.target, self.draft):  # it samples from the target's logits
-            generator.costs = measure_costs(generator.target, generator.drafter, context, sizes, generator.sampling)
-        self.target_token_seconds = generator.costs.target_token_seconds
+            self.target_token_seconds = self.costs.profile(context, sizes, generator.sampling).target_token_seconds
 
     def command(self, line: str) -> bool:
         """Run one slash command; False means leave."""
@@ -270,7 +271,7 @@ class ChatSession:
         elif name == "/k":
             self.generator.policy = make_policy(parse_k(argument, "/k"))
             self.learnt.recall(self.generator.policy, self.generator.sampling)
-            if self.generator.policy.needs_costs and not set(PROFILED_SIZES) <= self.generator.costs.decode_seconds.keys():
+            if self.generator.policy.needs_costs:  # timed again only for sizes not yet timed
                 self._profile(PROFILED_SIZES)
             self.display.notice(f"(k = {self.generator.policy.name})")
         elif name == "/temp":

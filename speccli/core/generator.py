@@ -56,7 +56,7 @@ class Generator:
         sampling: SamplingParams,
         policy: KPolicy | None = None,
         seed: int | None = None,
-        costs: CostProfile | None = None,
+        costs: PairCosts | None = None,
     ) -> None:
         sampling.validate()
         self.target = target
@@ -65,8 +65,8 @@ class Generator:
         if drafter is not None and policy is None:
             raise ValueError("a drafter needs a K policy")
         self.policy = policy
-        # The pair's cost profile, where the caller measured one; else measured here when `auto` first needs it.
-        self.costs = costs
+        # The pair's cost profile, shared with the caller's other generators where it gives one.
+        self.costs = PairCosts(target, drafter) if costs is None else costs
         self.rng = np.random.default_rng(seed)
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
@@ -183,9 +183,7 @@ class Generator:
             self.drafter.sync(prompt)  # a prompt the target held already may be new to the drafter
         self.tokens = list(prompt)
         if self.drafter is not None and self.policy.needs_costs:
-            if self.costs is None:
-                self.costs = measure_costs(self.target, self.drafter, self.tokens, self.policy.profiled_sizes, self.sampling)
-            self.policy.calibrate(self.costs)
+            self.policy.calibrate(self.costs.profile(self.tokens, self.policy.profiled_sizes, self.sampling))
         return True
 
     def _step(self, limit: int) -> tuple[list[int], list[Source], StepEvent]:
@@ -229,6 +227,23 @@ class Generator:
         if not proposed:
             return DraftVerdict(0, sample(p[0], self.rng))
         return verify_sampled(proposed, q, p, self.rng)
+
+
+class PairCosts:
+    """The one place a pair's cost profile is entered: timed (`measure_costs`) the first time it is asked
+    for verify sizes not yet asked for, at the caches' end then, and shared by every generator the
+    caller gives it to (a chat's, serve's configurations). Bench gives its median over the run instead
+    (`given`), which is never timed again."""
+
+    def __init__(self, target: Model, drafter: Drafting | None, given: CostProfile | None = None) -> None:
+        self.target, self.drafter, self.measured = target, drafter, given
+        self._asked: set[int] | None = set() if given is None else None  # None: given, never timed here
+
+    def profile(self, context: Sequence[int], sizes: Sequence[int], sampling: SamplingParams) -> CostProfile:
+        if self._asked is not None and (self.measured is None or not self._asked.issuperset(sizes)):
+            self._asked.update(sizes)  # a size that does not fit the context is asked once, not timed
+            self.measured = measure_costs(self.target, self.drafter, context, sorted(self._asked), sampling)
+        return self.measured
 
 
 def measure_costs(

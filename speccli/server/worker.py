@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from speccli.core.generator import GenerationLimits, Generator, measure_costs
+from speccli.core.generator import GenerationLimits, Generator, PairCosts
 from speccli.core.sampling import SamplingParams
-from speccli.core.seam import CostProfile
 from speccli.core.stats import DoneEvent, TokenEvent
-from speccli.drafting.policy import PROFILED_SIZES
 from speccli.drafting.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
@@ -126,7 +124,7 @@ class Worker:
         self._active: Speculation | None = None  # whose tokens the caches hold
         self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
         self._running: Job | None = None
-        self.costs: CostProfile | None = None  # the pair's, measured when a configuration's `auto` first needs it
+        self.costs: PairCosts | None = None  # the pair's one cost profile, for every configuration's `auto`
         self.lost: str | None = None  # why the models cannot run any more (an RPC server went away)
 
     def start(self) -> None:
@@ -147,7 +145,7 @@ class Worker:
             self._changed.notify()
         if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
             self._thread.join()
-        self.store.persist(now=True)
+        self.store.close()
         if self.learnt is not None:
             for generator in self._generators.values():
                 self.learnt.keep(generator.policy, generator.sampling, now=True)
@@ -253,7 +251,9 @@ class Worker:
         if generator is None:
             drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target, self.store)
             policy = None if speculation.k is None else make_policy(speculation.k)
-            generator = Generator(self.target, drafter, SamplingParams(), policy)
+            if self.costs is None and policy is not None and policy.needs_costs:  # the draft model's, whatever the spec
+                self.costs = PairCosts(self.target, make_drafter("model", self.draft, self.target) if self.draft is not None else None)
+            generator = Generator(self.target, drafter, SamplingParams(), policy, costs=self.costs)
             if self.learnt is not None:
                 self.learnt.recall(policy, sampling)
             self._generators[speculation] = generator
@@ -266,14 +266,6 @@ class Worker:
                 self._generators[self._active].reset()
             generator.reset()
             self._active = speculation
-        if generator.costs is None and generator.policy is not None and generator.policy.needs_costs:
-            # The pair's one cost profile, for every configuration's `auto`: measured once, here, where
-            # every cache was just emptied (a new generator is never the active one).
-            if self.costs is None:
-                drafter = make_drafter("model", self.draft, self.target) if self.draft is not None else None
-                context = [max(self.target.tokenizer.bos_id, 0)]
-                self.costs = measure_costs(self.target, drafter, context, PROFILED_SIZES, SamplingParams())
-            generator.costs = self.costs
         return generator
 
     def _run(self, job: Job) -> None:
