@@ -98,7 +98,7 @@ MAX_TEMPERATURE = 2.0
 def check_temperature(value: float, name: str = "--temp") -> float:
     if not 0 <= _finite(value, name) <= MAX_TEMPERATURE:
         raise SpeccliError(f"{name} must be from 0 (greedy) to {MAX_TEMPERATURE:g}, got {value}")
-    return value
+    return value or 0.0  # -0 is 0
 
 
 def check_top_k(value: int, name: str = "--top-k") -> int:

@@ -148,3 +148,10 @@ def test_top_p_on_a_large_vocabulary_matches_a_full_sort(seed: int) -> None:
     kept = probabilities(row, SamplingParams(temperature=0.7, top_p=0.9))[0] > 0
     np.testing.assert_array_equal(kept, expected_kept)
     assert np.count_nonzero(kept) > 10
+
+
+def test_a_temperature_of_minus_zero_is_zero() -> None:
+    """`/temp -0` said "(temperature = -0, greedy)"."""
+    from speccli.validation import check_temperature
+
+    assert f"{check_temperature(-0.0):g}" == "0"

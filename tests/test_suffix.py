@@ -251,10 +251,78 @@ def test_a_target_with_a_long_non_ascii_name_keeps_a_readable_store(tmp_path) ->
     """A name of 700 non-ASCII characters, escaped six bytes each, made a header past the 4 KiB a
     header is read up to: saved, then refused on load as no store."""
     store = store_of(([1, 2], [3, 4, 5]))
-    store.vocabulary, store.model = "v1", "é" * 700 + ".gguf"
-    store.save(tmp_path / "v1.suffix")
-    loaded, problem = SuffixStore.load(tmp_path / "v1.suffix", "v1", n_vocab=10, cap_tokens=1000)
-    assert problem is None and loaded.n_tokens == store.n_tokens
+    store.vocabulary = "v1"
+    # and a name that is not UTF-8 (bytes of a file name reach Python as surrogate escapes)
+    for store.model in ("é" * 700 + ".gguf", "\U0001F600" * 700, "h\udcffx.gguf"):
+        store.save(tmp_path / "v1.suffix")
+        loaded, problem = SuffixStore.load(tmp_path / "v1.suffix", "v1", n_vocab=10, cap_tokens=1000)
+        assert problem is None and loaded.n_tokens == store.n_tokens
+
+
+def test_odd_leftovers_are_listed_and_cleared_without_a_traceback(tmp_path, monkeypatch) -> None:
+    """A pid past any pid or not in ASCII digits raised OverflowError or ValueError; a killed policy save's
+    leftover was neither listed nor deleted; a store a running process holds before its first save was
+    left out of the listing while --clear refused for it."""
+    import subprocess
+
+    from speccli.drafting.suffix import owner_lock
+    from speccli.util.files import try_lock
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    stores = tmp_path / "remembered"
+    stores.mkdir()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (stores / "a.suffix.99999999999999999999.partial").write_bytes(b"r")
+    (stores / "a.suffix.\u00b2.partial").write_bytes(b"r")  # a superscript two: isdigit(), not a pid
+    (stores / f"p.policy.{ended.pid}.partial").write_bytes(b"{}")
+    listed = CliRunner().invoke(app, ["remembered"])
+    assert listed.exit_code == 0 and listed.stdout.splitlines() == [
+        f"{stores / 'a.suffix.99999999999999999999.partial'}  (left by a save that was killed; holds replies)  0.0 MiB",
+        f"{stores / f'p.policy.{ended.pid}.partial'}  (left by a save that was killed; what auto learnt)  0.0 MiB",
+    ]
+    lock, _ = try_lock(owner_lock(stores / "b.suffix"))  # as a server before its first save
+    try:
+        listed = CliRunner().invoke(app, ["remembered"])
+        assert f"{stores / 'b.suffix'}  (no file yet)  0.0 MiB  (in use by pid {os.getpid()})" in listed.stdout.splitlines()
+    finally:
+        lock.close()
+    cleared = CliRunner().invoke(app, ["remembered", "--clear"])
+    assert (cleared.exit_code, sorted(p.name for p in stores.iterdir())) == (0, ["a.suffix.\u00b2.partial"])
+
+
+def test_a_held_lock_that_says_no_pid_is_named_as_held(tmp_path) -> None:
+    """A lock file holding bytes that are not an ASCII pid raised UnicodeDecodeError or ValueError."""
+    import fcntl
+
+    from speccli.util.files import try_lock
+
+    for garbage in (b"\xff\xfe garbage", "\u00b2".encode()):
+        lock_file = tmp_path / "x.owner"
+        lock_file.write_bytes(garbage)
+        with open(lock_file, "rb") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # another open file: its lock conflicts, in this process too
+            assert try_lock(lock_file) == (None, 0)
+        handle, holder = try_lock(lock_file)
+        assert holder is None and lock_file.read_bytes() == str(os.getpid()).encode()
+        handle.close()
+
+
+def test_a_store_opened_while_remembered_holds_its_lock_a_moment_is_still_written(tmp_path, monkeypatch) -> None:
+    """A chat that started while `remembered` listed or cleared (holding the lock a moment) kept its
+    replies in memory for its whole life."""
+    import threading
+
+    from speccli.drafting.suffix import _owner_lock_of, owner_lock
+    from speccli.util.files import try_lock
+
+    monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
+    store = tmp_path / "remembered" / "a.suffix"
+    lock, _ = try_lock(owner_lock(store), say_pid=False)
+    threading.Timer(0.3, lock.close).start()
+    taken, holder = _owner_lock_of(store)
+    assert taken is not None and holder is None
+    taken.close()
 
 
 def test_the_stores_folder_is_the_users_alone(tmp_path) -> None:

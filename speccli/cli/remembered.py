@@ -43,7 +43,7 @@ def _clear(folder: Path) -> None:
     """Delete every store, killed save and policy file; none while a running chat or serve writes a store
     (it would write the replies back at its next save): that is refused, naming it, and nothing deleted.
     Each store's lock is held while it goes, so no process starts writing it meanwhile."""
-    from speccli.drafting.learnt import learnt_files
+    from speccli.drafting.learnt import cleared_marker, learnt_files
     from speccli.drafting.suffix import killed_saves, owner_lock, stores_owned, store_files
     from speccli.errors import SpeccliError
     from speccli.util.files import try_lock
@@ -68,6 +68,12 @@ def _clear(folder: Path) -> None:
                 deleted += 1
             except OSError as error:
                 failed.append(f"{path}: cannot be deleted ({error.strerror or error})")
+        try:  # a running chat or server writes no policy file again (a store's writer was refused above)
+            cleared_marker().parent.mkdir(parents=True, exist_ok=True)
+            cleared_marker().touch()
+        except OSError as error:
+            failed.append(f"{cleared_marker()}: cannot be written ({error.strerror or error}); a running chat or "
+                          "server may write what auto learnt again")
     finally:
         for lock in locks:
             lock.close()

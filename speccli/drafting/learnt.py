@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.suffix import SAVE_EVERY_SECONDS, stores_dir
 from speccli.errors import SpeccliError
+from speccli.util.cache import speccli_cache_dir
 from speccli.util.files import build_atomically, open_regular, private_folder
 from speccli.util.format import one_line
 
@@ -63,34 +64,42 @@ class LearntFile:
         self.pair = target.path.name + (f" + {draft.path.name}" if draft is not None else "")
         self.active = os.environ.get(COLD_START, "0") in ("", "0")  # off: cold starts, or a file it cannot write
         self._kept_at = time.monotonic()
-        self._on_disk: set[Path] = set()  # files this process read or wrote: one gone since was cleared
+        self._started_ns = time.time_ns()
 
     def recall(self, policy: object, sampling: SamplingParams) -> None:
         if hasattr(policy, "recall") and self.active:
-            path = learnt_path(self.target, self.draft, sampling)
-            problem = _read_into(policy, path)
+            problem = _read_into(policy, learnt_path(self.target, self.draft, sampling))
             if problem is not None:
                 self.warn(problem)
-            elif path.exists():
-                self._on_disk.add(path)
 
     def keep(self, policy: object, sampling: SamplingParams, now: bool = False) -> None:
         if not (hasattr(policy, "learnt") and self.active and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
             return
-        path = learnt_path(self.target, self.draft, sampling)
-        if path in self._on_disk and not path.exists():  # `speccli remembered --clear`: not written back
+        if _cleared_since(self._started_ns):  # what it learnt before `remembered --clear` is never written back
             self.active = False
             return
+        path = learnt_path(self.target, self.draft, sampling)
         text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy.learnt()})
         try:
             private_folder(path.parent)
             build_atomically(path, lambda partial: partial.write_text(text))
-            self._on_disk.add(path)
         except (OSError, SpeccliError) as error:
             self.warn(f"warning: {path}: cannot be written ({getattr(error, 'strerror', None) or error}); what "
                       "`auto` learnt is kept for this process only")
             self.active = False
         self._kept_at = time.monotonic()
+
+
+def cleared_marker() -> Path:
+    """Touched by `speccli remembered --clear`: a process started before then writes no policy file again."""
+    return speccli_cache_dir() / "locks" / "remembered.cleared"
+
+
+def _cleared_since(started_ns: int) -> bool:
+    try:
+        return cleared_marker().stat().st_mtime_ns >= started_ns
+    except OSError:
+        return False
 
 
 def _read_into(policy: object, path: Path) -> str | None:

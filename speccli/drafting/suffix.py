@@ -33,7 +33,7 @@ import numpy as np
 from speccli.drafting.ngram import JUDGED_TOKENS, MAX_MATCH, Match, NgramLookup, longest_matches
 from speccli.util.cache import speccli_cache_dir
 from speccli.util.files import (
-    PARTIAL_SUFFIX, open_regular, partial_path, private_folder, process_alive, remove_abandoned_partials, try_lock,
+    PARTIAL_SUFFIX, abandoned, open_regular, partial_path, private_folder, remove_abandoned_partials, try_lock,
 )
 from speccli.util.format import one_line
 
@@ -51,9 +51,10 @@ WALKED = 16
 DEFAULT_CAP_MB = 64  # the store's size: 4 bytes a token for the text and 4 for its index
 FORMAT = 1
 MAX_HEADER_BYTES = 4096  # a header is a few hundred bytes at most; a length past this is not a store
-MAX_MODEL_NAME = 256  # characters of the target's name kept in the header (at most 4 bytes each)
+MAX_MODEL_NAME = 256  # characters of the target's name kept in the header (at most 12 bytes each, escaped)
 DEFAULT_CAP_TOKENS = DEFAULT_CAP_MB * 2**20 // 8
 SAVE_EVERY_SECONDS = 10  # a remembered store is written after a reply at most this often, and on exit
+OWNER_WAIT_SECONDS = 1.0  # how long a process opening a store waits for its lock before keeping replies in memory
 
 
 class SuffixStore:
@@ -180,9 +181,10 @@ class SuffixStore:
         private_folder(path.parent)
         remove_abandoned_partials(path)
         partial = partial_path(path)
-        # The model's name only labels the listing: cut, so that any name keeps the header readable.
+        # The model's name only labels the listing: cut, so that any name keeps the header readable
+        # (escaped as ASCII: a file name may hold bytes that are not UTF-8).
         model = self.model[:MAX_MODEL_NAME]
-        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": model}, ensure_ascii=False).encode()
+        header = json.dumps({"format": FORMAT, "vocabulary": self.vocabulary, "model": model}).encode()
         descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(descriptor, "wb") as file:
@@ -260,12 +262,17 @@ def open_store(tokenizer: Tokenizer, model: str, remember: bool, warn: Callable[
     fingerprint = vocabulary_fingerprint(tokenizer)
     path = stores_dir() / f"{fingerprint}.suffix"
     # One process writes a store: the one holding its lock. Another drafts from what it holds on disk
-    # and keeps its own replies in memory, so neither overwrites the other's; `--clear` waits for neither.
+    # and keeps its own replies in memory, so neither overwrites the other's (docs/cli.md#caches).
     try:
-        lock, holder = try_lock(owner_lock(path))
+        private_folder(path.parent)
+    except OSError:
+        pass  # a read-only cache: said where the lock cannot be made
+    try:
+        lock, holder = _owner_lock_of(path)
     except OSError as error:
         lock, holder = None, None
-        warn(f"warning: {path}: cannot be written ({error.strerror or error}); earlier replies are kept for this process only")
+        warn(f"warning: {owner_lock(path)}: cannot be used as the lock of {path.name} ({error.strerror or error}); "
+             "earlier replies are kept for this process only")
     store, problem = SuffixStore.load(path, fingerprint, tokenizer.n_vocab, DEFAULT_CAP_TOKENS)
     if problem is not None:
         warn(f"warning: {problem}")
@@ -276,6 +283,17 @@ def open_store(tokenizer: Tokenizer, model: str, remember: bool, warn: Callable[
     if lock is not None:
         store.path, store._lock = path, lock
     return store
+
+
+def _owner_lock_of(path: Path) -> tuple[BinaryIO | None, int | None]:
+    """`try_lock` on the store's owner lock, tried for OWNER_WAIT_SECONDS: `speccli remembered` holds it
+    for a moment to list or clear the store."""
+    deadline = time.monotonic() + OWNER_WAIT_SECONDS
+    while True:
+        lock, holder = try_lock(owner_lock(path))
+        if lock is not None or time.monotonic() >= deadline:
+            return lock, holder
+        time.sleep(0.05)
 
 
 def owner_lock(path: Path) -> Path:
@@ -308,13 +326,9 @@ def holder_of(path: Path) -> int | None:
 
 
 def killed_saves() -> list[Path]:
-    """Temporary files of saves whose process was killed mid-write: they hold replies too."""
-    killed = []
-    for partial in stores_dir().glob(f"*.suffix.*{PARTIAL_SUFFIX}"):
-        pid = partial.name.removesuffix(PARTIAL_SUFFIX).rsplit(".", 1)[1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            killed.append(partial)
-    return sorted(killed)
+    """Temporary files of saves (a store's, a policy file's) whose process was killed mid-write: a
+    store's holds replies too."""
+    return sorted(partial for partial in stores_dir().glob(f"*{PARTIAL_SUFFIX}") if abandoned(partial))
 
 
 def describe_stores() -> list[dict[str, object]]:
@@ -337,8 +351,12 @@ def describe_stores() -> list[dict[str, object]]:
         # A file name may hold a newline or an escape sequence; a listing line must stay one line.
         model = one_line(model) + (" (cut short mid-token)" if body_bytes % 4 else "")
         described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length, "holder": holder_of(path)})
+    for path in sorted(set(stores_owned()) - set(store_files())):
+        if holder := holder_of(path):  # replies in a running process's memory, not yet saved
+            described.append({"file": path, "model": "(no file yet)", "tokens": None, "bytes": 0, "holder": holder})
     for path in killed_saves():
-        described.append({"file": path, "model": "(left by a save that was killed; holds replies)", "tokens": None,
+        what = "holds replies" if ".suffix." in path.name else "what auto learnt"
+        described.append({"file": path, "model": f"(left by a save that was killed; {what})", "tokens": None,
                           "bytes": path.stat().st_size if path.exists() else 0})
     return described
 

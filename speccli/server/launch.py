@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import signal
 import socket
 import sys
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model
@@ -29,6 +31,7 @@ from speccli.drafting.registry import DEFAULT_SPEC
 from speccli.drafting.learnt import LearntFile
 from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
+from speccli.util.format import escape_undecodable
 from speccli.drafting.registry import check_spec, require_draft_model
 from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_listen
 
@@ -53,8 +56,9 @@ class ServeSettings:
 
 
 def model_id_for(name: str) -> str:
-    """A registry name as it is; a GGUF path by its file name without .gguf."""
-    return Path(name).stem if name.endswith(".gguf") else name
+    """A registry name as it is; a GGUF path by its file name without .gguf (bytes of it that are not
+    UTF-8 escaped: JSON carries text only)."""
+    return escape_undecodable(Path(name).stem if name.endswith(".gguf") else name)
 
 
 def build_service(model_id: str, target: Model, draft: Model | None, settings: ServeSettings) -> Service:
@@ -178,3 +182,19 @@ class _Server(uvicorn.Server):
         (a step, and 2 s for open streams); skipping it could only lose the replies it saves."""
         if not self.should_exit:
             super().handle_exit(sig, frame)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, but once the server has stopped, Ctrl-C and SIGTERM stay ignored while the models
+        close and the process ends (its exit is 0, as for one Ctrl-C), rather than being put back and the
+        first re-raised: a second signal then killed the process mid-teardown."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, self.handle_exit)
+        try:
+            yield
+        finally:
+            for sig in HANDLED_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)

@@ -68,7 +68,7 @@ def check_content_type(request: Request) -> None:
     (no CORS preflight); read as JSON, such a post from a page the user visits could make a local
     server without a key generate, and with --remember write into the store (415)."""
     declared = request.headers.get("content-type")
-    if declared is not None and declared.partition(";")[0].strip().lower() == "application/json":
+    if declared is not None and declared.partition(";")[0].strip(" \t").lower() == "application/json":
         return
     said = f"Content-Type {declared!r} is not supported" if declared is not None else "the request has no Content-Type"
     raise APIError(415, f"{said}: send the body as application/json (curl: -H 'Content-Type: application/json')",

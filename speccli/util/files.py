@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import BinaryIO
 
 try:
     import fcntl
@@ -86,9 +86,17 @@ def fsync_directory(directory: Path) -> None:
 def remove_abandoned_partials(dest: Path) -> None:
     """Temporary files of builds of `dest` whose process is gone (killed mid-write); a live build's is kept."""
     for partial in dest.parent.glob(f"{dest.name}.*{PARTIAL_SUFFIX}"):
-        pid_text = partial.name[len(dest.name) + 1 : -len(PARTIAL_SUFFIX)]
-        if pid_text.isdigit() and (int(pid_text) == os.getpid() or not process_alive(int(pid_text))):
+        if abandoned(partial, allow_own=True):
             partial.unlink(missing_ok=True)
+
+
+def abandoned(partial: Path, allow_own: bool = False) -> bool:
+    """Whether `partial` (NAME.PID.partial) is a temporary file whose process is gone (or this process's,
+    where `allow_own`: one it left itself)."""
+    pid = partial.name.removesuffix(PARTIAL_SUFFIX).rpartition(".")[2]
+    if not (pid.isascii() and pid.isdigit()):
+        return False  # not named as speccli names them: not speccli's to delete
+    return (allow_own and int(pid) == os.getpid()) or not process_alive(int(pid))
 
 
 def process_alive(pid: int) -> bool:
@@ -96,7 +104,7 @@ def process_alive(pid: int) -> bool:
         return True  # os.kill(pid, 0) would terminate it on Windows; keep the file
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # past any pid: no such process
         return False
     except PermissionError:
         return True  # exists, owned by someone else
@@ -165,25 +173,25 @@ def private_folder(folder: Path) -> Path:
     return folder
 
 
-def try_lock(lock_file: Path, say_pid: bool = True) -> tuple[IO[str] | None, int | None]:
+def try_lock(lock_file: Path, say_pid: bool = True) -> tuple[BinaryIO | None, int | None]:
     """An exclusive advisory lock on `lock_file`, without waiting: (the open file, None), the lock held
     until that file is closed or the process ends (the OS releases it if the process dies), the pid
     written in it where `say_pid`; or (None, the holder's pid, 0 where it has not said) where another
     process holds it. OSError where the lock file cannot be made."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    handle = lock_file.open("a+")
+    handle = lock_file.open("a+b")
     if fcntl is None:
         return handle, None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        said = handle.read(32).strip()
+        said = handle.read(32).strip()  # bytes: isdigit() is ASCII digits only
         handle.close()
         return None, int(said) if said.isdigit() else 0
     if say_pid:
         handle.seek(0)
         handle.truncate()
-        handle.write(str(os.getpid()))
+        handle.write(str(os.getpid()).encode())
         handle.flush()
     return handle, None
