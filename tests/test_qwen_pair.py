@@ -66,9 +66,11 @@ def test_pair_is_the_pinned_files_and_check_vocab_calls_them_identical(qwen_file
 
 def test_greedy_speculative_equals_target_alone(qwen_pair):
     """Equal, or parted only where the target's top-two gap is within its measured batched-vs-single
-    logit difference (Q4_K_M: up to about 0.4 here), as for Gemma in test_engine_greedy."""
+    logit difference (Q4_K_M: up to about 0.4 here), as for Gemma in test_engine_greedy. Every other
+    prompt (all 12 cost CI four minutes): test_greedy_reference.py checks the same drafts against
+    llama-cpp-python's own generation."""
     target, draft = qwen_pair
-    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), FixedK(4), max_tokens=24, min_draft_share=0.3, prompts=PROMPTS)
+    check_greedy_equality(target, Planner(model=ModelDrafter(draft)), FixedK(4), max_tokens=24, min_draft_share=0.3, prompts=PROMPTS[::2])
 
 
 def test_greedy_with_ngram_and_auto_k_equals_target_alone(qwen_pair):
@@ -78,7 +80,7 @@ def test_greedy_with_ngram_and_auto_k_equals_target_alone(qwen_pair):
     129 tokens, once in a full suite too. So the share the drafts must reach is asserted at a fixed K,
     and under `auto` only that it drafted at all."""
     target, draft = qwen_pair
-    prompts = [f"Repeat this line exactly, three times:\n{text}\n" for text in PROMPTS[:6]]
+    prompts = [f"Repeat this line exactly, three times:\n{text}\n" for text in PROMPTS[:4]]
     check_greedy_equality(target, make_drafter("ngram+model", draft, target), FixedK(4), max_tokens=24, min_draft_share=0.2, prompts=prompts)
     check_greedy_equality(target, make_drafter("ngram+model", draft, target), AutoK(), max_tokens=24, min_draft_share=0.01, prompts=prompts)
 
