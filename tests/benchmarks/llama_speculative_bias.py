@@ -16,7 +16,8 @@ walked, tests/token_distribution.py): speccli (`Generator` with the model as dra
 llama-completion (the target alone: the control for this harness), llama-speculative-simple and
 llama-speculative (`--spec-draft-n-max`). A tool's tokens are read back from its text: the pair of
 the law's support whose pieces the text starts with (the longest first piece on a tie). Also printed:
-how often the second token is the target's most likely one given the first, sampled against exact.
+how often the second token is the target's most likely one given the first, sampled against exact, and
+the chance under the law of that many or more (the bias this tool is suspected of favours exactly that).
 """
 from __future__ import annotations
 
@@ -79,6 +80,16 @@ def read_back(text: str, pieces: dict[tuple[int, ...], tuple[str, str]]) -> tupl
     return max(matches, key=lambda pair: (len(pieces[pair][0]), len(pieces[pair][1])), default=())
 
 
+def upper_tail(successes: int, chances: list[float]) -> float:
+    """P(at least `successes` of independent trials succeed), trial i with probability chances[i]."""
+    ways = np.zeros(len(chances) + 1)
+    ways[0] = 1.0
+    for chance in chances:
+        ways[1:] = ways[1:] * (1 - chance) + ways[:-1] * chance
+        ways[0] *= 1 - chance
+    return float(ways[successes:].sum())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--file", type=Path, help="the GGUF file, target and draft alike (default: Gemma 3 270M Q4_K_M)")
@@ -91,7 +102,7 @@ def main() -> None:
     with Model(path, LoadOptions(n_ctx=256, n_threads=2)) as target:
         prompt = target.tokenizer.tokenize(PROMPT)
         law = exact_distribution(target, prompt, CHAT, 2)
-        piece = lambda token: target.tokenizer.token_bytes(token).decode("utf-8", "replace")  # noqa: E731
+        piece = lambda token: target.tokenizer.token_bytes(token, special=True).decode("utf-8", "replace")  # noqa: E731  (as the tools print)
         pieces = {pair: (piece(pair[0]), piece(pair[1])) for pair in law if len(pair) == 2}
     first = Counter()
     for (t1, _), probability in law.items():
@@ -99,7 +110,7 @@ def main() -> None:
     top_second = {t1: max((p, t2) for (a, t2), p in law.items() if a == t1)[1] for t1 in first}
     print(f"{path.name} as target and draft; {PROMPT!r}, T 0.8, top-k 40, top-p 0.95, min-p 0.05; "
           f"{args.samples} samples a row, n-max {args.n_max}")
-    print(f"{'row':<28} {'chi2 p':>9} {'read back':>10} {'2nd = most likely':>18} {'exact':>6}")
+    print(f"{'row':<28} {'chi2 p':>9} {'read back':>10} {'2nd = most likely':>18} {'exact':>6} {'tail p':>8}")
     for row in args.only.split(","):
         if row == "speccli":
             pairs = speccli_pairs(path, prompt, args.samples, args.n_max)
@@ -110,9 +121,11 @@ def main() -> None:
             pairs = [read_back(tool_text(args.tools, row, path, seed, args.n_max), pieces) for seed in range(1, args.samples + 1)]
         read = [pair for pair in pairs if len(pair) == 2]
         p_value = chi_square_p_value(read, law)
-        most_likely = sum(pair[1] == top_second[pair[0]] for pair in read) / len(read)
-        expected = sum(law[pair] / first[pair[0]] for pair in ((t1, top_second[t1]) for t1, _ in read)) / len(read)
-        print(f"{row:<28} {p_value:>9.2g} {len(read):>4}/{len(pairs):<5} {most_likely:>18.2f} {expected:>6.2f}", flush=True)
+        hits = sum(pair[1] == top_second[pair[0]] for pair in read)
+        chances = [law[(t1, top_second[t1])] / first[t1] for t1, _ in read]  # the law's, given each first token
+        tail = upper_tail(hits, chances)  # that many or more second tokens the most likely, under the law
+        print(f"{row:<28} {p_value:>9.2g} {len(read):>4}/{len(pairs):<5} {hits / len(read):>18.2f} "
+              f"{sum(chances) / len(read):>6.2f} {tail:>8.2g}", flush=True)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ right, moves with it):
                       invocation finds it (what `auto` learnt kept between processes: a first run is
                       unmeasured, and each run goes on from the last; no store of earlier replies);
                       `--cold` starts each run from the priors
+  speccli auto cold   the same from the priors in every run: a first reply after a restart
   llama-completion    the target alone (-no-cnv --ignore-eos)
-  llama-speculative-simple n-max N   greedy only, --spec-type draft-simple, N from `--draft-max` (default 4)
-  llama-speculative n-max N          at chat's defaults, the same
+  llama-speculative-simple n-max N   --spec-type draft-simple, N from `--draft-max` (default 4); exact at
+                                     T > 0 (a draft is kept where the target's own sample equals it)
+  llama-speculative n-max N          at chat's defaults, the same; keeps the draft's most likely token by
+                                     p/q, which is not the target's law (docs/exactness.md)
 
 each generating `--n-predict` (256) tokens after the same prompt, 2 threads; llama.cpp ignores the end
 token, and a speccli run that meets it stops the benchmark.
@@ -29,8 +32,9 @@ wall time minus the time inside llama_decode (timed by wrapping it), per target 
 in µs; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling
 time`, the target's sampler, over the tokens generated). llama-completion's tok/s is over its total time
 less the prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over
-rounds; each speccli row's ratio (median of per-round ratios) is to llama-completion (target alone), to
-llama.cpp's speculative tool at n-max 4 (K=4), and to that tool at its best n-max (auto).
+rounds; each speccli row's ratios (medians of per-round ratios) are to llama-completion (target alone),
+to each of llama.cpp's speculative tools at n-max 4 (K=4) and at its best n-max (auto), and, for auto
+cold, to auto warm.
 
 `--profile NAME` runs one speccli configuration (greedy-target, greedy-k4, chat-target, chat-k4) under
 cProfile instead and prints its top functions by own time.
@@ -140,10 +144,11 @@ class Bench:
     def speccli(self, sampling: SamplingParams, name: str, n_predict: int | None = None) -> Run:
         """speccli's target alone, K=4 with the draft model, or its defaults (--spec suffix+model --k auto)."""
         n_predict = n_predict or self.n_predict
+        default = lambda: make_drafter(DEFAULT_SPEC, self.draft, self.target)  # noqa: E731
         drafter = {"speccli target": None, "speccli K=4": lambda: make_drafter("model", self.draft, self.target),
-                   "speccli auto": lambda: make_drafter(DEFAULT_SPEC, self.draft, self.target)}[name]
+                   "speccli auto": default, "speccli auto cold": default}[name]
         auto = self.policies.setdefault(sampling, AutoK()) if self.warm else AutoK()
-        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": auto}[name]
+        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": auto, "speccli auto cold": AutoK()}[name]
         generator = Generator(self.target, drafter and drafter(), sampling, policy, seed=self.seed)
         prompt = self.target.tokenizer.tokenize(self.prompt.encode())
         steps = rows = 0
@@ -197,11 +202,13 @@ def configurations(tools: Path, only: set[str], draft_max: list[int]) -> list[tu
     rows = []
     for setting in SETTINGS:
         if "speccli" in only:
-            rows += [(setting, "speccli target"), (setting, "speccli K=4"), (setting, "speccli auto")]
+            rows += [(setting, "speccli target"), (setting, "speccli K=4"), (setting, "speccli auto"), (setting, "speccli auto cold")]
         if "llama" in only:
             rows.append((setting, "llama-completion"))
-            tool = "llama-speculative-simple" if setting == "greedy" else "llama-speculative"
-            rows += [(setting, f"{tool} n-max {n}") for n in draft_max]
+            # At T > 0 both: llama-speculative keeps the draft's most likely token by p/q, not the
+            # target's law (docs/exactness.md); -simple keeps a draft where the target's own sample equals it.
+            names = ["llama-speculative-simple"] if setting == "greedy" else ["llama-speculative", "llama-speculative-simple"]
+            rows += [(setting, f"{tool} n-max {n}") for tool in names for n in draft_max]
     return [(setting, name) for setting, name in rows
             if name.startswith("speccli") or (tools / name.split()[0]).exists()]
 
@@ -261,24 +268,32 @@ def median(values: list[float | None]) -> float | None:
 
 
 def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
-    """Each speccli row's ratio (median of per-round ratios) to: llama-completion for the target alone,
-    llama.cpp's speculative tool at n-max 4 for K=4, and that tool at its best n-max (by median) for auto."""
+    """Each speccli row's ratios (medians of per-round ratios) to: llama-completion for the target alone;
+    for K=4 each speculative tool at n-max 4, for auto each at its best n-max (by median); for auto cold,
+    auto (warm) in the same rounds."""
     print(f"\n{title}: medians of {rounds} interleaved rounds")
-    print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'ratio':>7} {'host µs/row':>12} {'host µs/step':>13}")
+    print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'host µs/row':>12} {'host µs/step':>13}  ratios")
+
+    def ratio(runs: list[Run], peer: tuple[str, str]) -> str:
+        return f"{statistics.median(a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[peer])):.2f}x"
+
     for (setting, name), runs in results.items():
-        peers = {key: peer_runs for key, peer_runs in results.items() if key[0] == setting and not key[1].startswith("speccli")}
-        spec = {key: peer_runs for key, peer_runs in peers.items() if "speculative" in key[1]}
-        peer = {"speccli target": next((k for k in peers if k[1] == "llama-completion"), None),
-                "speccli K=4": next((k for k in spec if k[1].endswith(f"n-max {K}")), None),
-                "speccli auto": max(spec, key=lambda k: median([r.tokens_per_second for r in spec[k]]), default=None),
-                }.get(name)
-        ratio = ""
-        if peer is not None:
-            ratios = [a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[peer])]
-            ratio = f"{statistics.median(ratios):.2f}x"
+        peers = [key for key in results if key[0] == setting and not key[1].startswith("speccli")]
+        tools = sorted({key[1].split()[0] for key in peers if "speculative" in key[1]})
+        versus = []
+        if name == "speccli target":
+            versus = [key for key in peers if key[1] == "llama-completion"]
+        elif name == "speccli K=4":
+            versus = [key for key in peers if key[1].endswith(f"n-max {K}")]
+        elif name == "speccli auto":
+            versus = [max((key for key in peers if key[1].split()[0] == tool),
+                          key=lambda key: median([r.tokens_per_second for r in results[key]])) for tool in tools]
+        elif name == "speccli auto cold":
+            versus = [(setting, "speccli auto")]
+        ratios = ", ".join(f"{ratio(runs, key)} {key[1]}" for key in versus)
         row, step = median([r.host_us_per_row for r in runs]), median([r.host_us_per_step for r in runs])
-        print(f"{setting:8} {name:32} {median([r.tokens_per_second for r in runs]):8.1f} {ratio:>7} "
-              f"{'' if row is None else f'{row:.0f}':>12} {'' if step is None else f'{step:.0f}':>13}")
+        print(f"{setting:8} {name:32} {median([r.tokens_per_second for r in runs]):8.1f} "
+              f"{'' if row is None else f'{row:.0f}':>12} {'' if step is None else f'{step:.0f}':>13}  {ratios}")
     print("host µs/row: speccli, wall minus llama_decode per target logit row; llama.cpp, its sampler's time per token")
 
 
