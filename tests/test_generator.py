@@ -342,7 +342,8 @@ def test_prompt_longer_than_the_context_is_refused() -> None:
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (SamplingParams(temperature=-0.1), "temperature must be >= 0"),
+        (SamplingParams(temperature=-0.1), r"temperature must be from 0 \(greedy\) to 2"),
+        (SamplingParams(temperature=2.5), r"temperature must be from 0 \(greedy\) to 2"),
         (SamplingParams(top_p=0), r"top-p must be in \(0, 1\]"),
         (SamplingParams(top_p=1.5), r"top-p must be in \(0, 1\]"),
         (SamplingParams(top_k=-1), "top-k must be >= 0"),

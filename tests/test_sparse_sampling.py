@@ -60,8 +60,9 @@ PARAMS = {
     "temperature only": SamplingParams(0.8),
     "tiny temperature": SamplingParams(1e-39, top_k=40, top_p=0.95),
     "tiny temperature, no filter": SamplingParams(1e-30),
-    "huge temperature": SamplingParams(1e50, top_k=40, min_p=0.05),
-    "huge temperature, no filter": SamplingParams(1e50),
+    # the highest a user may set (MAX_TEMPERATURE); 1e50 was allowed once, and needed 1/T kept off 0
+    "highest temperature": SamplingParams(2.0, top_k=40, min_p=0.05),
+    "highest temperature, no filter": SamplingParams(2.0),
 }
 
 
