@@ -29,7 +29,7 @@ from speccli.llama.model import check_decode
 
 EOG = 0
 STATE_BASE = 64  # state = previous token * STATE_BASE + last token, modulo the table's rows
-CHARACTERS = string.ascii_lowercase + " " + string.ascii_uppercase + ".,!?" + string.digits
+CHARACTERS = string.ascii_lowercase + " " + string.ascii_uppercase + ".,!?" + string.digits + '{}":[]-'
 
 
 def pretended_cost(n_tokens: int, n_logit_rows: int) -> float:
@@ -63,6 +63,22 @@ class StandInTokenizer:
 
     def is_end_of_generation(self, token: int) -> bool:
         return token == EOG
+
+    def grammar_vocabulary(self):
+        """The vocabulary as llguidance reads it (as speccli.llama.tokenizer's does for a real model):
+        one character a token, so a grammar's text has one tokenization."""
+        import llguidance
+
+        tokenizer = self
+
+        class Characters:
+            eos_token_id, bos_token_id, special_token_ids = EOG, None, [EOG]
+            tokens = [b"\xff</s>"] + [tokenizer.token_bytes(token) for token in range(1, tokenizer.n_vocab)]
+
+            def __call__(self, text):
+                return tokenizer.tokenize(text)
+
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(Characters()))
 
 
 def logit_table(n_vocab: int = 64, seed: int = 0, scale: float = 3.0, eog_bias: float = -3.0,

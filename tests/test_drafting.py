@@ -441,7 +441,7 @@ class ScriptedModel:
         self.drawn = 0
         return Intake()
 
-    def next(self, sampling, rng) -> NextToken:
+    def next(self, sampling, rng, constraint=None) -> NextToken:
         self.drawn += 1
         return NextToken(self.tokens[self.drawn - 1], None, np.zeros(4, dtype=np.float32), np.empty(4, dtype=np.float32))
 

@@ -68,7 +68,7 @@ def pair(tmp_path_factory):
 class RawLogitsDraftBug(Planner):
     """The known bug: draft from processed q, but verify against softmax of the raw draft logits."""
 
-    def draft(self, context, limit, sampling, rng, policy):
+    def draft(self, context, limit, sampling, rng, policy, constraint=None):
         draft = super().draft(context, limit, sampling, rng, policy)
         # Recompute q the buggy way: plain softmax over the raw logits, same prefixes.
         model = self.model.model

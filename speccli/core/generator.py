@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
+from speccli.core.constraint import Constraint, ConstrainedRows, Grammar
 from speccli.core.sampling import Distribution, RowBuffer, RowDistributions, SamplingParams, distribution, sample
 from speccli.core.seam import CostProfile, Draft, Drafting, KPolicy
 from speccli.core.stats import DoneEvent, Event, RunStats, Source, StepEvent, TokenEvent
@@ -35,8 +36,11 @@ PROFILE_TIMINGS = 3  # timings of each cost in a profile, of which the least is 
 
 @dataclass(frozen=True)
 class GenerationLimits:
+    """What bounds a reply: its length, strings that end it, and a grammar its text must follow."""
+
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
+    grammar: Grammar | None = None
 
     def validate(self) -> None:
         check_max_tokens(self.max_tokens, "max tokens")
@@ -71,6 +75,8 @@ class Generator:
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
         self._target_row = RowBuffer()
+        self._masked_row = RowBuffer()
+        self._constraint: Constraint | None = None  # the reply's grammar state, where it has one
 
     def reused_prefix(self, prompt: Sequence[int]) -> int:
         """Tokens of `prompt` the caches hold already (a chat's earlier turns): the prefill skips them.
@@ -100,6 +106,7 @@ class Generator:
         # Shared with the caller, who may stop reading before DoneEvent (Ctrl-C, a client gone) and still
         # report what the reply cost, its prefill included.
         self.reply_stats = stats = RunStats(prompt_tokens=len(prompt))
+        self._constraint = limits.grammar.start() if limits.grammar is not None else None
         started = time.perf_counter()
         prefilled = self._prefill(prompt, stop_requested)
         stats.prefill_seconds = time.perf_counter() - started
@@ -191,7 +198,7 @@ class Generator:
         started, computed_before = time.perf_counter(), COMPUTE_CLOCK.seconds
         draft = Draft()
         if self.drafter is not None and limit > 0:
-            draft = self.drafter.draft(self.tokens, limit, self.sampling, self.rng, self.policy)
+            draft = self.drafter.draft(self.tokens, limit, self.sampling, self.rng, self.policy, self._constraint)
         draft_seconds = time.perf_counter() - started
         proposed = draft.tokens
         k = len(proposed)
@@ -200,6 +207,8 @@ class Generator:
         target_seconds = time.perf_counter() - target_started
         verdict = self._verify(proposed, draft.q, target_logits)
         new_tokens = proposed[: verdict.n_accepted] + [verdict.next_token]
+        if self._constraint is not None:
+            self._constraint.settle(new_tokens)
         self.tokens += new_tokens
         # Forget the rejected drafts; the new last token stays pending for the next step.
         self._forget(len(self.tokens) - 1)
@@ -214,13 +223,18 @@ class Generator:
             compute_seconds=max(0.0, COMPUTE_CLOCK.seconds - computed_before - prompt_seconds),
             prompt_seconds=prompt_seconds,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
+            forced=len(draft.forced),
         )
         if self.drafter is not None:
             self.drafter.observe(draft, step, new_tokens, self.policy)
         return new_tokens, sources, step
 
-    def _verify(self, proposed: list[int], q: list[Distribution] | None, target_logits: np.ndarray) -> DraftVerdict:
-        """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with certainty)."""
+    def _verify(self, proposed: list[int], q: list[Distribution | None] | None, target_logits: np.ndarray) -> DraftVerdict:
+        """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with
+        certainty). Under a grammar each row is read through its mask (core/constraint.py)."""
+        if self._constraint is not None:
+            out = self._masked_row.take(1, target_logits.shape[1])[0]
+            target_logits = ConstrainedRows(target_logits, self._constraint, proposed, out)
         if self.sampling.greedy:
             return verify_greedy(proposed, target_logits)
         p = RowDistributions(target_logits, self.sampling, self._target_row)

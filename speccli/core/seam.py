@@ -17,6 +17,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.stats import StepEvent
 
@@ -56,7 +57,9 @@ class Draft:
     """A step's proposal: what verifying it reads (`tokens`, `q`) and, for the policy, who proposed what."""
 
     segments: tuple[Segment, ...] = ()  # the first asked to draft (its tokens may be none), then a take-over
-    q: list[Distribution] | None = None  # what the first len(q) tokens were drawn from; the rest are certain
+    # What the first len(q) tokens were drawn from (None rows: the grammar's); the rest are certain.
+    q: list[Distribution | None] | None = None
+    forced: tuple[int, ...] = ()  # tokens the grammar forces, verified before the segments' (certain)
     judged: Segment | None = None  # a free proposal not verified: judged against what the step yields
     # Seconds and tokens a draft model took in before drafting: context it had skipped (a catch-up, part
     # of the step's drafting but not a cost of its tokens), and the reply's prompt at its first draft
@@ -68,12 +71,12 @@ class Draft:
 
     @property
     def tokens(self) -> list[int]:
-        """Every token this step verifies, segment after segment."""
-        return [token for segment in self.segments for token in segment.tokens]
+        """Every token this step verifies: the forced ones, then segment after segment."""
+        return [*self.forced, *(token for segment in self.segments for token in segment.tokens)]
 
     @property
     def source(self) -> str:
-        """The source of the first token verified; "" where none is."""
+        """The source of the first token a segment verifies; "" where none does."""
         return self.segments[0].source if self.segments and self.segments[0].tokens else ""
 
     @property
@@ -147,8 +150,9 @@ class Drafting(Protocol):
         """Take in a new prompt: hold context[:-1] (the prefix held already was kept by `forget`)."""
 
     def draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
-              policy: KPolicy) -> Draft:
-        """At most `limit` tokens to verify after `context` (whose last token no cache holds yet)."""
+              policy: KPolicy, constraint: Constraint | None = None) -> Draft:
+        """At most `limit` tokens to verify after `context` (whose last token no cache holds yet), each
+        one the grammar allows where the reply has one (`constraint`, left where it was found)."""
 
     def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
         """What the step yielded and cost, and the tokens it kept: the accepted drafts, then the target's."""

@@ -5,6 +5,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 
+FORCED = "grammar"  # the source name of tokens a grammar forced (StepEvent.forced)
+
+
 class Source(Enum):
     DRAFT = "draft"  # proposed by the draft, accepted by the target
     CORRECTION = "correction"  # the target's own token where it rejected a draft token
@@ -36,6 +39,7 @@ class StepEvent:
     prompt_seconds: float = 0.0
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
+    forced: int = 0  # the first `forced` drafted tokens were the grammar's (`source` drafted the rest)
     # Where the reply ended inside this step's kept drafts (an end of generation, a stop string): how
     # many of its tokens the reply used. None: the step was used whole. See `cut_to`.
     used: int | None = None
@@ -50,11 +54,18 @@ class StepEvent:
     def parts(self, *, as_counted: bool = True) -> list[SourcePart]:
         """Each source's share of the draft, in order: as the acceptance figures count it (up to
         `used`), or the whole draft (`as_counted=False`: what each source drafted, as its cost)."""
-        if self.source is None:
-            return []
         drafted, accepted = self.drafted, self.accepted
         if as_counted and self.used is not None:
             drafted = accepted = self.used
+        if self.forced:
+            forced = [SourcePart(FORCED, min(drafted, self.forced), min(accepted, self.forced), judged=True)]
+            rest = replace(self, drafted=self.drafted - self.forced, accepted=max(0, self.accepted - self.forced),
+                           forced=0, used=None if self.used is None else max(0, self.used - self.forced))
+            judged = accepted >= self.forced
+            return forced + [replace(part, judged=part.judged and judged) for part in rest.parts(as_counted=as_counted)
+                             if part.drafted]
+        if self.source is None:
+            return []
         if self.continuation is None:
             return [SourcePart(self.source, drafted, accepted, judged=True)]
         source, tokens = self.continuation

@@ -73,16 +73,16 @@ def residual_distribution(p: Distribution, q: Distribution) -> Distribution:
 
 
 def verify_sampled(
-    drafted: Sequence[int], q: Sequence[Distribution] | None, p: Sequence[Distribution], rng: np.random.Generator
+    drafted: Sequence[int], q: Sequence[Distribution | None] | None, p: Sequence[Distribution], rng: np.random.Generator
 ) -> DraftVerdict:
     """drafted: K ids; q: the draft distributions the first len(q) of them were drawn from (K rows
-    for a draft model's draft; None for a lookup's), the rest proposed with certainty; p: K+1 target
-    distributions (p[i] is row i; rows after the first rejection are never read, so they need not
-    be computed)."""
+    for a draft model's draft; None for a lookup's; a None row for a token the grammar forced), the
+    rest proposed with certainty; p: K+1 target distributions (p[i] is row i; rows after the first
+    rejection are never read, so they need not be computed)."""
     k, drawn = len(drafted), 0 if q is None else len(q)
     uniforms = rng.random(k)
     for i, token in enumerate(drafted):
-        if i < drawn:
+        if i < drawn and q[i] is not None:
             if not uniforms[i] < acceptance_probabilities(p[i][token], q[i][token]):
                 return DraftVerdict(i, sample(residual_distribution(p[i], q[i]), rng))
         elif not uniforms[i] < p[i][token]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution, greedy_token, sample, top_probability
 from speccli.core.seam import DraftCosts
 
@@ -59,6 +60,7 @@ class ModelDrafter:
     def __init__(self, model: Model) -> None:
         self.model = model
         self._q_rows = RowBuffer()
+        self._masked = RowBuffer()
         self._prompt_end = 0  # the cache must hold the context this far before drafting (see `sync`)
         self._pending: list[int] = []  # what the next decode takes in before giving a row
         self._rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
@@ -113,9 +115,12 @@ class ModelDrafter:
         self._drawn = 0
         return Intake(prompt_seconds, prompt_tokens, catch_up_seconds, catch_up)
 
-    def next(self, sampling: SamplingParams, rng: np.random.Generator) -> NextToken:
-        """Decode what is pending and draw the next token from the row (its argmax when greedy)."""
+    def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken:
+        """Decode what is pending and draw the next token from the row (its argmax when greedy), read
+        through the grammar's mask where the reply has one: the draft proposes only what it allows."""
         logits = self.model.decode(self._pending, n_logit_rows=1)
+        if constraint is not None:
+            logits = constraint.masked(logits[0], self._masked.take(1, len(logits[0]))[0])[None]
         row = self._rows[self._drawn]
         self._drawn += 1
         if sampling.greedy:

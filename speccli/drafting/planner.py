@@ -29,6 +29,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.seam import Draft, DraftCosts, KPolicy, Segment
 from speccli.core.stats import StepEvent
@@ -61,7 +62,7 @@ class DraftModel(Protocol):
     def catch_up_tokens(self, context: Sequence[int]) -> int: ...
     def owed_prompt_tokens(self) -> int: ...
     def begin(self, context: Sequence[int], k: int) -> Intake: ...
-    def next(self, sampling: SamplingParams, rng: np.random.Generator) -> NextToken: ...
+    def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken: ...
     def take(self, token: int) -> None: ...
     def draft_block(self, context: Sequence[int], k: int, limit: int, sampling: SamplingParams,
                     rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None, Intake]: ...
@@ -97,16 +98,39 @@ class Planner:
             raise ValueError("a planner needs a source")
         self.lookup, self.model = lookup, model
         self.name = "+".join(source.name for source in (lookup, model) if source is not None)
+        self._constraint: Constraint | None = None  # the grammar's state during a step's drafting, if any
         self._new_prompt()
 
     # --- a step -------------------------------------------------------------------------------------
 
     def draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
-              policy: KPolicy) -> Draft:
+              policy: KPolicy, constraint: Constraint | None = None) -> Draft:
+        """0. Under a grammar, the tokens it forces come first; the sources draft after them, each token
+        one the grammar allows (the state advanced along the draft, and left where it was found)."""
+        forced = constraint.forced(limit) if constraint is not None else []
+        if constraint is None:
+            return self._draft(context, limit, sampling, rng, policy, None)
+        constraint.push(forced)
+        try:
+            draft = self._draft([*context, *forced], limit - len(forced), sampling, rng, policy, constraint)
+        finally:
+            constraint.pop(constraint.depth)
+            if forced and self.lookup is not None:
+                self.lookup.forget(len(context))
+        if not forced:
+            return draft
+        q = None if draft.q is None else [None] * len(forced) + draft.q
+        return replace(draft, forced=tuple(forced), q=q)
+
+    def _draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
+               policy: KPolicy, constraint: Constraint | None) -> Draft:
+        if limit <= 0:
+            return Draft()
+        self._constraint = constraint
         if self.lookup is None:
             return self._model_draft(context, limit, sampling, rng, policy)
         # 1. The lookup's match, planned for its kind.
-        drafted, judged = self._offer(self.lookup.match(context, limit), policy)
+        drafted, judged = self._offer(self._match(context, limit), policy)
         if self.model is None:
             return Draft((drafted,)) if drafted else Draft(judged=judged)
         # 2. Which source drafts: the lookup's draft stands unless the model promises (and has done) better.
@@ -119,6 +143,14 @@ class Planner:
             return Draft((drafted,))
         # 3. The draft model drafts; the lookup's proposal, passed over, is judged all the same.
         return replace(self._model_draft(context, limit, sampling, rng, policy), judged=proposal)
+
+    def _match(self, context: Sequence[int], limit: int) -> Match | None:
+        """The lookup's match, cut at the first token the grammar forbids (the target's p is 0 there)."""
+        match = self.lookup.match(context, limit)
+        if match is None or self._constraint is None:
+            return match
+        legal = self._constraint.legal_prefix(match.following)
+        return replace(match, following=match.following[:legal]) if legal else None
 
     def _offer(self, match: Match | None, policy: KPolicy) -> tuple[Segment | None, Segment | None]:
         """A lookup's match as (a segment to verify, None) or, where the policy plans none, (None, the
@@ -140,8 +172,12 @@ class Planner:
         plan = policy.plan(model.name, available, catch_up, model.owed_prompt_tokens())
         if plan.k <= 0:  # not drafted: the policy still counts what it was asked
             return Draft((Segment(model.name, model.name, [], plan),))
+        constraint = self._constraint
         if not model.drafts_by_token:
             tokens, q, intake = model.draft_block(context, plan.k, limit, sampling, rng)
+            if constraint is not None:  # another vocabulary's rows cannot be masked: cut at the first illegal token
+                tokens = tokens[: constraint.legal_prefix(tokens)]
+                q = q[: len(tokens)] if q else q
             return _with_intake(Draft((Segment(model.name, model.name, tokens, plan),), q), intake)
         # A take-over is weighed on the estimates: under a fixed K there are none.
         may_take_over = self.lookup is not None and policy.plan(model.name, limit).rate is not None
@@ -152,7 +188,7 @@ class Planner:
         withheld = False
         continuation = None
         for i in range(plan.k):
-            proposed = model.next(sampling, rng)
+            proposed = model.next(sampling, rng, constraint)
             # Stopping on the draft's own confidence uses nothing the target has said: still exact.
             if not policy.keep_drafting(model.name, plan, proposed.confidence):
                 withheld = True
@@ -163,6 +199,10 @@ class Planner:
             if proposed.q is not None:
                 q.append(proposed.q)
             model.take(proposed.token)
+            if constraint is not None:
+                constraint.push([proposed.token])
+                if constraint.stopped:  # complete, or ended: nothing but an end of generation may follow
+                    break
             if i + 1 < plan.k and may_take_over:
                 continuation = self._take_over(context, tokens, limit, policy)
                 if continuation is not None:
@@ -176,7 +216,7 @@ class Planner:
         more of the model's would; its index is cut back after the look."""
         rest = limit - len(drafted)
         rate_of_more = policy.plan(self.model.name, rest).rate  # it is drafting: caught up
-        match = self.lookup.match([*context, *drafted], rest)
+        match = self._match([*context, *drafted], rest)
         self.lookup.forget(len(context))
         segment, _ = self._offer(match, policy)
         if segment is not None and not segment.plan.probe and not _promises_more(rate_of_more, segment, policy):
@@ -191,8 +231,18 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
 
     def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
-        """The one place a step is learnt from: the policy's estimates, the lookup's store, the realized rates."""
-        policy.observe(draft, step, kept)
+        """The one place a step is learnt from: the policy's estimates, the lookup's store, the realized rates.
+        The grammar's forced tokens are no source's: the sources' part of the step is learnt from where
+        the target judged it (all the forced tokens kept), and a step with none counts as a plain one."""
+        yielded = kept
+        if step.forced:
+            forced = step.forced
+            if step.accepted >= forced:  # the sources' tokens were judged: a step that began after the forced ones
+                draft, yielded = replace(draft, forced=()), kept[forced:]
+                step = replace(step, drafted=step.drafted - forced, accepted=step.accepted - forced, forced=0)
+            else:  # a forced token was rejected (another tokenization was drawn): no source's token was judged
+                draft, step = Draft(), replace(step, drafted=0, accepted=0, forced=0, source=None, continuation=None)
+        policy.observe(draft, step, yielded)
         if self.lookup is not None:
             self.lookup.kept(kept)
         if self.lookup is not None and self.model is not None:

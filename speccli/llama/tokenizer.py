@@ -5,7 +5,7 @@ import ctypes
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import llama_cpp
 
@@ -79,6 +79,7 @@ class Tokenizer:
         self.adds_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
+        self._grammar_vocabulary: Any = None
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else text
@@ -115,6 +116,32 @@ class Tokenizer:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
+    def grammar_vocabulary(self) -> Any:
+        """The vocabulary as llguidance reads it, for grammar masks (core/constraint.py): each token's
+        bytes, control tokens marked as llguidance's own reader marks them, every end-of-generation token
+        as one it allows where a grammar may end. Built once, in seconds at 262k tokens (its index of
+        the tokens' bytes is most of it), and kept with this tokenizer, whose model it calls to tokenize."""
+        if self._grammar_vocabulary is None:
+            import llguidance
+
+            lib = llama_cpp.llama_cpp._lib  # the C functions themselves: llama_cpp's wrappers cost 3x more per call
+            buffer = ctypes.create_string_buffer(256)
+            control, user_defined = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL, llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+            pieces, ends = [], []
+            for token in range(self.n_vocab):
+                length = lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+                piece = buffer.raw[:length] if length >= 0 else self.token_bytes(token, special=True)
+                attributes = lib.llama_vocab_get_attr(self._vocab, token)
+                if attributes & control or (attributes & user_defined and piece.startswith(b"<") and piece.endswith(b">")):
+                    piece = b"\xff" + piece
+                pieces.append(piece)
+                if lib.llama_vocab_is_eog(self._vocab, token):
+                    ends.append(token)
+            tokenize = ctypes.cast(lib.llama_tokenize, ctypes.c_void_p).value
+            self._grammar_vocabulary = llguidance.LLTokenizer.from_llamacpp(
+                tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=ends or [self.eos_id], slices=None)
+        return self._grammar_vocabulary
+
     @property
     def chat_template(self) -> str | None:
         template = llama_cpp.llama_model_chat_template(self._model, None)
@@ -122,6 +149,7 @@ class Tokenizer:
 
     def close(self) -> None:
         model, self._model = self._model, None  # off the object first, so it is never freed twice (see Model.close)
+        self._grammar_vocabulary = None  # it calls into the model
         if self._owns_model and model:
             llama_cpp.llama_model_free(model)
 

@@ -1,0 +1,197 @@
+"""A grammar's hold on a reply: which tokens may come next, which it forces, and the law it samples by.
+
+The law (docs/exactness.md#structured-output). With a grammar, the target's distribution at each
+position is its logits restricted to the tokens the grammar allows after the reply so far (the end of
+generation only where the grammar may end), then the temperature, top-k, top-p and min-p, renormalized:
+
+    p_G(x | s) = filters(logits(s) + log 1[x allowed after s])
+
+llama.cpp's `grammar_first` order, and llama-cpp-python's example server's. Masking first is what
+makes the filters choose among legal tokens: masking after them (llama.cpp's default, "sample, then
+check") keeps a top-k of 40 that may hold one legal token where the grammar allows hundreds.
+
+Speculation under it stays exact because every row, the target's and the draft's, is read through the
+same mask (`ConstrainedRows`, `Constraint.masked`) with the grammar's state advanced along the draft to
+that row, and the state is rolled back to the kept prefix after the verdict. A lookup's tokens are cut
+at the first the grammar forbids (p_G is 0 there: verification would reject it anyway), and the tokens
+the grammar forces are proposed with certainty: accepted with p_G(x), which is 1 where no other
+tokenization is legal.
+
+llguidance (the engine of llama.cpp's `--grammar` option `llguidance` and of vLLM's structured output)
+keeps the state and computes each mask: about 20 µs at 150k tokens, measured in docs/results.md.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from speccli.errors import SpeccliError
+
+# JSON laid out as Python's json.dumps writes it, on one line: {"a": 1, "b": [2, 3]}. Fixed separators
+# make the text between values forced, so it is drafted for free, and leave a small model no whitespace
+# to pad forever in (llguidance's default allows any amount between any two tokens).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(SpeccliError):
+    """A schema or grammar that cannot be compiled, or a reply the grammar leaves no token for."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a user asked for: a JSON schema (`json_schema`), any JSON object (`json_object`), or a
+    grammar in Lark or GBNF syntax (`grammar`). `text` is the schema as JSON, or the grammar."""
+
+    kind: str
+    text: str
+    name: str = "the grammar"  # how a message names it: a file, "response_format.json_schema.schema"
+
+    @staticmethod
+    def json_schema(schema: Any, name: str = "the JSON schema") -> GrammarSpec:
+        if not isinstance(schema, dict):
+            raise GrammarError(f"{name}: a JSON schema must be an object, got {type(schema).__name__}")
+        return GrammarSpec("json_schema", json.dumps(schema), name)
+
+    @staticmethod
+    def json_object() -> GrammarSpec:
+        return GrammarSpec("json_schema", json.dumps({"type": "object"}), "json_object")
+
+    def definition(self) -> str:
+        """The grammar as llguidance takes it (checked for errors by `compile_grammar`)."""
+        import llguidance
+
+        if self.kind == "json_schema":
+            options = JSON_LAYOUT
+            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=options)
+        try:
+            return llguidance.grammar_from("grammar", self.text)  # Lark, or GBNF converted to Lark
+        except ValueError as error:
+            raise GrammarError(f"{self.name}: {error}") from None
+
+
+def check_grammar(spec: GrammarSpec) -> str:
+    """The spec's llguidance definition, or GrammarError naming what is wrong: before any tokenizer,
+    so that a server refuses a bad schema before queueing it."""
+    import llguidance
+
+    definition = spec.definition()
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
+    if failed:
+        raise GrammarError(f"{spec.name}: {_first_line(messages[0])}")
+    return definition
+
+
+class Grammar:
+    """A checked grammar for one vocabulary (llguidance's tokenizer of it, `grammar_vocabulary()`):
+    `start()` gives the state at a reply's start."""
+
+    def __init__(self, spec: GrammarSpec, vocabulary: Any, n_vocab: int) -> None:
+        self.spec, self.definition = spec, check_grammar(spec)
+        self._vocabulary, self.n_vocab = vocabulary, n_vocab
+
+    def start(self) -> Constraint:
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self._vocabulary, self.definition, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"{self.spec.name}: {_first_line(matcher.get_error())}")
+        return Constraint(matcher, self.n_vocab)
+
+
+class Constraint:
+    """The grammar's state along one reply: pushed a token at a time as tokens are drafted or kept,
+    popped back after a rejection."""
+
+    def __init__(self, matcher: Any, n_vocab: int) -> None:
+        self._matcher, self.n_vocab = matcher, n_vocab
+        self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)
+        self.depth = 0  # tokens pushed since the last `settle`
+
+    def allowed(self) -> np.ndarray:
+        """Which tokens may come next: a bool row of the vocabulary."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self._matcher, self._bits)
+        return np.unpackbits(self._bits.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
+
+    def masked(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar forbids next at -inf, written into `out` (a row of at
+        least len(logits)). A draft's row may be wider or narrower than the grammar's vocabulary: ids
+        past it are forbidden. A grammar that allows nothing here is an error, not a hang."""
+        allowed = self.allowed()
+        shared = min(len(logits), self.n_vocab)
+        row = out[: len(logits)]
+        row.fill(-np.inf)
+        np.copyto(row[:shared], logits[:shared], where=allowed[:shared])
+        if not allowed[:shared].any():
+            raise GrammarError(self.dead_end())
+        return row
+
+    def dead_end(self) -> str:
+        error = self._matcher.get_error()
+        return f"the grammar allows no token here{': ' + _first_line(error) if error else ''}"
+
+    def forced(self, limit: int) -> list[int]:
+        """The tokens the grammar forces next (its canonical tokenization of the forced text), at most `limit`."""
+        return self._matcher.compute_ff_tokens()[:limit] if limit > 0 and not self._matcher.is_stopped() else []
+
+    def legal_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens`, in order, the grammar allows from here."""
+        return self._matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete and takes nothing more (the end of generation included)."""
+        return self._matcher.is_stopped()
+
+    def push(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            if self._matcher.is_stopped():
+                break  # nothing but the end of generation may follow, and the reply ends with it
+            if not self._matcher.consume_token(token):
+                raise GrammarError(self.dead_end())
+            self.depth += 1
+
+    def pop(self, count: int) -> None:
+        if count:
+            self._matcher.rollback(count)
+            self.depth -= count
+
+    def settle(self, kept: Sequence[int]) -> None:
+        """The step's verdict: back to where the step began, then forward by what it kept."""
+        self.pop(self.depth)
+        self.push(kept)
+        self.depth = 0
+
+
+class ConstrainedRows:
+    """The target's rows of one step read through the grammar: row i masked at the state after the
+    draft's first i tokens. Rows are read in order and verification stops at the first rejection, so
+    the state advances with the reading and no mask is computed for a row never read."""
+
+    def __init__(self, logits: np.ndarray, constraint: Constraint, drafted: Sequence[int], out: np.ndarray) -> None:
+        self._logits, self._constraint, self._drafted, self._out = logits, constraint, drafted, out
+        self._row = -1
+        self.shape = logits.shape
+
+    def __len__(self) -> int:
+        return len(self._logits)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < len(self._logits):
+            raise IndexError(index)
+        if index < self._row:
+            raise ValueError("rows under a grammar are read in order")
+        constraint = self._constraint
+        constraint.push(self._drafted[constraint.depth : index])
+        self._row = index
+        return constraint.masked(self._logits[index], self._out)
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "invalid"
