@@ -82,7 +82,9 @@ def check_grammar(spec: GrammarSpec) -> str:
     definition = spec.definition()
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
     if failed:
-        raise GrammarError(f"{spec.name}: {_first_line(messages[0])}")
+        message = _one_line(messages[0])
+        where = _where(json.loads(spec.text), message) if spec.kind == "json_schema" else None
+        raise GrammarError(f"{spec.name}: {f'at {where}: ' if where else ''}{message}")
     return definition
 
 
@@ -99,16 +101,17 @@ class Grammar:
 
         matcher = llguidance.LLMatcher(self._vocabulary, self.definition, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"{self.spec.name}: {_first_line(matcher.get_error())}")
-        return Constraint(matcher, self.n_vocab)
+            raise GrammarError(f"{self.spec.name}: {_one_line(matcher.get_error())}")
+        return Constraint(matcher, self.n_vocab, self._vocabulary.eos_tokens)
 
 
 class Constraint:
     """The grammar's state along one reply: pushed a token at a time as tokens are drafted or kept,
     popped back after a rejection."""
 
-    def __init__(self, matcher: Any, n_vocab: int) -> None:
+    def __init__(self, matcher: Any, n_vocab: int, ends: Sequence[int]) -> None:
         self._matcher, self.n_vocab = matcher, n_vocab
+        self._ends = np.array([token for token in ends if token < n_vocab], dtype=np.int64)  # end-of-generation ids
         self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)
         self.depth = 0  # tokens pushed since the last `settle`
 
@@ -117,7 +120,12 @@ class Constraint:
         from llguidance.numpy import fill_next_token_bitmask
 
         fill_next_token_bitmask(self._matcher, self._bits)
-        return np.unpackbits(self._bits.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
+        allowed = np.unpackbits(self._bits.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
+        if allowed[self._ends].any() and not self._matcher.is_accepting():
+            # llguidance's way out of a dead end is to allow the end of generation: here that would end an
+            # unfinished text as if complete, so the end is taken out again (and `masked` says so).
+            allowed[self._ends] = False
+        return allowed
 
     def masked(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`logits` with every token the grammar forbids next at -inf, written into `out` (a row of at
@@ -134,7 +142,7 @@ class Constraint:
 
     def dead_end(self) -> str:
         error = self._matcher.get_error()
-        return f"the grammar allows no token here{': ' + _first_line(error) if error else ''}"
+        return f"the grammar allows no token here{': ' + _one_line(error) if error else ''}"
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar forces next (its canonical tokenization of the forced text), at most `limit`."""
@@ -193,5 +201,21 @@ class ConstrainedRows:
         return constraint.masked(self._logits[index], self._out)
 
 
-def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "invalid"
+def _one_line(message: str) -> str:
+    """llguidance's message on one line, without the lines that only point at a column."""
+    lines = [line.strip() for line in message.strip().splitlines() if set(line.strip()) - set("^ ")]
+    return " ".join(lines)[:400] or "invalid"
+
+
+def _where(schema: Any, message: str, pointer: str = "") -> str | None:
+    """The first place in a schema (a JSON pointer) whose key the message quotes or whose text it
+    repeats: llguidance names the problem, not where it is."""
+    items = schema.items() if isinstance(schema, dict) else enumerate(schema) if isinstance(schema, list) else ()
+    for key, value in items:
+        here = f"{pointer}/{key}"
+        if isinstance(key, str) and f'"{key}"' in message or isinstance(value, str) and len(value) > 1 and value in message:
+            return here
+        found = _where(value, message, here)
+        if found:
+            return found
+    return None

@@ -1,0 +1,319 @@
+"""Structured output's law and its proofs (core/constraint.py, docs/exactness.md#structured-output).
+
+The law: at each position, the target's logits restricted to what the grammar allows after the reply so
+far, then the filters. Here it is written a second time, independently of llguidance: a regular
+language checked with Python's `re` (`allowed_after`), on the numpy stand-in pair (tests/standin.py),
+whose every row is known without decoding. Proofs, each through `Generator` and the production planner:
+
+- one row read through the grammar is the law's row exactly (no sampling);
+- the first three tokens of sampled replies fit the law's exact joint distribution (chi-square), for the
+  target alone, a draft model at K = 4, and lookup + model under `auto`, with the grammar's forced
+  tokens drafted first, under top-k so that the order of mask and filters matters;
+- broken engines fail the same test (p < 1e-6, or the reply cannot be generated at all): the mask
+  applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens;
+- greedy replies under the grammar are the target alone's, draft source by draft source;
+- 1,000 sampled replies under a JSON schema, every one that ended by itself valid (jsonschema).
+"""
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+
+import jsonschema
+import numpy as np
+import pytest
+
+from speccli.core import constraint as constraint_module
+from speccli.core import generator as generator_module
+from speccli.core.constraint import ConstrainedRows, Constraint, Grammar, GrammarError, GrammarSpec, check_grammar
+from speccli.core.generator import GenerationLimits, Generator
+from speccli.core.sampling import SamplingParams, distribution, probabilities
+from speccli.core.stats import FORCED, DoneEvent, StepEvent, TokenEvent
+from speccli.drafting.model import ModelDrafter
+from speccli.drafting.ngram import NgramLookup
+from speccli.drafting.planner import Planner
+from speccli.drafting.policy import FixedK
+from tests.conftest import MemoryBoundAutoK
+from tests.standin import EOG, related_draft, stand_in
+from tests.token_distribution import chi_square_p_value
+
+# Units "ab", "cd" or "e", one or more, then ".": after "a" the grammar forces "b", after "c" "d";
+# elsewhere it allows two to four tokens, so top-k 3 truncates only among legal tokens.
+LARK = 'start: ("ab" | "cd" | "e")+ "."'
+LANGUAGE = re.compile(r"(ab|cd|e)+\.")
+VIABLE = re.compile(r"(ab|cd|e)*(a|c)?")
+SETTINGS = SamplingParams(temperature=0.9, top_k=3)
+SAMPLES = 2000
+LENGTH = 3
+
+
+@pytest.fixture(scope="module")
+def pair():
+    # The end of generation likelier than by default: a reply may end after its first unit's ".".
+    target = stand_in(n_vocab=75, seed=4, scale=1.5, eog_bias=1.0)  # each character once, JSON's too
+    # The language's characters about as likely as the rest: the raw top 3 holds some of them and some
+    # others, so masking before the filters and after them give different rows.
+    target.table[:, target.tokenizer.tokenize("abcde.")] += np.float32(2.5)
+    return target, related_draft(target, noise=0.7)
+
+
+@pytest.fixture(scope="module")
+def grammar(pair):
+    target, _ = pair
+    return Grammar(GrammarSpec("grammar", LARK, "the test grammar"), target.tokenizer.grammar_vocabulary(), target.n_vocab)
+
+
+def allowed_after(tokenizer, text: str) -> np.ndarray:
+    """The law's mask, written from the language alone: a character where the text with it can still
+    become a sentence of it, the end of generation where the text is one."""
+    allowed = np.zeros(tokenizer.n_vocab, dtype=bool)
+    allowed[EOG] = LANGUAGE.fullmatch(text) is not None
+    for token in range(1, tokenizer.n_vocab):
+        longer = text + tokenizer.token_bytes(token).decode()
+        allowed[token] = VIABLE.fullmatch(longer) is not None or LANGUAGE.fullmatch(longer) is not None
+    return allowed
+
+
+def law_row(target, prompt: list[int], reply: tuple[int, ...], sampling: SamplingParams) -> np.ndarray:
+    """The law's distribution of the token after `prompt + reply`: mask, then the filters."""
+    logits = target.next_logits([*prompt, *reply]).copy()
+    logits[~allowed_after(target.tokenizer, target.tokenizer.detokenize(reply).decode())] = -np.inf
+    return probabilities(logits[None], sampling)[0].astype(np.float64)
+
+
+def law_joint(target, prompt: list[int], sampling: SamplingParams, length: int = LENGTH) -> dict[tuple[int, ...], float]:
+    joint: dict[tuple[int, ...], float] = {}
+
+    def walk(reply: tuple[int, ...], probability: float) -> None:
+        row = law_row(target, prompt, reply, sampling)
+        for token in np.flatnonzero(row > 0).tolist():
+            longer, weight = (*reply, token), probability * row[token]
+            if len(longer) == length or token == EOG:
+                joint[longer] = weight
+            else:
+                walk(longer, weight)
+
+    walk((), 1.0)
+    return joint
+
+
+def first_tokens(generator: Generator, prompt: list[int], grammar: Grammar, n: int, length: int = LENGTH) -> list[tuple[int, ...]]:
+    """The first `length` tokens of n replies (an end of generation included where it came first)."""
+    replies = []
+    for _ in range(n):
+        tokens = []
+        for event in generator.generate(prompt, GenerationLimits(length, grammar=grammar)):
+            if isinstance(event, TokenEvent):
+                tokens.append(event.token)
+            elif isinstance(event, DoneEvent) and event.reason == "eog":
+                tokens.append(EOG)
+        replies.append(tuple(tokens[:length]))
+    return replies
+
+
+def law_p_value(generator: Generator, prompt: list[int], grammar: Grammar, target, samples: int = SAMPLES) -> float:
+    """The chi-square p-value of sampled replies' first tokens against the law; 0 where the engine could not
+    generate a reply the law allows (it is as wrong as it gets)."""
+    try:
+        observed = first_tokens(generator, prompt, grammar, samples)
+    except GrammarError:
+        return 0.0
+    return chi_square_p_value(observed, law_joint(target, prompt, generator.sampling))
+
+
+PROMPTS = ["ab", "abcde"]  # the lookup finds "ab", "cd" and "e" in the context
+
+
+def drafters(draft):
+    return {
+        "target alone": (None, None),
+        "model K=4": (Planner(model=ModelDrafter(draft)), FixedK(4)),
+        "ngram+model auto": (Planner(lookup=NgramLookup(), model=ModelDrafter(draft)), MemoryBoundAutoK()),
+    }
+
+
+# --- the law, row by row ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sampling", [SETTINGS, SamplingParams(temperature=0.7), SamplingParams(temperature=0)],
+                         ids=["top-k 3", "dense", "greedy"])
+def test_a_row_read_through_the_grammar_is_the_laws_row(pair, grammar, sampling) -> None:
+    target, _ = pair
+    prompt = target.tokenizer.tokenize("ab")
+    for reply_text in ["", "a", "ab", "e", "cde", "abe."]:
+        reply = target.tokenizer.tokenize(reply_text)
+        constraint = grammar.start()
+        constraint.push(reply)
+        constraint.settle(reply)
+        logits = target.next_logits([*prompt, *reply])[None]
+        rows = ConstrainedRows(logits, constraint, [], np.empty(target.n_vocab, dtype=np.float32))
+        engine = distribution(rows[0], sampling).dense().astype(np.float64)
+        np.testing.assert_allclose(engine, law_row(target, prompt, tuple(reply), sampling), atol=1e-12, err_msg=reply_text)
+
+
+def test_masking_after_the_filters_is_another_law(pair) -> None:
+    """Why the order is part of the law: the filters first (llama.cpp's default), then the grammar among
+    what survived, put the mass elsewhere on this pair's rows."""
+    target, _ = pair
+    prompt = target.tokenizer.tokenize("ab")
+    gaps = []
+    for text in ["", "ab", "e", "cd", "abe"]:
+        reply = tuple(target.tokenizer.tokenize(text))
+        law = law_row(target, prompt, reply, SETTINGS)
+        filtered_first = probabilities(target.next_logits([*prompt, *reply])[None], SETTINGS)[0].astype(np.float64)
+        filtered_first *= allowed_after(target.tokenizer, text)
+        if filtered_first.sum() > 0:
+            gaps.append(np.abs(filtered_first / filtered_first.sum() - law).max())
+    assert max(gaps) > 0.1, gaps
+
+
+# --- the law, sampled through the engine ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["target alone", "model K=4", "ngram+model auto"])
+def test_replies_under_the_grammar_follow_the_law(pair, grammar, name) -> None:
+    target, draft = pair
+    drafter, policy = drafters(draft)[name]
+    generator = Generator(target, drafter, SETTINGS, policy, seed=11)
+    for text in PROMPTS:
+        prompt = target.tokenizer.tokenize(text)
+        p = law_p_value(generator, prompt, grammar, target)
+        assert p > 1e-3, f"{name}, prompt {text!r}: p = {p:.2e}"
+
+
+def test_the_grammars_forced_tokens_are_drafted_and_kept(pair, grammar) -> None:
+    """After "a" and "c" the grammar forces the next token: drafted as the grammar's, always kept (no other
+    tokenization is legal here), and counted as their own source."""
+    target, draft = pair
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(4), seed=2)
+    parts = []
+    for _ in range(200):
+        for event in generator.generate(target.tokenizer.tokenize("ab"), GenerationLimits(12, grammar=grammar)):
+            if isinstance(event, StepEvent):
+                parts += event.parts()
+    forced = [part for part in parts if part.source == FORCED]
+    assert forced and all(part.accepted == part.drafted for part in forced)
+
+
+@contextmanager
+def mask_after_the_filters():
+    """llama.cpp's default order: the filters on the raw row, then the grammar among what survived
+    (all of the grammar's tokens where nothing did)."""
+    real = ConstrainedRows.__getitem__
+
+    def broken(self, index):
+        masked = real(self, index).copy()
+        raw = self._logits[index]
+        survivors = distribution(raw, SETTINGS).dense() > 0
+        if np.isfinite(masked[survivors]).any():
+            masked[~survivors] = -np.inf
+        return masked
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConstrainedRows, "__getitem__", broken)
+        yield
+
+
+@contextmanager
+def mask_on_the_draft_only():
+    """The target's rows read unmasked (the state still advanced), the draft's masked."""
+    real = ConstrainedRows.__getitem__
+
+    def broken(self, index):
+        real(self, index)
+        return self._logits[index]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ConstrainedRows, "__getitem__", broken)
+        yield
+
+
+@contextmanager
+def no_rollback():
+    """The draft's tokens stay pushed after drafting: the target's rows are masked at the draft's end."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Constraint, "pop", lambda self, count: None)
+        yield
+
+
+@pytest.mark.parametrize("broken", [mask_after_the_filters, mask_on_the_draft_only, no_rollback])
+def test_a_broken_grammar_engine_fails_the_law(pair, grammar, broken) -> None:
+    target, draft = pair
+    drafter, policy = drafters(draft)["model K=4"]
+    generator = Generator(target, drafter, SETTINGS, policy, seed=11)
+    with broken():
+        p = min(law_p_value(generator, target.tokenizer.tokenize(text), grammar, target) for text in PROMPTS)
+    assert p < 1e-6, f"{broken.__name__}: p = {p:.2e}"
+
+
+# --- greedy ------------------------------------------------------------------------------------------
+
+def test_greedy_replies_under_the_grammar_are_the_target_alones(pair, grammar) -> None:
+    target, draft = pair
+    greedy = SamplingParams(temperature=0)
+    for text in ["ab", "e", "cdab", "eeee", "abcdab"]:
+        prompt = target.tokenizer.tokenize(text)
+        replies = {}
+        for name, (drafter, policy) in drafters(draft).items():
+            generator = Generator(target, drafter, greedy, policy, seed=0)
+            replies[name] = [event.token for event in generator.generate(prompt, GenerationLimits(24, grammar=grammar))
+                             if isinstance(event, TokenEvent)]
+        assert len(set(map(tuple, replies.values()))) == 1, (text, replies)
+        assert VIABLE.fullmatch(target.tokenizer.detokenize(replies["target alone"]).decode()) or \
+            LANGUAGE.fullmatch(target.tokenizer.detokenize(replies["target alone"]).decode())
+
+
+# --- JSON --------------------------------------------------------------------------------------------
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tag": {"enum": ["ab", "cd"]},
+        "words": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 3},
+    },
+    "required": ["id", "tag", "words"],
+    "additionalProperties": False,
+}
+
+
+def test_a_thousand_sampled_replies_under_a_schema_are_all_valid(pair) -> None:
+    target, draft = pair
+    schema = Grammar(GrammarSpec.json_schema(SCHEMA), target.tokenizer.grammar_vocabulary(), target.n_vocab)
+    counts = {"valid": 0, "length": 0}
+    for name, (drafter, policy) in drafters(draft).items():
+        generator = Generator(target, drafter, SamplingParams(temperature=1.0), policy, seed=5)
+        for _ in range(334):
+            events = list(generator.generate(target.tokenizer.tokenize("json"), GenerationLimits(60, grammar=schema)))
+            text = "".join(event.text for event in events if isinstance(event, TokenEvent)) + events[-1].trailing_text
+            if events[-1].reason == "max_tokens":
+                counts["length"] += 1  # cut short mid-structure: a client sees finish_reason "length"
+                continue
+            assert events[-1].reason == "eog", (name, events[-1].reason, text)
+            jsonschema.validate(json.loads(text), SCHEMA)
+            counts["valid"] += 1
+    assert counts["valid"] >= 1000 - counts["length"] and counts["valid"] > 900, counts
+
+
+# --- what is refused ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "objekt"}, "at /type: Invalid type: objekt"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=a)b"}}},
+     "at /properties/a/pattern: regex parse error: (?<=a)b error: look-around, including look-ahead and look-behind, is not supported"),
+    ({"properties": {"b": {"not": {"type": "string"}}}}, 'at /properties/b/not: Unimplemented keys: ["not"]'),
+    ({"$ref": "#/definitions/missing"}, "Pointer '/definitions/missing' does not exist"),
+    ({"type": "integer", "minimum": 5, "maximum": 2}, "Unsatisfiable schema: minimum (5) is greater than maximum (2)"),
+])
+def test_a_schema_that_cannot_be_compiled_is_refused_naming_where_and_what(schema, says) -> None:
+    with pytest.raises(GrammarError) as refused:
+        check_grammar(GrammarSpec.json_schema(schema, "response_format"))
+    assert str(refused.value) == f"response_format: {says}"
+
+
+def test_a_grammar_that_leaves_no_token_is_an_error_not_a_hang(pair) -> None:
+    target, _ = pair
+    # Every character of the stand-in's vocabulary but none after "a": "a" then a tab it cannot spell.
+    dead_end = Grammar(GrammarSpec("grammar", 'start: "a" /\\t+/', "dead end"), target.tokenizer.grammar_vocabulary(), target.n_vocab)
+    generator = Generator(target, None, SETTINGS, seed=0)
+    with pytest.raises(GrammarError, match="the grammar allows no token here"):
+        list(generator.generate(target.tokenizer.tokenize("ab"), GenerationLimits(8, grammar=dead_end)))
