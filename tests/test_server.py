@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
+import jsonschema
 import openai
 import pytest
 from gguf import TokenType
@@ -482,7 +483,7 @@ def test_what_openai_clients_send_and_expect(chat_pair):
                         "response_format": {"type": "text"}, "user": "someone"}
     unsupported = {"logprobs": True, "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -1,
                    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-                   "logit_bias": {"17": 5}, "response_format": {"type": "json_object"}, "best_of": True}
+                   "logit_bias": {"17": 5}, "best_of": True}
     with serving(chat_pair) as url:
         status, reply, _ = post(url, "/v1/chat/completions", {**good, **asks_for_nothing})
         assert status == 200 and reply["usage"]["completion_tokens"] > 0, reply
@@ -512,6 +513,76 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         for path in ("/v1/models/", f"/v1/models/{MODEL}/", "/v1/models/other/"):  # a trailing slash, not a model
             status, body = get(url, path)
             assert_openai_error(status, json.loads(body), 404, "unknown_url")
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_reply_follows_the_schema_whole_streamed_and_at_any_temperature(chat_pair):
+    """response_format json_schema (OpenAI's shape): every reply that stops is valid against the schema, a
+    streamed one is the same text in pieces, and the grammar's forced tokens show as their own source."""
+    form = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    with serving(chat_pair) as url:
+        c = client(url)
+        valid = 0
+        for temperature in (0, 0.8, 1.5):
+            for seed in range(3):
+                reply = ask(c, "Describe someone", temperature=temperature, seed=seed, max_tokens=120, response_format=form)
+                choice = reply.choices[0]
+                if choice.finish_reason == "length":
+                    continue
+                assert choice.finish_reason == "stop"
+                jsonschema.validate(json.loads(choice.message.content), PERSON)
+                assert reply.model_extra["speculative"]["by_source"]["grammar"]["drafted"] > 0
+                valid += 1
+        assert valid >= 6
+        whole = ask(c, "Describe someone", max_tokens=120, response_format=form).choices[0].message.content
+        pieces = [chunk.choices[0].delta.content or "" for chunk in
+                  ask(c, "Describe someone", max_tokens=120, response_format=form, stream=True) if chunk.choices]
+        assert "".join(pieces) == whole
+        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 60, "temperature": 0,
+                                                         "response_format": {"type": "json_object"}})
+        assert status == 200 and isinstance(json.loads(reply["choices"][0]["text"]), dict), reply
+        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,
+                                                         "grammar": 'root ::= ("yes" | "no") "!"'})
+        assert status == 200 and reply["choices"][0]["text"] in ("yes!", "no!"), reply
+
+
+def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
+    form = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    with serving(chat_pair) as url:
+        reply = ask(client(url), "Describe someone", max_tokens=5, response_format=form)
+        assert reply.choices[0].finish_reason == "length"
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(reply.choices[0].message.content)
+
+
+@pytest.mark.parametrize("fields, param, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+     "response_format", "response_format.json_schema.schema: at /type: Invalid type: objekt"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": {"not": {}}}}}}},
+     "response_format", 'response_format.json_schema.schema: at /properties/a/not: Unimplemented keys: ["not"]'),
+    ({"response_format": {"type": "json_schema"}}, "response_format",
+     'response_format: json_schema: give it with type "json_schema" and only then'),
+    ({"response_format": {"type": "xml"}}, "response_format.type", None),
+    ({"grammar": 'root ::= "a" missing'}, "grammar", "grammar: Failed to convert the grammar from GBNF to Lark: Rule 'missing' not found"),
+    ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "grammar", "response_format and grammar: give one of them"),
+])
+def test_a_schema_or_grammar_that_cannot_be_compiled_is_a_400_naming_it_and_the_server_serves_on(chat_pair, fields, param, message):
+    with serving(chat_pair) as url:
+        status, error, _ = post(url, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                                              "max_tokens": 4, **fields})
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == param
+        if message is not None:
+            assert error["error"]["message"] == message
+        assert ask(client(url), "hi", max_tokens=4).choices[0].finish_reason in ("stop", "length")
 
 
 def test_a_spec_needing_a_draft_is_refused_when_the_server_has_none(chat_pair):

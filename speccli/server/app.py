@@ -75,6 +75,7 @@ def create_app(service: Service) -> Starlette:
         if body.stream_options is not None and not body.stream:
             raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")
         speculation = service.speculation_for(body.speculative)
+        grammar_spec = service.grammar_spec_for(body)
         sampling = SamplingParams(body.temperature, body.top_k, body.top_p, body.min_p)
         try:
             sampling.validate()
@@ -87,7 +88,8 @@ def create_app(service: Service) -> Starlette:
                 prompt = await asyncio.to_thread(tokenize)  # a long prompt must not stall other requests
             except SpeccliError as error:
                 raise APIError(400, str(error)) from None
-            limits = service.limits_for(prompt, body, service.chat_format.stop if chat else ())
+            grammar = await asyncio.to_thread(service.grammar_for, grammar_spec)
+            limits = service.limits_for(prompt, body, service.chat_format.stop if chat else (), grammar)
         except BaseException:
             service.worker.withdraw()
             raise

@@ -95,7 +95,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
     "tools": (None, []), "tool_choice": (None, "none", "auto"),
     "functions": (None, []), "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}), "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
+    "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,),
 }
 
@@ -109,6 +109,28 @@ def unsupported_parameter(body: dict[str, Any]) -> str | None:
         if name in body and not asks_nothing:
             return name
     return None
+
+
+class JsonSchemaFormat(Strict):
+    shape = '{"name": ..., "schema": {...}, "strict": true}'
+    name: str = "response"
+    description: Optional[str] = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: Optional[bool] = None  # every reply follows the schema either way
+
+
+class ResponseFormat(Strict):
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON following a schema."""
+
+    shape = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema: give it with type "json_schema" and only then')
+        return self
 
 
 class GenerationRequest(Strict):
@@ -127,6 +149,8 @@ class GenerationRequest(Strict):
     seed: Optional[int] = Field(None, ge=0)
     n: int = Field(1, ge=1, le=1)  # one sequence at a time: one choice
     speculative: Optional[SpeculationControl] = None
+    response_format: Optional[ResponseFormat] = None
+    grammar: Optional[str] = None  # llama-server's field: a grammar in GBNF (or Lark) syntax
 
     @field_validator("stream", "temperature", "top_p", "top_k", "min_p", "n", mode="before")
     @classmethod

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
+from speccli.core.constraint import Grammar, GrammarError, GrammarSpec, check_grammar
 from speccli.core.generator import GenerationLimits
 from speccli.llama.model import Model, shared_context
 from speccli.server.api_errors import APIError
@@ -64,7 +65,36 @@ class Service:
                            param="prompt")
         return prompt
 
-    def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...]) -> GenerationLimits:
+    @staticmethod
+    def grammar_spec_for(body: GenerationRequest) -> GrammarSpec | None:
+        """What the request's text must follow: `response_format` (OpenAI's), or `grammar` (llama-server's),
+        checked (400 naming the field) before the request waits for the worker."""
+        form = body.response_format
+        if form is not None and form.type != "text" and body.grammar is not None:
+            raise APIError(400, "response_format and grammar: give one of them", param="grammar")
+        if body.grammar is not None:
+            spec, field = GrammarSpec("grammar", body.grammar, "grammar"), "grammar"
+        elif form is None or form.type == "text":
+            return None
+        elif form.type == "json_object":
+            spec, field = GrammarSpec.json_object(), "response_format"
+        else:
+            spec, field = GrammarSpec.json_schema(form.json_schema.schema_, "response_format.json_schema.schema"), "response_format"
+        try:
+            check_grammar(spec)
+        except GrammarError as error:
+            raise APIError(400, str(error), param=field) from None
+        return spec
+
+    def grammar_for(self, spec: GrammarSpec | None) -> Grammar | None:
+        """The checked spec for this target's vocabulary (llguidance's reader of it is built at the first
+        one, in seconds: call it off the event loop)."""
+        if spec is None:
+            return None
+        return Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
+
+    def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...],
+                   grammar: Grammar | None = None) -> GenerationLimits:
         """Refuses a prompt, or prompt plus max_tokens, that the context cannot hold (as OpenAI does);
         without max_tokens a reply may fill the context."""
         room = self.n_ctx - len(prompt)
@@ -75,4 +105,4 @@ class Service:
                 400, f"this model's context holds {self.n_ctx} tokens; the prompt has {len(prompt)}{asked}",
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
             )
-        return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings())
+        return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings(), grammar)
