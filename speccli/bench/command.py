@@ -92,7 +92,7 @@ def run_command(request: BenchRequest) -> None:
     request.settings.validate()
     pair_request = request.loading_request()
     pair_request.validate()
-    prompt_set = load_prompt_set(request.prompts_file)
+    prompt_set = load_prompt_set(request.prompts_file, structured=request.settings.grammar is not None)
     destination = json_destination(request.json_path)
     refuse_overwriting(destination, [("prompts file", request.prompts_file), ("user models.toml", user_config_path()),
                                      *(("--config file", path) for path in pair_request.config)])

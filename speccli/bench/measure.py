@@ -27,6 +27,7 @@ from speccli.bench.settings import BenchSettings, Configuration
 from speccli.bench.summary import Round, summarize
 from speccli.bench.theory import best_configuration
 from speccli.bench.verdict import cannot_pay
+from speccli.core.constraint import Grammar
 from speccli.core.generator import GenerationLimits, Generator, PairCosts, measure_costs
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
@@ -46,14 +47,15 @@ class Generation:
     tokens: list[int]  # the generated tokens, with the end-of-generation token if that ended it
 
 
-def measure_generation(generator: Generator, prompt_tokens: Sequence[int], n_predict: int, **labels) -> Generation:
-    """Generate from empty caches, timing the whole decode phase by the wall clock; labels: task,
-    prompt_index, run, seed, mode, spec, k."""
+def measure_generation(generator: Generator, prompt_tokens: Sequence[int], n_predict: int, grammar: Grammar | None = None,
+                       **labels) -> Generation:
+    """Generate from empty caches (under `grammar`, where given), timing the whole decode phase by the wall
+    clock; labels: task, prompt_index, run, seed, mode, spec, k."""
     generator.reset()
     tokens: list[int] = []
     done: DoneEvent | None = None
     started = time.perf_counter()
-    for event in generator.generate(prompt_tokens, GenerationLimits(max_tokens=n_predict)):
+    for event in generator.generate(prompt_tokens, GenerationLimits(max_tokens=n_predict, grammar=grammar)):
         if isinstance(event, TokenEvent):
             tokens.append(event.token)
         elif isinstance(event, DoneEvent):
@@ -175,6 +177,7 @@ def run_bench(
             f"does not fit the context of {limit} tokens; raise --ctx or lower --n-predict"
         )
     check = GreedyChecker(applies=settings.greedy)
+    grammar = None if settings.grammar is None else Grammar(settings.grammar, target.tokenizer.grammar_vocabulary(), target.n_vocab)
     policies = {configuration: make_policy(configuration.k) for configuration in configurations}
 
     def run_round(index: int, run: int, seed: int, reverse: bool) -> Round:
@@ -193,7 +196,7 @@ def run_bench(
                 drafter = make_drafter(configuration.spec, draft, target)
                 generator = Generator(target, drafter, settings.sampling, policies[configuration], seed, PairCosts(target, drafter, auto_costs))
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
-            done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, **sides, **labels)
+            done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, grammar, **sides, **labels)
         baseline = done.pop(None)
         if settings.greedy and run >= 0:
             for generation in done.values():

@@ -11,6 +11,7 @@ from speccli.errors import SpeccliError, UnreadableFileError
 from speccli.util.files import read_text_input
 
 BUILTIN_PROMPTS = "bench_prompts.jsonl"
+STRUCTURED_PROMPTS = "bench_structured.jsonl"  # under --json-schema or --grammar: documents to extract from
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,14 @@ class PromptSet:
         return list(dict.fromkeys(p.task for p in self.prompts))
 
 
-def load_prompt_set(path: Path | None) -> PromptSet:
-    """The built-in set, or a file: JSONL of {"task": ..., "prompt": ...} (task optional), or plain
-    UTF-8 text with one prompt per line (task "text"; write a newline inside a prompt as \\n)."""
+def load_prompt_set(path: Path | None, structured: bool = False) -> PromptSet:
+    """The built-in set (`structured`: its extraction set), or a file: JSONL of {"task": ..., "prompt": ...}
+    (task optional), or plain UTF-8 text with one prompt per line (task "text"; write a newline inside a
+    prompt as \\n)."""
     if path is None:
-        data = resources.files("speccli.data").joinpath(BUILTIN_PROMPTS).read_bytes()
-        return PromptSet("built-in", _parse_prompts(data, BUILTIN_PROMPTS))
+        name = STRUCTURED_PROMPTS if structured else BUILTIN_PROMPTS
+        data = resources.files("speccli.data").joinpath(name).read_bytes()
+        return PromptSet("built-in structured" if structured else "built-in", _parse_prompts(data, name))
     if not path.exists():
         raise UnreadableFileError(f"prompts file {path}: no such file")
     if path.is_dir():

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from speccli.core.constraint import GrammarSpec
 from speccli.core.sampling import SamplingParams
 from speccli.errors import SpeccliError
 from speccli.models.pair import PairRequest
@@ -37,6 +38,7 @@ class BenchSettings:
     seed: int = 42
     runs: int = 2
     warmup: int = 1
+    grammar: GrammarSpec | None = None  # --json-schema or --grammar: every reply, both sides, follows it
 
     def validate(self) -> None:
         if self.runs < 1:
@@ -71,6 +73,7 @@ class BenchRequest:
     settings: BenchSettings
     prompts_file: Path | None
     json_path: Path | None
+    grammar_option: tuple[str, str] | None = None  # ("--json-schema", what was given), for the command line
 
     def resolved(self, spec: str, k: K) -> BenchSettings:
         """The settings with every spec and K known: those asked for, else the pair's (`spec`, `k`)."""
@@ -104,6 +107,7 @@ class BenchRequest:
             ("--runs", settings.runs),
             ("--warmup", settings.warmup),
             ("--prompts", self.prompts_file),
+            self.grammar_option or ("--grammar", None),
             ("--ctx", n_ctx),
             ("--threads", pair.n_threads),
             ("--ngl", pair.target_n_gpu_layers),

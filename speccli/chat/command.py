@@ -9,6 +9,7 @@ from rich.console import Console
 
 from speccli.chat.session import ChatSession
 from speccli.chat.view import Display, Mode
+from speccli.core.constraint import GrammarSpec
 from speccli.core.sampling import SamplingParams
 from speccli.drafting.suffix import open_store
 from speccli.errors import SpeccliError, UsageError
@@ -92,6 +93,7 @@ def run_chat(
     json_output: bool,
     provenance: bool,
     remember: bool | None = None,  # --remember/--no-remember; None: the pair's
+    grammar: GrammarSpec | None = None,  # --json-schema or --grammar, checked: every reply follows it
 ) -> None:
     """`--prompt`: one reply, errors fatal. Otherwise typed lines (a terminal) or piped lines, one turn each.
 
@@ -110,6 +112,7 @@ def run_chat(
             pair.target, pair.draft, display,
             sampling=sampling, spec=pair.resolved.spec, k=pair.resolved.k if k is None else k,
             seed=seed, max_tokens=max_tokens, system=system, one_shot=message is not None, store=store,
+            grammar=grammar,
         )
         try:
             resolved = pair.resolved

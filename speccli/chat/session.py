@@ -17,6 +17,7 @@ from typing import Iterator
 from speccli.chat.conversation import Conversation, Prompt
 from speccli.chat.template import chat_format_for
 from speccli.chat.view import Display
+from speccli.core.constraint import Grammar, GrammarSpec
 from speccli.core.generator import GenerationLimits, Generator, PairCosts
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import ReplyDrafting
@@ -70,8 +71,11 @@ class ChatSession:
         system: str | None = None,
         one_shot: bool = False,
         store: SuffixStore | None = None,
+        grammar: GrammarSpec | None = None,
     ) -> None:
         check_max_tokens(max_tokens, "max tokens")
+        # Every reply follows it (--json-schema, --grammar): read for this vocabulary once, in seconds.
+        self.grammar = None if grammar is None else Grammar(grammar, target.tokenizer.grammar_vocabulary(), target.n_vocab)
         self.one_shot = one_shot  # `--prompt`: one reply, then the process ends (no next turn to speak of)
         self.spec = spec
         self.draft = draft
@@ -149,7 +153,7 @@ class ChatSession:
         pieces: list[str] = []
         reason = "interrupted"
         source = Source.TARGET
-        limits = GenerationLimits(self.max_tokens, self.conversation.format.stop)
+        limits = GenerationLimits(self.max_tokens, self.conversation.format.stop, self.grammar)
         with (
             naming_non_finite_logits(self.generator.target, self.draft),
             self.display.reply(self.target_token_seconds) as view,

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from speccli.cli.options import MinPOption, TemperatureOption, TopKOption, TopPOption, checked, with_pair_options
+from speccli.cli.options import (
+    GrammarOption, JsonSchemaOption, MinPOption, TemperatureOption, TopKOption, TopPOption, checked, grammar_spec, with_pair_options,
+)
 from speccli.drafting.registry import DEFAULT_SPEC, spec_help
 from speccli.errors import UsageError
 from speccli.drafting.registry import parse_spec_list
@@ -65,6 +67,8 @@ def bench(
         Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
+    json_schema: JsonSchemaOption = None,
+    grammar: GrammarOption = None,
 ) -> None:
     """Measure speculative decoding against the target alone: tokens/s, speedup, acceptance, the K chosen."""
     import json
@@ -84,10 +88,12 @@ def bench(
         compare_command(*compare, console())
         return
     settings = BenchSettings(
-        n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup
+        n_predict=n_predict, sampling=SamplingParams(temperature, top_k, top_p, min_p), seed=seed, runs=runs, warmup=warmup,
+        grammar=grammar_spec(json_schema, grammar),
     )
+    given = ("--json-schema", json_schema) if json_schema is not None else ("--grammar", str(grammar)) if grammar else None
     run_command(BenchRequest(
-        pair=pair_request, specs=spec, ks=k, settings=settings, prompts_file=prompts, json_path=json_path
+        pair=pair_request, specs=spec, ks=k, settings=settings, prompts_file=prompts, json_path=json_path, grammar_option=given
     ))
 
 

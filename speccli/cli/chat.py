@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    KOption, MaxTokensOption, MinPOption, RememberOption, SpecOption, TemperatureOption, TopKOption, TopPOption, checked,
-    with_pair_options,
+    GrammarOption, JsonSchemaOption, KOption, MaxTokensOption, MinPOption, RememberOption, SpecOption, TemperatureOption,
+    TopKOption, TopPOption, checked, grammar_spec, with_pair_options,
 )
 from speccli.validation import CHAT_CTX, check_seed
 
@@ -50,6 +50,8 @@ def chat(
         ),
     ] = True,
     remember: RememberOption = None,
+    json_schema: JsonSchemaOption = None,
+    grammar: GrammarOption = None,
 ) -> None:
     """Chat with a pair: streamed replies colored by token origin, with live speculative-decoding statistics."""
     from speccli.chat.command import run_chat
@@ -66,4 +68,5 @@ def chat(
         json_output=json_output,
         provenance=color_provenance,
         remember=remember,
+        grammar=grammar_spec(json_schema, grammar),
     )

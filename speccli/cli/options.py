@@ -191,3 +191,54 @@ def with_pair_options(default_n_ctx: int) -> Callable[[Callable[..., None]], Cal
         return wrapper
 
     return decorate
+
+
+JsonSchemaOption = Annotated[
+    Optional[str],
+    typer.Option("--json-schema", metavar="FILE|JSON",
+                 help="Every reply is JSON following this schema: a file holding it, or the schema itself ('{...}'). "
+                      "Tokens the schema forces are drafted for free (source \"grammar\")."),
+]
+GrammarOption = Annotated[
+    Optional[Path],
+    typer.Option("--grammar", metavar="FILE", help="Every reply follows this grammar: GBNF (llama.cpp's) or Lark (llguidance's)."),
+]
+
+
+def grammar_spec(json_schema: str | None, grammar: Path | None) -> Any:
+    """--json-schema or --grammar as a checked GrammarSpec (None: neither), read and compiled before any
+    model loads: a missing file, invalid JSON or a schema that cannot be compiled is one line, exit 2."""
+    import json
+
+    from speccli.core.constraint import GrammarSpec, check_grammar
+    from speccli.errors import UsageError, unreadable
+    from speccli.util.files import read_text_input
+
+    if json_schema is not None and grammar is not None:
+        raise UsageError("--json-schema and --grammar: give one of them")
+    if json_schema is None and grammar is None:
+        return None
+
+    def read(path: Path, option: str) -> str:
+        try:
+            data = read_text_input(path, f"{option} {path}")
+        except OSError as error:
+            raise unreadable(f"{option} {path}", error, "text file") from None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{option} {path}: not UTF-8 text") from None
+
+    if grammar is not None:
+        spec = GrammarSpec("grammar", read(grammar, "--grammar"), f"--grammar {grammar}")
+    else:
+        inline = json_schema.lstrip().startswith("{")
+        text = json_schema if inline else read(Path(json_schema), "--json-schema")
+        name = "--json-schema" if inline else f"--json-schema {json_schema}"
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"{name}: not valid JSON: {error}") from None
+        spec = GrammarSpec.json_schema(schema, name)
+    check_grammar(spec)
+    return spec
