@@ -106,6 +106,10 @@ SLOW_TESTS = frozenset({
     "tests/test_translated.py::test_translated_drafts_give_the_targets_first_three_tokens",  # 11-13 s each
     "tests/test_translated.py::test_a_broken_translation_engine_is_detected",  # 9-13 s each
     "tests/test_generator.py::test_the_first_two_tokens_follow_the_targets_exact_distribution",  # 4-5.5 s each
+    # Timed in a run of the file alone, 2026-12-05:
+    "tests/test_grammar.py::test_replies_under_the_grammar_follow_the_law",  # 10-15 s each
+    "tests/test_grammar.py::test_a_broken_grammar_engine_fails_the_law[mask_after_the_filters]",  # 12-14 s
+    "tests/test_grammar.py::test_a_thousand_sampled_replies_under_a_schema_are_all_valid",  # 23 s
 })
 # A `-m fast` run fails a test that loads weights from a file larger than this (the tiny models are
 # under 2 MB; Gemma 3 270M Q4_K_M is 242 MB). Models loaded by a subprocess are not seen.
