@@ -95,6 +95,7 @@ class Grammar:
     def __init__(self, spec: GrammarSpec, vocabulary: Any, n_vocab: int) -> None:
         self.spec, self.definition = spec, check_grammar(spec)
         self._vocabulary, self.n_vocab = vocabulary, n_vocab
+        self._positions = MaskPositions()  # shared by its replies: their masks repeat
 
     def start(self) -> Constraint:
         import llguidance
@@ -102,42 +103,59 @@ class Grammar:
         matcher = llguidance.LLMatcher(self._vocabulary, self.definition, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"{self.spec.name}: {_one_line(matcher.get_error())}")
-        return Constraint(matcher, self.n_vocab, self._vocabulary.eos_tokens)
+        return Constraint(matcher, self.n_vocab, self._vocabulary.eos_tokens, self._positions)
 
 
 class Constraint:
     """The grammar's state along one reply: pushed a token at a time as tokens are drafted or kept,
     popped back after a rejection."""
 
-    def __init__(self, matcher: Any, n_vocab: int, ends: Sequence[int]) -> None:
-        self._matcher, self.n_vocab = matcher, n_vocab
+    def __init__(self, matcher: Any, n_vocab: int, ends: Sequence[int], positions: MaskPositions) -> None:
+        self._matcher, self.n_vocab, self._positions = matcher, n_vocab, positions
         self._ends = np.array([token for token in ends if token < n_vocab], dtype=np.int64)  # end-of-generation ids
-        self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)
+        self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)  # llguidance's mask: bit t of word t // 32
+        self._words = self._bits[0].view(np.uint32)
         self.depth = 0  # tokens pushed since the last `settle`
 
-    def allowed(self) -> np.ndarray:
-        """Which tokens may come next: a bool row of the vocabulary."""
+    def _fill(self) -> np.ndarray:
+        """The mask of what may come next, as words of 32 tokens."""
         from llguidance.numpy import fill_next_token_bitmask
 
         fill_next_token_bitmask(self._matcher, self._bits)
-        allowed = np.unpackbits(self._bits.view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
-        if allowed[self._ends].any() and not self._matcher.is_accepting():
+        words, ends = self._words, self._ends
+        end_bits = np.left_shift(np.uint32(1), (ends & 31).astype(np.uint32))
+        if (words[ends >> 5] & end_bits).any() and not self._matcher.is_accepting():
             # llguidance's way out of a dead end is to allow the end of generation: here that would end an
             # unfinished text as if complete, so the end is taken out again (and `masked` says so).
-            allowed[self._ends] = False
-        return allowed
+            np.bitwise_and.at(words, ends >> 5, ~end_bits)
+        return words
+
+    def allowed(self) -> np.ndarray:
+        """Which tokens may come next: a bool row of the vocabulary."""
+        return np.unpackbits(self._fill().view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
 
     def masked(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`logits` with every token the grammar forbids next at -inf, written into `out` (a row of at
         least len(logits)). A draft's row may be wider or narrower than the grammar's vocabulary: ids
-        past it are forbidden. A grammar that allows nothing here is an error, not a hang."""
-        allowed = self.allowed()
+        past it are forbidden. A grammar that allows nothing here is an error, not a hang.
+
+        Where few tokens are allowed (JSON's structure) they are written into a row of -inf; where most
+        are (inside a string) the row is copied and the few others set to -inf. Which ids those are is
+        kept by the mask's bits (`MaskPositions`): masks repeat (every string's inside, every key), and
+        finding the ids of a scattered mask costs more than the rest of a row's work."""
+        few, ids = self._positions.of(self._fill(), self.n_vocab)
+        if few and not len(ids):
+            raise GrammarError(self.dead_end())
         shared = min(len(logits), self.n_vocab)
         row = out[: len(logits)]
-        row.fill(-np.inf)
-        np.copyto(row[:shared], logits[:shared], where=allowed[:shared])
-        if not allowed[:shared].any():
-            raise GrammarError(self.dead_end())
+        if few:
+            ids = ids[ids < shared] if shared < self.n_vocab else ids
+            row.fill(-np.inf)
+            row[ids] = logits[ids]
+        else:
+            np.copyto(row[:shared], logits[:shared])
+            row[shared:] = -np.inf
+            row[ids[ids < shared] if shared < self.n_vocab else ids] = -np.inf
         return row
 
     def dead_end(self) -> str:
@@ -199,6 +217,36 @@ class ConstrainedRows:
         constraint.push(self._drafted[constraint.depth : index])
         self._row = index
         return constraint.masked(self._logits[index], self._out)
+
+
+class MaskPositions:
+    """The ids a mask allows where it allows few, else those it forbids, by the mask's bits: the last
+    MASKS_KEPT masks seen."""
+
+    MASKS_KEPT = 256  # at most a few MB: a JSON schema's replies show some dozens
+
+    def __init__(self) -> None:
+        self._kept: dict[bytes, tuple[bool, np.ndarray]] = {}
+
+    def of(self, words: np.ndarray, n_vocab: int) -> tuple[bool, np.ndarray]:
+        key = words.tobytes()
+        found = self._kept.get(key)
+        if found is None:
+            allowed = np.unpackbits(words.view(np.uint8), count=n_vocab, bitorder="little")
+            few = int(allowed.sum(dtype=np.int64)) * 2 <= n_vocab
+            found = (few, _set_bits(words) if few else np.flatnonzero(allowed == 0))
+            if len(self._kept) >= self.MASKS_KEPT:
+                del self._kept[next(iter(self._kept))]
+            self._kept[key] = found
+        return found
+
+
+def _set_bits(words: np.ndarray) -> np.ndarray:
+    """The positions of the set bits of uint32 words (bit j of word i: position 32 i + j), ascending."""
+    nonzero = np.flatnonzero(words)
+    bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
+    rows, columns = np.nonzero(bits)
+    return nonzero[rows] * 32 + columns
 
 
 def _one_line(message: str) -> str:

@@ -199,6 +199,8 @@ def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
     min_logit = top + np.float32(math.log(params.min_p)) if params.min_p > 0 else -np.inf
     if params.top_p == 1:
         floor = max(floor, min_logit)
+    if floor == -np.inf and len(column_max) and column_max.min() < _LOWEST:
+        floor = _LOWEST  # a grammar's mask left columns all at -inf: no token there survives a filter
     if floor > -np.inf:
         columns = np.flatnonzero(column_max >= floor)
         candidates = (_ROW_STARTS * width + columns).ravel()

@@ -1,0 +1,98 @@
+"""What a grammar costs the host per row: llguidance's mask, and the mask applied to a row of logits.
+
+For each GGUF file given (its vocabulary only is loaded), a JSON schema's replies are walked token by
+token through `core/constraint.py` as the engine reads them, and each row's costs are timed:
+
+- `llguidance's mask`: llguidance computing which tokens may come next, as bits;
+- `mask`: that, as a row of bools (`Constraint.allowed`);
+- `masked row`: that plus writing the row with every forbidden token at -inf (`Constraint.masked`);
+- `forced`: asking which tokens the grammar forces (the planner does once a step);
+- `filters after`: chat's filters (top-k 40, top-p 0.95, min-p 0.05, T 0.8) on the masked row, against the same on
+  the raw row, since masking changes what they cost.
+
+Also the one-time costs: reading the vocabulary for llguidance, and compiling the schema.
+
+    .venv/bin/python tests/benchmarks/grammar_mask.py QWEN.gguf GEMMA.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from llguidance.numpy import fill_next_token_bitmask
+
+from speccli.core.constraint import Grammar, GrammarSpec
+from speccli.core.sampling import SamplingParams, distribution
+from speccli.llama.tokenizer import load_vocab_only
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs/examples/extract.schema.json").read_text())
+# The same with every string at most 60 characters: a counted repetition llguidance's token index cannot
+# shortcut, so its masks cost several times more.
+BOUNDED = {**SCHEMA, "properties": {name: {**rule, "maxLength": 60} if rule.get("type") == "string" else rule
+                                    for name, rule in SCHEMA["properties"].items()}}
+REPLIES = [
+    {"name": "Maria Gonzalez", "age": 34, "city": "Valencia", "occupation": "nurse", "skills": ["emergency care", "Spanish"]},
+    {"name": "Lars Eriksson", "age": 45, "city": "Stockholm", "occupation": "taxi driver", "skills": ["Swedish", "Finnish", "English"]},
+    {"name": "Olu Adeyemi", "age": None, "city": "Lagos", "occupation": "photographer", "skills": []},
+]
+CHAT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+
+
+def micro(seconds: list[float]) -> str:
+    ordered = sorted(seconds)
+    return f"median {statistics.median(ordered) * 1e6:7.1f} µs · p90 {ordered[int(0.9 * len(ordered))] * 1e6:7.1f} µs"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", type=Path)
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    for path in args.models:
+        tokenizer = load_vocab_only(path)
+        started = time.perf_counter()
+        vocabulary = tokenizer.grammar_vocabulary()
+        built = time.perf_counter() - started
+        for label, schema in (("extract.schema.json", SCHEMA), ("its strings at most 60 characters", BOUNDED)):
+            measure(tokenizer, vocabulary, built, label, schema, rng)
+        tokenizer.close()
+
+
+def measure(tokenizer, vocabulary, built: float, label: str, schema: dict, rng: np.random.Generator) -> None:
+    """Walk REPLIES under `schema`, five times, timing each row's costs; print their medians and p90s."""
+    started = time.perf_counter()
+    grammar = Grammar(GrammarSpec.json_schema(schema), vocabulary, tokenizer.n_vocab)
+    constraint = grammar.start()
+    compiled = time.perf_counter() - started
+    logits = rng.normal(0, 3, size=tokenizer.n_vocab).astype(np.float32)
+    out = np.empty_like(logits)
+    costs: dict[str, list[float]] = {"llguidance's mask": [], "mask": [], "masked row": [], "forced": [], "filters after": [],
+                                     "filters, no grammar": []}
+    for _ in range(5):
+        for reply in REPLIES:
+            constraint = grammar.start()
+            for token in tokenizer.tokenize(json.dumps(reply), add_special=False):
+                for name, work in (("llguidance's mask", lambda: fill_next_token_bitmask(constraint._matcher, constraint._bits)),
+                                   ("mask", constraint.allowed), ("masked row", lambda: constraint.masked(logits, out)),
+                                   ("forced", lambda: constraint.forced(64))):
+                    began = time.perf_counter()
+                    work()
+                    costs[name].append(time.perf_counter() - began)
+                row = constraint.masked(logits, out)
+                for name, source in (("filters after", row), ("filters, no grammar", logits)):
+                    began = time.perf_counter()
+                    distribution(source, CHAT)
+                    costs[name].append(time.perf_counter() - began)
+                constraint.push([token])
+    print(f"{tokenizer.path.name}: {tokenizer.n_vocab:,} tokens · vocabulary read for llguidance in {built:.2f} s · "
+          f"{label}: compiled in {compiled * 1e3:.1f} ms · {len(costs['mask'])} rows")
+    for name, seconds in costs.items():
+        print(f"  {name:20s} {micro(seconds)}")
+
+
+if __name__ == "__main__":
+    main()
