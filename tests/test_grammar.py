@@ -195,15 +195,15 @@ def test_the_grammars_forced_tokens_are_drafted_and_kept(pair, grammar) -> None:
 
 
 @contextmanager
-def mask_after_the_filters():
-    """llama.cpp's default order: the filters on the raw row, then the grammar among what survived
-    (all of the grammar's tokens where nothing did)."""
+def mask_after_the_filters(sampling: SamplingParams = SETTINGS):
+    """The filters (`sampling`'s) on the raw row, then the grammar among what survived (all of the
+    grammar's tokens where nothing did)."""
     real = ConstrainedRows.__getitem__
 
     def broken(self, index):
         masked = real(self, index).copy()
         raw = self._logits[index]
-        survivors = distribution(raw, SETTINGS).dense() > 0
+        survivors = distribution(raw, sampling).dense() > 0
         if np.isfinite(masked[survivors]).any():
             masked[~survivors] = -np.inf
         return masked

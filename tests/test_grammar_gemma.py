@@ -28,11 +28,13 @@ from tests.test_sparse_sampling import reference_row
 from tests.token_distribution import chi_square_p_value
 
 CHAT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
-MOOD = {"type": "object", "properties": {"mood": {"enum": ["happy", "sad", "angry", "calm", "tired"]}},
+# Moods the model itself would hardly write: its raw top tokens are others (98% of the filtered mass), so
+# filtering before masking keeps a few legal tokens by the raw row's cut-offs, not the law's.
+MOOD = {"type": "object", "properties": {"mood": {"enum": ["grumpy", "cheerful", "anxious", "relaxed"]}},
         "required": ["mood"], "additionalProperties": False}
 PROMPT = "She had missed the last bus home, it was raining, and her phone was dead. Her mood as JSON: "
 SAMPLES = 300
-CONTROL_SAMPLES = 400  # the mask-after-the-filters control's chi-square was 35 at 300 draws (p 1.7e-6)
+CONTROL_SAMPLES = 150  # the mask-after-the-filters control's chi-square was 362 at 400 draws (8 degrees)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,8 @@ def test_the_first_free_token_of_a_json_value_follows_the_law_on_gemma(gemma_pai
     assert p > 1e-3, f"p = {p:.2e}"
 
 
-@pytest.mark.parametrize("broken", [mask_after_the_filters, mask_on_the_draft_only])
+@pytest.mark.parametrize("broken", [lambda: mask_after_the_filters(CHAT), mask_on_the_draft_only],
+                         ids=["mask_after_the_filters", "mask_on_the_draft_only"])
 def test_a_broken_grammar_engine_fails_the_law_on_gemma(gemma_pair, mood, expected, broken) -> None:
     target, draft = gemma_pair
     prompt, forced, law = expected
@@ -94,7 +97,7 @@ def test_a_broken_grammar_engine_fails_the_law_on_gemma(gemma_pair, mood, expect
             p = chi_square_p_value(first_tokens(generator, prompt, mood, len(forced) + 1, CONTROL_SAMPLES), law)
         except GrammarError:  # the target's own token was one the grammar forbids: as wrong as it gets
             p = 0.0
-    assert p < 1e-6, f"{broken.__name__}: p = {p:.2e}"
+    assert p < 1e-6, f"p = {p:.2e}"
 
 
 def test_greedy_replies_under_a_schema_are_the_target_alones_on_gemma(gemma_pair) -> None:
