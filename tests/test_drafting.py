@@ -445,7 +445,7 @@ class ScriptedModel:
         self.drawn += 1
         return NextToken(self.tokens[self.drawn - 1], None, np.zeros(4, dtype=np.float32), np.empty(4, dtype=np.float32))
 
-    def take(self, token: int) -> None:
+    def take(self, *tokens: int) -> None:
         pass
 
     def sync(self, context) -> None:

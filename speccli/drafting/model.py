@@ -119,6 +119,7 @@ class ModelDrafter:
         """Decode what is pending and draw the next token from the row (its argmax when greedy), read
         through the grammar's mask where the reply has one: the draft proposes only what it allows."""
         logits = self.model.decode(self._pending, n_logit_rows=1)
+        self._pending = []
         if constraint is not None:
             logits = constraint.masked(logits[0], self._masked.take(1, len(logits[0]))[0])[None]
         row = self._rows[self._drawn]
@@ -128,10 +129,10 @@ class ModelDrafter:
         q = distribution(logits[0], sampling, out=row)
         return NextToken(sample(q, rng), q, logits[0], row)
 
-    def take(self, token: int) -> None:
-        """The planner keeps `token`: the next decode takes it in. The last token of a draft is never
-        decoded here; if all pass, the next step catches up."""
-        self._pending = [token]
+    def take(self, *tokens: int) -> None:
+        """The planner keeps `tokens` (a drafted one, or what a grammar forces): the next decode takes
+        them in. The last tokens of a draft are never decoded here; if all pass, the next step catches up."""
+        self._pending += self.visible(tokens)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary

@@ -63,7 +63,7 @@ class DraftModel(Protocol):
     def owed_prompt_tokens(self) -> int: ...
     def begin(self, context: Sequence[int], k: int) -> Intake: ...
     def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken: ...
-    def take(self, token: int) -> None: ...
+    def take(self, *tokens: int) -> None: ...
     def draft_block(self, context: Sequence[int], k: int, limit: int, sampling: SamplingParams,
                     rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None, Intake]: ...
     def sync(self, context: Sequence[int]) -> None: ...
@@ -183,11 +183,23 @@ class Planner:
         may_take_over = self.lookup is not None and policy.plan(model.name, limit).rate is not None
         intake = model.begin(context, plan.k)
         tokens: list[int] = []
-        q: list[Distribution] = []
+        q: list[Distribution | None] = []
         confidences: list[float] = []  # each drafted token's, where the policy read it
         withheld = False
         continuation = None
-        for i in range(plan.k):
+        while len(tokens) < plan.k:
+            if constraint is not None and (forced := constraint.forced(plan.k - len(tokens))):
+                # What the grammar forces next is certain: drafted without the model's steps (it takes
+                # them in with its next token), and verified with the rule for certain drafts.
+                if len(confidences) == len(tokens):
+                    confidences += [1.0] * len(forced)
+                tokens += forced
+                q += [None] * len(forced)
+                model.take(*forced)
+                constraint.push(forced)
+                if constraint.stopped:
+                    break
+                continue
             proposed = model.next(sampling, rng, constraint)
             # Stopping on the draft's own confidence uses nothing the target has said: still exact.
             if not policy.keep_drafting(model.name, plan, proposed.confidence):
@@ -196,20 +208,20 @@ class Planner:
             if proposed.confidence_read is not None:
                 confidences.append(proposed.confidence_read)
             tokens.append(proposed.token)
-            if proposed.q is not None:
-                q.append(proposed.q)
+            q.append(proposed.q)
             model.take(proposed.token)
             if constraint is not None:
                 constraint.push([proposed.token])
                 if constraint.stopped:  # complete, or ended: nothing but an end of generation may follow
                     break
-            if i + 1 < plan.k and may_take_over:
+            if len(tokens) < plan.k and may_take_over:
                 continuation = self._take_over(context, tokens, limit, policy)
                 if continuation is not None:
                     break
         own = Segment(model.name, model.name, tokens, plan, tuple(confidences), withheld)
         segments = (own,) if continuation is None else (own, continuation)
-        return _with_intake(Draft(segments, q if q and tokens else None), intake)
+        drawn = any(row is not None for row in q)  # greedy drafts, or the grammar's alone: all certain
+        return _with_intake(Draft(segments, q if drawn and tokens else None), intake)
 
     def _take_over(self, context: Sequence[int], drafted: Sequence[int], limit: int, policy: KPolicy) -> Segment | None:
         """The lookup's draft from the model's tokens on, where it is expected to pay at least as well as
