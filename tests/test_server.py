@@ -573,6 +573,9 @@ def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
     ({"response_format": {"type": "xml"}}, "response_format.type", None),
     ({"grammar": 'root ::= "a" missing'}, "grammar", "grammar: Failed to convert the grammar from GBNF to Lark: Rule 'missing' not found"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "grammar", "response_format and grammar: give one of them"),
+    # Too big for llguidance's limits, which show only with the vocabulary: refused in about a second.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": [f"v{i}" for i in range(100_000)]}}}},
+     "response_format", "response_format.json_schema.schema: initial lexer configuration (grammar) too big (limit for this grammar: 1000000)"),
 ])
 def test_a_schema_or_grammar_that_cannot_be_compiled_is_a_400_naming_it_and_the_server_serves_on(chat_pair, fields, param, message):
     with serving(chat_pair) as url:

@@ -74,13 +74,14 @@ class GrammarSpec:
             raise GrammarError(f"{self.name}: {error}") from None
 
 
-def check_grammar(spec: GrammarSpec) -> str:
-    """The spec's llguidance definition, or GrammarError naming what is wrong: before any tokenizer,
-    so that a server refuses a bad schema before queueing it."""
+def check_grammar(spec: GrammarSpec, vocabulary: Any = None) -> str:
+    """The spec's llguidance definition, or GrammarError naming what is wrong: first without a vocabulary
+    (a server refuses a bad schema before it reads one), then with it (what is too big for llguidance's
+    limits only shows there: a 100,000-value enum is refused in 0.6 s)."""
     import llguidance
 
     definition = spec.definition()
-    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition)
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(definition, vocabulary)
     if failed:
         message = _one_line(messages[0])
         where = _where(json.loads(spec.text), message) if spec.kind == "json_schema" else None
@@ -93,7 +94,7 @@ class Grammar:
     `start()` gives the state at a reply's start."""
 
     def __init__(self, spec: GrammarSpec, vocabulary: Any, n_vocab: int) -> None:
-        self.spec, self.definition = spec, check_grammar(spec)
+        self.spec, self.definition = spec, check_grammar(spec, vocabulary)
         self._vocabulary, self.n_vocab = vocabulary, n_vocab
         self._positions = MaskPositions()  # shared by its replies: their masks repeat
 

@@ -91,7 +91,10 @@ class Service:
         one, in seconds: call it off the event loop)."""
         if spec is None:
             return None
-        return Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
+        try:
+            return Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
+        except GrammarError as error:
+            raise APIError(400, str(error), param="grammar" if spec.kind == "grammar" else "response_format") from None
 
     def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...],
                    grammar: Grammar | None = None) -> GenerationLimits:
