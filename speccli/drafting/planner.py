@@ -245,15 +245,16 @@ class Planner:
     def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
         """The one place a step is learnt from: the policy's estimates, the lookup's store, the realized rates.
         The grammar's forced tokens are no source's: the sources' part of the step is learnt from where
-        the target judged it (all the forced tokens kept), and a step with none counts as a plain one."""
+        the target judged it (all the forced tokens kept), and a step with none counts as a plain one;
+        the forced rows stay in `forced`, as verifying them cost (the policy's verify curve)."""
         yielded = kept
         if step.forced:
             forced = step.forced
             if step.accepted >= forced:  # the sources' tokens were judged: a step that began after the forced ones
                 draft, yielded = replace(draft, forced=()), kept[forced:]
-                step = replace(step, drafted=step.drafted - forced, accepted=step.accepted - forced, forced=0)
+                step = replace(step, drafted=step.drafted - forced, accepted=step.accepted - forced)
             else:  # a forced token was rejected (another tokenization was drawn): no source's token was judged
-                draft, step = Draft(), replace(step, drafted=0, accepted=0, forced=0, source=None, continuation=None)
+                draft, step = Draft(), replace(step, drafted=0, accepted=0, source=None, continuation=None)
         policy.observe(draft, step, yielded)
         if self.lookup is not None:
             self.lookup.kept(kept)
