@@ -6,8 +6,8 @@ language checked with Python's `re` (`allowed_after`), on the numpy stand-in pai
 whose every row is known without decoding. Proofs, each through `Generator` and the production planner:
 
 - one row read through the grammar is the law's row exactly (no sampling);
-- the first three tokens of sampled replies fit the law's exact joint distribution (chi-square), for the
-  target alone, a draft model at K = 4, and lookup + model under `auto`, with the grammar's forced
+- the first three tokens of sampled replies fit the law's exact joint distribution (chi-square), for a
+  draft model at K = 4, and lookup + model under `auto`, with the grammar's forced
   tokens drafted first, under top-k so that the order of mask and filters matters;
 - broken engines fail the same test (p < 1e-6, or the reply cannot be generated at all): the mask
   applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens;
@@ -44,7 +44,7 @@ LARK = 'start: ("ab" | "cd" | "e")+ "."'
 LANGUAGE = re.compile(r"(ab|cd|e)+\.")
 VIABLE = re.compile(r"(ab|cd|e)*(a|c)?")
 SETTINGS = SamplingParams(temperature=0.9, top_k=3)
-SAMPLES = 2000
+SAMPLES = 1200  # the weakest control's chi-square was 969 at 2,000 draws
 LENGTH = 3
 
 
@@ -169,7 +169,7 @@ def test_masking_after_the_filters_is_another_law(pair) -> None:
 
 # --- the law, sampled through the engine ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["target alone", "model K=4", "ngram+model auto"])
+@pytest.mark.parametrize("name", ["model K=4", "ngram+model auto"])
 def test_replies_under_the_grammar_follow_the_law(pair, grammar, name) -> None:
     target, draft = pair
     drafter, policy = drafters(draft)[name]

@@ -33,8 +33,8 @@ CHAT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 MOOD = {"type": "object", "properties": {"mood": {"enum": ["grumpy", "cheerful", "anxious", "relaxed"]}},
         "required": ["mood"], "additionalProperties": False}
 PROMPT = "She had missed the last bus home, it was raining, and her phone was dead. Her mood as JSON: "
-SAMPLES = 300
-CONTROL_SAMPLES = 150  # the mask-after-the-filters control's chi-square was 362 at 400 draws (8 degrees)
+SAMPLES = 200
+CONTROL_SAMPLES = 120  # the mask-after-the-filters control's chi-square was 362 at 400 draws, 137 at 150
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +101,13 @@ def test_a_broken_grammar_engine_fails_the_law_on_gemma(gemma_pair, mood, expect
 
 
 def test_greedy_replies_under_a_schema_are_the_target_alones_on_gemma(gemma_pair) -> None:
-    """The built-in extraction prompts under docs/examples/extract.schema.json, 48 tokens each: the default
-    source and a draft model at K = 4 give the target alone's tokens."""
+    """A built-in extraction prompt under docs/examples/extract.schema.json, 48 tokens: the default source
+    and a draft model at K = 4 give the target alone's tokens (bench's greedy check covers all eight)."""
     target, draft = gemma_pair
     schema = json.loads(open("docs/examples/extract.schema.json").read())
     grammar = Grammar(GrammarSpec.json_schema(schema), target.tokenizer.grammar_vocabulary(), target.n_vocab)
     greedy = SamplingParams(temperature=0)
-    prompts = [prompt.prompt for prompt in load_prompt_set(None, structured=True).prompts][:2]
+    prompts = [prompt.prompt for prompt in load_prompt_set(None, structured=True).prompts][:1]
     for text in prompts:
         prompt = target.tokenizer.tokenize(text)
         replies = {}

@@ -2,6 +2,7 @@
 worker, and a request's prompt, generation limits and drafting as these models take them."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -16,6 +17,9 @@ from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, Spe
 from speccli.server.worker import Speculation, Worker
 from speccli.drafting.registry import default_spec
 from speccli.drafting.registry import uses_draft_model
+
+
+GRAMMARS_KEPT = 16
 
 
 @dataclass
@@ -33,6 +37,10 @@ class Service:
     def __post_init__(self) -> None:
         self.chat_format: ChatFormat = chat_format_for(self.target.tokenizer)[0]
         self.created = int(time.time())
+        # The last GRAMMARS_KEPT schemas and grammars compiled: clients send the same few again and again,
+        # and each keeps what its masks cost to place (core/constraint.py's MaskPositions).
+        self._grammars: dict[GrammarSpec, Grammar] = {}
+        self._grammars_lock = threading.Lock()  # requests compile theirs in threads of their own
 
     @property
     def n_ctx(self) -> int:
@@ -91,10 +99,18 @@ class Service:
         one, in seconds: call it off the event loop)."""
         if spec is None:
             return None
-        try:
-            return Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
-        except GrammarError as error:
-            raise APIError(400, str(error), param="grammar" if spec.kind == "grammar" else "response_format") from None
+        with self._grammars_lock:
+            grammar = self._grammars.pop(spec, None)
+        if grammar is None:
+            try:
+                grammar = Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
+            except GrammarError as error:
+                raise APIError(400, str(error), param="grammar" if spec.kind == "grammar" else "response_format") from None
+        with self._grammars_lock:
+            while len(self._grammars) >= GRAMMARS_KEPT:
+                del self._grammars[next(iter(self._grammars))]
+            self._grammars[spec] = grammar  # the newest last
+        return grammar
 
     def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...],
                    grammar: Grammar | None = None) -> GenerationLimits:
