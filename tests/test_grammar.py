@@ -24,8 +24,6 @@ import jsonschema
 import numpy as np
 import pytest
 
-from speccli.core import constraint as constraint_module
-from speccli.core import generator as generator_module
 from speccli.core.constraint import ConstrainedRows, Constraint, Grammar, GrammarError, GrammarSpec, check_grammar
 from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams, distribution, probabilities
