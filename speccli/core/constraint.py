@@ -18,7 +18,7 @@ the grammar forces are proposed with certainty: accepted with p_G(x), which is 1
 tokenization is legal.
 
 llguidance (the engine of llama.cpp's `--grammar` option `llguidance` and of vLLM's structured output)
-keeps the state and computes each mask: about 20 µs at 150k tokens, measured in docs/results.md.
+keeps the state and computes each mask (its cost per row: docs/results.md#structured-output).
 """
 from __future__ import annotations
 
@@ -62,12 +62,11 @@ class GrammarSpec:
         return GrammarSpec("json_schema", json.dumps({"type": "object"}), "json_object")
 
     def definition(self) -> str:
-        """The grammar as llguidance takes it (checked for errors by `compile_grammar`)."""
+        """The grammar as llguidance takes it (checked for errors by `check_grammar`)."""
         import llguidance
 
         if self.kind == "json_schema":
-            options = JSON_LAYOUT
-            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=JSON_LAYOUT)
         try:
             return llguidance.grammar_from("grammar", self.text)  # Lark, or GBNF converted to Lark
         except ValueError as error:
@@ -113,7 +112,9 @@ class Constraint:
 
     def __init__(self, matcher: Any, n_vocab: int, ends: Sequence[int], positions: MaskPositions) -> None:
         self._matcher, self.n_vocab, self._positions = matcher, n_vocab, positions
-        self._ends = np.array([token for token in ends if token < n_vocab], dtype=np.int64)  # end-of-generation ids
+        ends = np.array([token for token in ends if token < n_vocab], dtype=np.int64)  # end-of-generation ids
+        # Where their bits sit in the mask's words: computed once, not at every row.
+        self._end_words, self._end_bits = ends >> 5, np.left_shift(np.uint32(1), (ends & 31).astype(np.uint32))
         self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)  # llguidance's mask: bit t of word t // 32
         self._words = self._bits[0].view(np.uint32)
         self.depth = 0  # tokens pushed since the last `settle`
@@ -123,12 +124,11 @@ class Constraint:
         from llguidance.numpy import fill_next_token_bitmask
 
         fill_next_token_bitmask(self._matcher, self._bits)
-        words, ends = self._words, self._ends
-        end_bits = np.left_shift(np.uint32(1), (ends & 31).astype(np.uint32))
-        if (words[ends >> 5] & end_bits).any() and not self._matcher.is_accepting():
+        words = self._words
+        if (words[self._end_words] & self._end_bits).any() and not self._matcher.is_accepting():
             # llguidance's way out of a dead end is to allow the end of generation: here that would end an
             # unfinished text as if complete, so the end is taken out again (and `masked` says so).
-            np.bitwise_and.at(words, ends >> 5, ~end_bits)
+            np.bitwise_and.at(words, self._end_words, ~self._end_bits)
         return words
 
     def allowed(self) -> np.ndarray:

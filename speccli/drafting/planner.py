@@ -107,9 +107,9 @@ class Planner:
               policy: KPolicy, constraint: Constraint | None = None) -> Draft:
         """0. Under a grammar, the tokens it forces come first; the sources draft after them, each token
         one the grammar allows (the state advanced along the draft, and left where it was found)."""
-        forced = constraint.forced(limit) if constraint is not None else []
         if constraint is None:
             return self._draft(context, limit, sampling, rng, policy, None)
+        forced = constraint.forced(limit)
         constraint.push(forced)
         try:
             draft = self._draft([*context, *forced], limit - len(forced), sampling, rng, policy, constraint)
