@@ -474,15 +474,15 @@ def test_what_openai_clients_send_and_expect(chat_pair):
     """Conventions of OpenAI's API that its clients rely on: a null is the default; a streamed reply with
     `stream_options.include_usage` ends with a chunk without choices that carries the usage; a model can
     be fetched by its id; an unknown path has code `unknown_url`; and a parameter this server cannot
-    honour is refused (silently ignoring `logprobs` or `tools` would change what the reply means),
+    honour is refused (silently ignoring `logprobs` or `functions` would change what the reply means),
     while the values that ask for nothing pass."""
     good = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     asks_for_nothing = {"temperature": None, "top_p": None, "top_k": None, "min_p": None, "n": None, "stream": None,
                         "stream_options": None, "logprobs": False, "top_logprobs": None, "presence_penalty": 0,
-                        "frequency_penalty": 0.0, "tools": [], "tool_choice": "none", "logit_bias": {},
+                        "frequency_penalty": 0.0, "functions": [], "function_call": "none", "logit_bias": {},
                         "response_format": {"type": "text"}, "user": "someone"}
     unsupported = {"logprobs": True, "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -1,
-                   "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                   "functions": [{"name": "f"}], "function_call": {"name": "f"},
                    "logit_bias": {"17": 5}, "best_of": True}
     with serving(chat_pair) as url:
         status, reply, _ = post(url, "/v1/chat/completions", {**good, **asks_for_nothing})

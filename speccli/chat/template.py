@@ -3,20 +3,21 @@ llama-cpp-python, see speccli/llama/chat_template.py), or a plain "User:/Assista
 models without one."""
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from speccli.llama.chat_template import ChatTemplate, TemplateSyntaxError
 from speccli.llama.tokenizer import Tokenizer
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content; tool_calls or tool_call_id where the server has them
 
 
 class ChatFormat(Protocol):
     stop: tuple[str, ...]  # strings that end a reply, besides the model's end-of-generation tokens
     parse_special: bool  # whether special-token text in the rendering means the special token
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The conversation, and the start of the assistant's reply to it."""
+    def render(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation, and the start of the assistant's reply to it (`tools` for templates that
+        write them)."""
 
 
 class TemplateFormat:
@@ -28,8 +29,8 @@ class TemplateFormat:
     def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
         self._template = ChatTemplate(template, bos_token, eos_token)
 
-    def render(self, messages: Sequence[Message]) -> str:
-        return self._template.render(messages)
+    def render(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> str:
+        return self._template.render(messages, tools)
 
 
 class PlainTranscript:
@@ -38,7 +39,7 @@ class PlainTranscript:
     stop = ("\nUser:",)
     parse_special = False
 
-    def render(self, messages: Sequence[Message]) -> str:
+    def render(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None = None) -> str:
         parts = []
         for message in messages:
             if message["role"] == "system":

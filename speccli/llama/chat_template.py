@@ -4,6 +4,7 @@ speccli's prompts are exactly those `Llama.create_chat_completion` would build (
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jinja2
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -22,10 +23,11 @@ class ChatTemplate:
         except jinja2.TemplateError as error:
             raise TemplateSyntaxError(f"the chat template does not parse ({error})") from None
 
-    def render(self, messages: Sequence[dict[str, str]]) -> str:
-        """The conversation, and the start of the assistant's reply to it (the generation prompt)."""
+    def render(self, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The conversation, and the start of the assistant's reply to it (the generation prompt); `tools`
+        in OpenAI's form, for templates that write them."""
         try:
-            return self._formatter(messages=list(messages)).prompt
+            return self._formatter(messages=list(messages), tools=tools).prompt
         except ValueError as error:  # the template's raise_exception(...)
             raise SpeccliError(f"the chat template refused the conversation: {error}") from None
         except jinja2.TemplateError as error:

@@ -126,13 +126,11 @@ class Tokenizer:
 
             lib = llama_cpp.llama_cpp._lib  # the C functions themselves: llama_cpp's wrappers cost 3x more per call
             buffer = ctypes.create_string_buffer(256)
-            control, user_defined = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL, llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
             pieces, ends = [], []
             for token in range(self.n_vocab):
                 length = lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
                 piece = buffer.raw[:length] if length >= 0 else self.token_bytes(token, special=True)
-                attributes = lib.llama_vocab_get_attr(self._vocab, token)
-                if attributes & control or (attributes & user_defined and piece.startswith(b"<") and piece.endswith(b">")):
+                if self._marks_special(token, piece):
                     piece = b"\xff" + piece
                 pieces.append(piece)
                 if lib.llama_vocab_is_eog(self._vocab, token):
@@ -141,6 +139,18 @@ class Tokenizer:
             self._grammar_vocabulary = llguidance.LLTokenizer.from_llamacpp(
                 tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=ends or [self.eos_id], slices=None)
         return self._grammar_vocabulary
+
+    def _marks_special(self, token: int, piece: bytes) -> bool:
+        """Whether llguidance reads the token as a special one, as its own reader of llama.cpp's vocabularies
+        does: control tokens, and added ones written like <this>."""
+        attributes = llama_cpp.llama_cpp._lib.llama_vocab_get_attr(self._vocab, token)
+        return bool(attributes & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL or (
+            attributes & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<") and piece.endswith(b">")))
+
+    def is_special_text(self, text: str) -> bool:
+        """Whether `text` is one token that grammars name as a special token (`<tool_call>` in Lark)."""
+        tokens = self.tokenize(text, False, True)
+        return len(tokens) == 1 and self._marks_special(tokens[0], text.encode())
 
     @property
     def chat_template(self) -> str | None:

@@ -62,8 +62,8 @@ def create_app(service: Service) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        messages = [message.as_template_message() for message in body.messages]
-        return await _generate(request, body, lambda: service.chat_prompt(messages), chat=True)
+        messages, tools = [message.as_template_message() for message in body.messages], body.tool_request()
+        return await _generate(request, body, lambda: service.chat_prompt(messages, tools), chat=True)
 
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)

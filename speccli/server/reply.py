@@ -11,7 +11,7 @@ from typing import AsyncIterator
 from speccli.core.stats import DoneEvent, RunStats, TokenEvent, drafting_record
 from speccli.core.text import begins_a_stop
 from speccli.server.api_errors import ClientGone, api_error_for
-from speccli.server.schemas import GenerationRequest
+from speccli.server.schemas import ChatCompletionRequest, GenerationRequest
 from speccli.server.service import Service
 from speccli.server.worker import GenerationError, Job, Speculation, Started
 
@@ -55,6 +55,14 @@ class Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.cached_tokens = 0
+        tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
+        self.reads_calls = tools is not None and tools.calls  # whether the reply's text may hold tool calls
+
+    def _content_and_calls(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
+        """The reply's content and tool calls: a reply cut short (by max_tokens) is all content."""
+        if not self.reads_calls or FINISH_REASONS[reason] != "stop":
+            return text, []
+        return self.service.tool_style.read(text)
 
     def _trailing_text(self, done: DoneEvent) -> str:
         """The text held back at the end, less any part of the chat format's end-of-turn marker that a
@@ -72,9 +80,11 @@ class Reply:
                     pieces.append(item.text)
                 elif isinstance(item, DoneEvent):
                     pieces.append(self._trailing_text(item))
-                    choice = {"index": 0, "finish_reason": FINISH_REASONS[item.reason], "logprobs": None}
                     text = "".join(pieces)
-                    choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+                    content, calls = self._content_and_calls(text, item.reason)
+                    choice = {"index": 0, "finish_reason": "tool_calls" if calls else FINISH_REASONS[item.reason], "logprobs": None}
+                    message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+                    choice.update({"message": message} if self.chat else {"text": text})
                     return {**self._envelope("chat.completion" if self.chat else "text_completion"),
                             "choices": [choice], **self._figures(item.stats)}
                 elif isinstance(item, GenerationError):
@@ -85,17 +95,31 @@ class Reply:
         try:
             if self.chat:
                 yield self._chunk({"role": "assistant", "content": ""}, None)
+            text, sent = "", 0  # with tool calls: the reply so far, and how much of it went out as content
             while True:
                 out: list[str] = []
                 for item in items:
                     if isinstance(item, Started):
                         self.cached_tokens = item.cached_tokens
+                    elif isinstance(item, TokenEvent) and item.text and self.reads_calls:
+                        text += item.text
+                        if (shown := self.service.tool_style.shown_so_far(text)) > sent:
+                            out.append(self._chunk({"content": text[sent:shown]}, None))
+                            sent = shown
                     elif isinstance(item, TokenEvent) and item.text:
                         out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
                     elif isinstance(item, DoneEvent):
-                        if trailing := self._trailing_text(item):
+                        finish = FINISH_REASONS[item.reason]
+                        if self.reads_calls:
+                            content, calls = self._content_and_calls(text + self._trailing_text(item), item.reason)
+                            if content and content[sent:]:
+                                out.append(self._chunk({"content": content[sent:]}, None))
+                            if calls:
+                                finish = "tool_calls"
+                                out.append(self._chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None))
+                        elif trailing := self._trailing_text(item):
                             out.append(self._chunk({"content": trailing} if self.chat else trailing, None))
-                        out.append(self._chunk({} if self.chat else "", FINISH_REASONS[item.reason], item.stats))
+                        out.append(self._chunk({} if self.chat else "", finish, item.stats))
                         if self.body.stream_options is not None and self.body.stream_options.include_usage:
                             out.append(self._usage_chunk(item.stats))
                         out.append("data: [DONE]\n\n")

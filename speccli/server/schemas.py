@@ -8,11 +8,13 @@ unless set to what means "off", since ignoring one would change what the respons
 """
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from speccli.drafting.registry import SPECS
+from speccli.server.tools import ToolRequest
 from speccli.validation import MAX_TEMPERATURE, K, MAX_K
 
 
@@ -37,24 +39,102 @@ class TextPart(Strict):
     text: str
 
 
+class FunctionCall(Strict):
+    shape = '{"name": ..., "arguments": "{...}"}'
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's form)
+
+    @field_validator("arguments")
+    @classmethod
+    def _a_json_object(cls, arguments: str) -> str:
+        try:
+            if isinstance(json.loads(arguments), dict):
+                return arguments
+        except ValueError:
+            pass
+        raise ValueError("must be a JSON object, as text")
+
+
+class ToolCall(Strict):
+    shape = '{"id": ..., "type": "function", "function": {...}}'
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
     shape = '{"role": ..., "content": ...}'
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # In this order: each field's check reads the ones before it.
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's calls, as it made them
+    tool_call_id: Optional[str] = Field(None, validate_default=True)  # a tool's result: the call it answers
+    content: Union[str, list[TextPart], None] = Field(None, validate_default=True)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _an_assistants(cls, calls: Any, info: ValidationInfo) -> Any:
+        if calls is not None and info.data.get("role") != "assistant":
+            raise ValueError("only an assistant's message has them")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _a_tools(cls, call_id: Any, info: ValidationInfo) -> Any:
+        if call_id is None and info.data.get("role") == "tool":
+            raise ValueError("a tool's message names the call it answers")
+        return call_id
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_or_parts(cls, content: Any) -> Any:
+    def _text_or_parts(cls, content: Any, info: ValidationInfo) -> Any:
+        if content is None and info.data.get("role") == "assistant" and info.data.get("tool_calls"):
+            return content
         if not isinstance(content, (str, list)):
             raise ValueError(f"must be text, or a list of text parts: {TextPart.shape}")
         return content
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
-    def as_template_message(self) -> dict[str, str]:
+    def as_template_message(self) -> dict[str, Any]:
         # Chat templates know system, user and assistant; OpenAI's "developer" is its new name for system.
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:  # templates write the arguments as JSON themselves
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": json.loads(call.function.arguments)}} for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(Strict):
+    shape = '{"name": ..., "description": ..., "parameters": {...}}'
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
+    strict: Optional[bool] = None  # every call follows the parameters either way
+
+    def definition(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True, exclude={"strict"})
+
+
+class Tool(Strict):
+    shape = '{"type": "function", "function": {...}}'
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Strict):
+    shape = '{"name": ...}'
+    name: str
+
+
+class NamedToolChoice(Strict):
+    shape = '{"type": "function", "function": {"name": ...}}'
+    type: Literal["function"]
+    function: FunctionName
 
 
 class SpeculationControl(Strict):
@@ -93,7 +173,6 @@ class StreamOptions(Strict):
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "tools": (None, []), "tool_choice": (None, "none", "auto"),
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,),
@@ -177,10 +256,45 @@ class GenerationRequest(Strict):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None  # None: "auto" with tools
+    parallel_tool_calls: bool = True
+
+    @field_validator("tools")
+    @classmethod
+    def _named_once(cls, tools: Optional[list[Tool]]) -> Optional[list[Tool]]:
+        names = [tool.function.name for tool in tools or ()]
+        if len(set(names)) < len(names):
+            raise ValueError(f"two are named {next(n for n in names if names.count(n) > 1)!r}")
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_choice_among_the_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        names = [tool.function.name for tool in info.data.get("tools") or ()]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"no tool is named {choice.function.name!r}")
+        if choice not in (None, "none", "auto") and not names:
+            raise ValueError("asks for a tool call, and tools gives none")
+        return choice
+
+    def tool_request(self) -> ToolRequest | None:
+        if not self.tools and self.tool_choice is None:
+            return None
+        choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        return ToolRequest(tuple(tool.function.definition() for tool in self.tools or ()), choice or "auto",
+                           self.parallel_tool_calls)
 
 
 class CompletionRequest(GenerationRequest):
     prompt: Union[str, list[int]]  # text, or token ids taken as they are
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tools(cls, body: Any) -> Any:
+        if isinstance(body, dict) and body.get("tools") not in (None, []):
+            raise ValueError("tools: only chat completions (/v1/chat/completions) call tools")
+        return body
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
 from speccli.core.constraint import Grammar, GrammarError, GrammarSpec, check_grammar
@@ -14,6 +14,7 @@ from speccli.llama.model import Model, shared_context
 from speccli.server.api_errors import APIError
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
+from speccli.server.tools import OPEN, ToolRequest, tool_style_for
 from speccli.server.worker import Speculation, Worker
 from speccli.drafting.registry import default_spec
 from speccli.drafting.registry import uses_draft_model
@@ -35,7 +36,9 @@ class Service:
     api_key: str | None = None  # what `Authorization: Bearer` must carry on every path but /health; None: open
 
     def __post_init__(self) -> None:
-        self.chat_format: ChatFormat = chat_format_for(self.target.tokenizer)[0]
+        tokenizer = self.target.tokenizer
+        self.chat_format: ChatFormat = chat_format_for(tokenizer)[0]
+        self.tool_style = tool_style_for(tokenizer.chat_template, tokenizer.is_special_text(OPEN))
         self.created = int(time.time())
         # The last GRAMMARS_KEPT schemas and grammars compiled: clients send the same few again and again,
         # and each keeps what its masks cost to place (core/constraint.py's MaskPositions).
@@ -58,10 +61,11 @@ class Service:
         k = self.default_speculation.k if control.k is None else control.k
         return Speculation(spec, k)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]:
-        """Tokens for the messages as the target's template renders them, as `speccli chat` tokenizes
-        a conversation's first turn (so the same message gives the same reply)."""
-        return tokenize_rendered(self.target.tokenizer, self.chat_format, self.chat_format.render(messages))
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: ToolRequest | None = None) -> list[int]:
+        """Tokens for the messages (and tools) as the target's template renders them, as `speccli chat`
+        tokenizes a conversation's first turn (so the same message gives the same reply)."""
+        rendered = self.chat_format.render(self.tool_style.prompt_messages(messages, tools), self.tool_style.template_tools(tools))
+        return tokenize_rendered(self.target.tokenizer, self.chat_format, rendered)
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         """Text as the tokenizer reads it (BOS first where the model wants one); token ids as given."""
@@ -73,13 +77,21 @@ class Service:
                            param="prompt")
         return prompt
 
-    @staticmethod
-    def grammar_spec_for(body: GenerationRequest) -> GrammarSpec | None:
+    def grammar_spec_for(self, body: GenerationRequest) -> GrammarSpec | None:
         """What the request's text must follow: `response_format` (OpenAI's), or `grammar` (llama-server's),
         checked (400 naming the field) before the request waits for the worker."""
         form = body.response_format
         if form is not None and form.type != "text" and body.grammar is not None:
             raise APIError(400, "response_format and grammar: give one of them", param="grammar")
+        tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
+        if tools is not None and tools.calls:
+            if body.grammar is not None or (form is not None and form.type != "text"):
+                raise APIError(400, "tools: a reply that may call a tool follows its grammar; leave out "
+                                    "response_format and grammar, or set tool_choice to \"none\"", param="tools")
+            for i, function in enumerate(tools.functions):
+                if "parameters" in function:
+                    _checked(GrammarSpec.json_schema(function["parameters"], f"tools[{i}].function.parameters"), "tools")
+            return _checked(self.tool_style.grammar(tools), "tools")
         if body.grammar is not None:
             spec, field = GrammarSpec("grammar", body.grammar, "grammar"), "grammar"
         elif form is None or form.type == "text":
@@ -88,11 +100,7 @@ class Service:
             spec, field = GrammarSpec.json_object(), "response_format"
         else:
             spec, field = GrammarSpec.json_schema(form.json_schema.schema_, "response_format.json_schema.schema"), "response_format"
-        try:
-            check_grammar(spec)
-        except GrammarError as error:
-            raise APIError(400, str(error), param=field) from None
-        return spec
+        return _checked(spec, field)
 
     def grammar_for(self, spec: GrammarSpec | None) -> Grammar | None:
         """The checked spec for this target's vocabulary (llguidance's reader of it is built at the first
@@ -105,7 +113,8 @@ class Service:
             try:
                 grammar = Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
             except GrammarError as error:
-                raise APIError(400, str(error), param="grammar" if spec.kind == "grammar" else "response_format") from None
+                field = "tools" if spec.name == "tools" else "grammar" if spec.kind == "grammar" else "response_format"
+                raise APIError(400, str(error), param=field) from None
         with self._grammars_lock:
             while len(self._grammars) >= GRAMMARS_KEPT:
                 del self._grammars[next(iter(self._grammars))]
@@ -125,3 +134,11 @@ class Service:
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
             )
         return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings(), grammar)
+
+
+def _checked(spec: GrammarSpec, field: str) -> GrammarSpec:
+    try:
+        check_grammar(spec)
+    except GrammarError as error:
+        raise APIError(400, str(error), param=field) from None
+    return spec

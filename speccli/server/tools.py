@@ -1,0 +1,169 @@
+"""Tool calls (OpenAI's `tools` and `tool_choice`): how a request's tools reach the prompt, the grammar
+that a reply which may or must call one follows, and the calls read back out of the reply's text.
+
+How a model writes a call depends on what it was trained on, which its chat template shows:
+- `hermes` (Qwen 2.5, Hermes, and every template that writes `<tool_call>`): the template renders the
+  tools itself, and a call is `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
+- `json`, for every other template (llama.cpp's "generic" format): the tools are described in a system
+  message, and the whole reply is one JSON object, `{"tool_call": {...}}` or `{"response": "..."}`.
+
+The grammar is the reply's constraint like any other (docs/exactness.md#structured-output): under
+`auto` a hermes reply's text stays free and only a call's JSON is held to its function's parameters.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from speccli.core.constraint import JSON_LAYOUT, GrammarSpec
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A request's tools (OpenAI's function definitions: name, description, parameters) and its choice:
+    "none", "auto", "required", or the one function's name that must be called."""
+
+    functions: tuple[dict[str, Any], ...]
+    choice: str
+    parallel: bool
+
+    @property
+    def calls(self) -> bool:
+        """Whether the reply may call a tool at all."""
+        return bool(self.functions) and self.choice != "none"
+
+    def callable(self) -> list[dict[str, Any]]:
+        named = self.choice not in ("auto", "required")
+        return [f for f in self.functions if f["name"] == self.choice] if named else list(self.functions)
+
+
+@dataclass(frozen=True)
+class ToolStyle:
+    """The way the target writes calls: `hermes` or `json` (above). `marker` is how the grammar names
+    <tool_call>: the special token where the vocabulary has one, else the text."""
+
+    name: str
+    special_markers: bool = False
+
+    def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: ToolRequest | None) -> list[dict[str, Any]]:
+        """The conversation as the template takes it: a hermes template reads tool calls and results
+        itself; otherwise they are written as the JSON replies this style asks for, and the tools go into
+        the system message."""
+        if self.name == "hermes":
+            return list(messages)
+        rendered: list[dict[str, Any]] = []
+        for message in messages:
+            if message.get("tool_calls"):
+                calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in message["tool_calls"]]
+                content = json.dumps({"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}, ensure_ascii=False)
+                message = {"role": "assistant", "content": content}
+            elif message["role"] == "tool":
+                result = {"tool_call_id": message.get("tool_call_id"), "content": message["content"]}
+                message = {"role": "user", "content": json.dumps({"tool_response": result}, ensure_ascii=False)}
+            if rendered and rendered[-1]["role"] == message["role"] != "system":  # templates that insist on turns
+                rendered[-1] = {**rendered[-1], "content": f"{rendered[-1]['content']}\n\n{message['content']}"}
+            else:
+                rendered.append(dict(message))
+        if tools is not None and tools.functions:
+            described = self._described(tools)
+            if rendered and rendered[0]["role"] == "system":
+                rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{described}"}
+            else:
+                rendered.insert(0, {"role": "system", "content": described})
+        return rendered
+
+    def template_tools(self, tools: ToolRequest | None) -> list[dict[str, Any]] | None:
+        """What a hermes template gets as `tools` (OpenAI's form)."""
+        if self.name != "hermes" or tools is None or not tools.functions:
+            return None
+        return [{"type": "function", "function": function} for function in tools.functions]
+
+    def _described(self, tools: ToolRequest) -> str:
+        listed = "\n".join(json.dumps(function, ensure_ascii=False) for function in tools.functions)
+        how = ('To call a tool, reply with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}}'
+               + (', or {"tool_calls": [...]} for several' if tools.parallel else ""))
+        if tools.choice == "auto":
+            how += '; to answer directly, reply {"response": <your answer>}'
+        elif tools.choice == "none":
+            how = 'Do not call a tool now: reply {"response": <your answer>}'
+        return f"You can call these tools:\n{listed}\n\n{how}."
+
+    def grammar(self, tools: ToolRequest) -> GrammarSpec | None:
+        """What a reply must follow when it may call a tool (None when it may not)."""
+        if not tools.calls:
+            return None
+        calls = [_call_schema(function) for function in tools.callable()]
+        if self.name == "json":
+            one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+            called = _object({"tool_call": one})
+            if tools.parallel:
+                called = {"anyOf": [called, _object({"tool_calls": {"type": "array", "items": one, "minItems": 1}})]}
+            if tools.choice == "auto":
+                called = {"anyOf": [called, _object({"response": {"type": "string"}})]}
+            return GrammarSpec.json_schema(called, "tools")
+        open_, close = (OPEN, CLOSE) if self.special_markers else (json.dumps(OPEN), json.dumps(CLOSE))
+        # The template ends a turn right after </tool_call>; the model may write a newline first.
+        start = 'TEXT | TEXT? calls "\\n"?' if tools.choice == "auto" else 'calls "\\n"?'
+        lines = [f"start: {start}",
+                 "calls: call" + (' ("\\n" call)*' if tools.parallel else ""),
+                 "call: " + " | ".join(f"call{i}" for i in range(len(calls))),
+                 "TEXT: /(?s:.+)/"]
+        for i, schema in enumerate(calls):
+            lines.append(f'call{i}: {open_} "\\n" %json {json.dumps({**schema, "x-guidance": JSON_LAYOUT})} "\\n" {close}')
+        return GrammarSpec("grammar", "\n".join(lines) + "\n", "tools")
+
+    def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+        """The reply's content and its calls (OpenAI's `tool_calls`). A text that holds no whole call (one
+        cut by max_tokens) is all content."""
+        try:
+            if self.name == "json":
+                reply = json.loads(text)
+                if "response" in reply:
+                    return reply["response"], []
+                return None, [_call(c) for c in (reply["tool_calls"] if "tool_calls" in reply else [reply["tool_call"]])]
+            before, _, rest = text.partition(OPEN)
+            if not rest:
+                return text, []
+            blocks = [block.partition(CLOSE) for block in (OPEN + rest).split(OPEN)[1:]]
+            if any(not close for _, close, _ in blocks):
+                return text, []
+            return before.rstrip() or None, [_call(json.loads(body)) for body, _, _ in blocks]
+        except (ValueError, KeyError, TypeError):
+            return text, []
+
+    def shown_so_far(self, text: str) -> int:
+        """How much of a reply's text can be streamed as content before it ends: a hermes reply's text up to
+        where a call may begin (whitespace held back: it may lead into one); nothing of a json reply."""
+        if self.name == "json":
+            return 0
+        before = text.partition(OPEN)[0]
+        for cut in range(min(len(OPEN) - 1, len(before)), 0, -1):  # a marker begun at the end
+            if OPEN.startswith(before[-cut:]):
+                before = before[:-cut]
+                break
+        return len(before.rstrip())
+
+
+def _object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+
+def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """A call of `function` as JSON: its name, then arguments that follow its parameters' schema."""
+    return _object({"name": {"const": function["name"]}, "arguments": function.get("parameters") or {"type": "object"}})
+
+
+def _call(call: dict[str, Any]) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+
+
+def tool_style_for(template: str | None, special_marker: bool) -> ToolStyle:
+    """hermes where the chat template writes <tool_call> (and renders `tools`), json otherwise."""
+    if template and OPEN in template and "tools" in template:
+        return ToolStyle("hermes", special_marker)
+    return ToolStyle("json")

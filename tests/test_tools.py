@@ -1,0 +1,215 @@
+"""Tool calls in `speccli serve` (OpenAI's `tools`, `tool_choice`, `parallel_tool_calls`): the grammar a
+reply follows in each of the two styles (speccli/server/tools.py), the calls read back whole and
+streamed, a conversation that carries calls and results, and the 400s. The law under a grammar and its
+proofs are tests/test_grammar.py's: a tool call is one more grammar."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import llguidance
+import pytest
+
+from speccli.core.constraint import Grammar
+from speccli.llama.tokenizer import load_vocab_only
+from speccli.server.tools import OPEN, ToolRequest, ToolStyle, tool_style_for
+from tests.test_server import CHAT_TEMPLATE, MODEL, assert_openai_error, ask, client, post, serving
+from tests.test_qwen_pair import qwen_files  # noqa: F401  (a fixture)
+from tests.tiny_gguf import TinyConfig, spm_vocabulary, write_related_pair
+
+WEATHER_PARAMETERS = {
+    "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+    "properties": {"city": {"type": "string", "maxLength": 10}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+}
+ADD_PARAMETERS = {"type": "object", "required": ["a", "b"], "additionalProperties": False,
+                  "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
+                                            "parameters": WEATHER_PARAMETERS}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMETERS}}
+PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS}
+FUNCTIONS = (WEATHER["function"], ADD["function"])
+CONTEXT = 2048
+
+# A template that writes tools and calls as hermes templates do, in a vocabulary without a <tool_call>
+# token: the markers are text, written in pieces.
+HERMES_TEMPLATE = (
+    "{{ bos_token }}{% if tools %}<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>{% endif %}"
+    "{% for message in messages %}<{{ message['role'] }}>{{ message['content'] }}"
+    "{% for call in message.tool_calls or [] %}<tool_call>{{ call.function | tojson }}</tool_call>{% endfor %}"
+    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def tools_pair(directory: Path, template: str) -> tuple[Path, Path]:
+    vocab = replace(spm_vocabulary(512), chat_template=template)  # tools take room: a longer context
+    return write_related_pair(directory, target_layers=4, draft_layers=2,
+                              config=TinyConfig(vocab=vocab, context_length=CONTEXT), name=directory.name)
+
+
+@pytest.fixture(scope="module")
+def json_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    return tools_pair(tiny_dir / "tools_json", CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def hermes_pair(tiny_dir: Path) -> tuple[Path, Path]:
+    return tools_pair(tiny_dir / "tools_hermes", HERMES_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def qwen_vocabulary(qwen_files):
+    with load_vocab_only(qwen_files.target_path) as tokenizer:
+        yield tokenizer
+
+
+def accepts(tokenizer, grammar: Grammar, text: str) -> bool:
+    """Whether a fresh matcher takes the text's tokens (as the model would write them) and may end there."""
+    matcher = llguidance.LLMatcher(tokenizer.grammar_vocabulary(), grammar.definition, log_level=0)
+    return all(matcher.consume_token(token) for token in tokenizer.tokenize(text, False, True)) and matcher.is_accepting()
+
+
+def hermes(*calls: tuple[str, dict]) -> str:
+    return "\n".join(f'{OPEN}\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>' for name, arguments in calls)
+
+
+PARIS, SUM = ("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a": 1, "b": 2})
+
+
+@pytest.mark.parametrize("choice, parallel, text, allowed", [
+    ("auto", True, "It is sunny.", True),
+    ("auto", True, "Let me look.\n" + hermes(PARIS), True),
+    ("auto", True, hermes(PARIS, SUM) + "\n", True),
+    ("auto", False, hermes(PARIS, SUM), False),  # one call at most
+    ("required", True, "It is sunny.", False),
+    ("required", True, hermes(SUM), True),
+    ("add", True, hermes(PARIS), False),  # the one function named
+    ("add", True, hermes(SUM), True),
+    ("required", True, hermes(("get_weather", {"city": "Paris"})), False),  # a required argument missing
+    ("required", True, hermes(("get_weather", {"city": "Paris", "unit": "kelvin"})), False),
+    ("required", True, hermes(("get_weather", {"city": "Paris", "unit": "celsius", "x": 1})), False),
+    ("required", True, hermes(("send_mail", {})), False),
+])
+def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabulary, choice, parallel, text, allowed):
+    """On Qwen 2.5's vocabulary, whose template writes <tool_call> as a token of its own."""
+    style = tool_style_for(qwen_vocabulary.chat_template, qwen_vocabulary.is_special_text(OPEN))
+    assert style == ToolStyle("hermes", special_markers=True)
+    spec = style.grammar(ToolRequest(FUNCTIONS, choice, parallel))
+    assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
+
+
+def test_a_hermes_reply_reads_back_as_content_and_calls():
+    style = ToolStyle("hermes", True)
+    content, calls = style.read("Let me look.\n" + hermes(PARIS, SUM) + "\n")
+    assert content == "Let me look."
+    assert [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in calls] == [PARIS, SUM]
+    assert all(call["type"] == "function" and call["id"].startswith("call_") for call in calls)
+    assert len({call["id"] for call in calls}) == 2
+    assert style.read("It is sunny.") == ("It is sunny.", [])
+    cut = "Sure.\n" + hermes(PARIS)[:30]  # max_tokens ended it inside a call: all of it is content
+    assert style.read(cut) == (cut, [])
+    # Streamed: the text up to where a call may begin, whitespace held back (it may lead into one).
+    assert [style.shown_so_far(text) for text in ("Sure", "Sure \n", "Sure <tool", "Sure.\n<tool_call>\n{", "a < b")] == [4, 4, 4, 5, 5]
+
+
+def test_other_templates_get_the_tools_in_a_system_message_and_reply_in_json():
+    style = tool_style_for("{{ messages }}", False)
+    assert style == ToolStyle("json")
+    tools = ToolRequest((ADD["function"],), "auto", False)
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    assert style.prompt_messages(conversation, tools) == [
+        {"role": "system", "content": "Be brief.\n\nYou can call these tools:\n" + json.dumps(ADD["function"]) +
+         '\n\nTo call a tool, reply with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}}; '
+         'to answer directly, reply {"response": <your answer>}.'},
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": '{"tool_call": {"name": "add", "arguments": {"a": 1, "b": 2}}}'},
+        {"role": "user", "content": '{"tool_response": {"tool_call_id": "c1", "content": "3"}}\n\nThanks.'},  # turns alternate
+    ]
+    assert style.read('{"response": "3"}') == ("3", [])
+    content, calls = style.read('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}')
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
+
+
+def valid_calls(message, named: str | None = None) -> int:
+    assert message.content is None
+    for call in message.tool_calls:
+        assert named in (None, call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+    return len(message.tool_calls)
+
+
+@pytest.mark.parametrize("pair", ["json_pair", "hermes_pair"])
+def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, request):
+    """The tiny pair's replies are noise, so only the grammar makes them calls: every reply that ends is
+    one or more calls of the functions offered, with arguments their parameters allow, in either style."""
+    with serving(request.getfixturevalue(pair), n_ctx=CONTEXT) as url:
+        c = client(url)
+        calls = 0
+        for choice, parallel in (("required", True), ({"type": "function", "function": {"name": "add"}}, False)):
+            named = None if choice == "required" else "add"
+            for temperature, seed in ((0, 0), (0.8, 1), (1.5, 2)):
+                reply = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice, parallel_tool_calls=parallel,
+                            temperature=temperature, seed=seed, max_tokens=200)
+                if reply.choices[0].finish_reason == "length":
+                    continue
+                assert reply.choices[0].finish_reason == "tool_calls"
+                calls += valid_calls(reply.choices[0].message, named)
+                assert parallel or len(reply.choices[0].message.tool_calls) == 1
+        assert calls >= 4
+        # The control: without the grammar (tool_choice "none") the same noise calls nothing.
+        unconstrained = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice="none", max_tokens=60).choices[0]
+        assert unconstrained.message.tool_calls is None and unconstrained.finish_reason in ("stop", "length")
+        for choice in ("required", "auto"):
+            whole = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice, max_tokens=200).choices[0]
+            chunks = [chunk.choices[0] for chunk in ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice,
+                                                         max_tokens=200, stream=True) if chunk.choices]
+            assert "".join(chunk.delta.content or "" for chunk in chunks) == (whole.message.content or "")
+            streamed = [call for chunk in chunks for call in chunk.delta.tool_calls or ()]
+            assert [(call.function.name, call.function.arguments) for call in streamed] == \
+                [(call.function.name, call.function.arguments) for call in whole.message.tool_calls or ()]
+            assert chunks[-1].finish_reason == whole.finish_reason
+
+
+def test_a_conversation_carries_calls_and_their_results(hermes_pair):
+    """An assistant's calls and the tools' results go back through the template, as the client sends them."""
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'}]
+    with serving(hermes_pair, n_ctx=CONTEXT) as url:
+        reply = client(url).chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8, temperature=0)
+        assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+@pytest.mark.parametrize("fields, param, message", [
+    ({"tool_choice": {"type": "function", "function": {"name": "send_mail"}}}, "tool_choice", "tool_choice: no tool is named 'send_mail'"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice", "tool_choice: asks for a tool call, and tools gives none"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "tools: two are named 'get_weather'"),
+    ({"response_format": {"type": "json_object"}}, "tools",
+     'tools: a reply that may call a tool follows its grammar; leave out response_format and grammar, or set tool_choice to "none"'),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
+     "tools", "tools[0].function.parameters: at /type: Invalid type: objekt"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools.0.function.name", None),
+    ({"messages": [{"role": "tool", "content": "3"}]}, "messages.0.tool_call_id", "messages.0.tool_call_id: a tool's message names the call it answers"),
+    ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages.0.tool_calls", "messages.0.tool_calls: only an assistant's message has them"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{x"}}]}]},
+     "messages.0.tool_calls.0.function.arguments", "messages.0.tool_calls.0.function.arguments: must be a JSON object, as text"),
+])
+def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(json_pair, fields, param, message):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": [WEATHER], **fields}
+    with serving(json_pair, n_ctx=CONTEXT) as url:
+        status, error, _ = post(url, "/v1/chat/completions", body)
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == param
+        if message is not None:
+            assert error["error"]["message"] == message
+        status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "tools": [WEATHER]})
+        assert_openai_error(status, error, 400)
+        assert error["error"]["message"] == "tools: only chat completions (/v1/chat/completions) call tools"
