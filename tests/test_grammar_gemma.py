@@ -30,8 +30,11 @@ from tests.token_distribution import chi_square_p_value
 CHAT = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 # Moods the model itself would hardly write: its raw top tokens are others (98% of the filtered mass), so
 # filtering before masking keeps a few legal tokens by the raw row's cut-offs, not the law's.
+# Its layout fixed (a schema's own `x-guidance` settings come first), so that `{"mood": "` is forced and
+# the first free token is inside the value.
 MOOD = {"type": "object", "properties": {"mood": {"enum": ["grumpy", "cheerful", "anxious", "relaxed"]}},
-        "required": ["mood"], "additionalProperties": False}
+        "required": ["mood"], "additionalProperties": False,
+        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
 PROMPT = "She had missed the last bus home, it was raining, and her phone was dead. Her mood as JSON: "
 SAMPLES = 200
 CONTROL_SAMPLES = 120  # the mask-after-the-filters control's chi-square was 362 at 400 draws, 137 at 150

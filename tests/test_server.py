@@ -546,7 +546,7 @@ def test_a_json_schema_reply_follows_the_schema_whole_streamed_and_at_any_temper
         pieces = [chunk.choices[0].delta.content or "" for chunk in
                   ask(c, "Describe someone", max_tokens=120, response_format=form, stream=True) if chunk.choices]
         assert "".join(pieces) == whole
-        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 60, "temperature": 0,
+        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 200, "temperature": 0,
                                                          "response_format": {"type": "json_object"}})
         assert status == 200 and isinstance(json.loads(reply["choices"][0]["text"]), dict), reply
         status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,

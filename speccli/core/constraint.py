@@ -30,10 +30,11 @@ import numpy as np
 
 from speccli.errors import SpeccliError
 
-# JSON laid out as Python's json.dumps writes it, on one line: {"a": 1, "b": [2, 3]}. Fixed separators
-# make the text between values forced, so it is drafted for free, and leave a small model no whitespace
-# to pad forever in (llguidance's default allows any amount between any two tokens).
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON's whitespace as llama.cpp's schema grammars allow it (its SPACE_RULE): between any two tokens,
+# nothing, a space, or one or two newlines and an indent of up to 20, so a schema means the same language
+# in both and the model lays JSON out as it would (compact, one line, or indented). Bounded: llguidance's
+# default allows any amount, which a small model can pad forever in.
+JSON_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": r"(?: |\n{1,2}[ \t]{0,20})?"}
 
 
 class GrammarError(SpeccliError):
@@ -66,7 +67,9 @@ class GrammarSpec:
         import llguidance
 
         if self.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=JSON_LAYOUT)
+            # A schema's own layout (its "x-guidance" settings, llguidance's) replaces this one whole.
+            own = "x-guidance" in json.loads(self.text)
+            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=None if own else JSON_LAYOUT)
         try:
             return llguidance.grammar_from("grammar", self.text)  # Lark, or GBNF converted to Lark
         except ValueError as error:

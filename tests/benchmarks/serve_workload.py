@@ -12,7 +12,9 @@ same kind of requests with other facts, or other seeds):
   json        one system prompt with a fixed JSON schema, over 24 short generated biographies;
   regenerate  one story request 6 times (temperature --temp, a seed per request): figures for the first
               and for the rest;
-  agent       12 steps of a loop in one action format, each prompt carrying the steps so far.
+  agent       12 steps of a loop in one action format, each prompt carrying the steps so far;
+  structured  bench's 8 extraction prompts under docs/examples/extract.schema.json (speccli gets it as
+              `response_format`, llama-server as its `json_schema` field: both on /v1/completions).
 Each configuration runs each workload once per round, in an order that alternates round by round.
 Each request goes to /v1/completions as the token ids speccli's chat would send the target (`Prompts`),
 and is timed end to end by the client (the openai package); tokens are the response's
@@ -22,7 +24,7 @@ ratio to the same tool's target alone in the same round (median of the rounds' r
 llama-server is the vendored tree's (`--llama-bin`, default /work/llama.cpp-tools/bin; built as
 tests/benchmarks/loop_overhead.py says, target `llama-server`), run with the same context, threads and
 sampling; `ngram-mod` is its cross-request n-gram pool (`--spec-type ngram-mod`), the closest thing
-llama.cpp has to this store.
+llama.cpp has to this store; `draft:N` is its draft model (--draft) at `--spec-draft-n-max N`.
 """
 from __future__ import annotations
 
@@ -91,7 +93,15 @@ def agent_workload(variant: int = 0) -> list[dict]:
     return requests
 
 
-WORKLOADS = {"json": json_workload, "regenerate": regenerate_workload, "agent": agent_workload}
+def structured_workload(variant: int = 0) -> list[dict]:
+    schema = json.loads((ROOT / "docs/examples/extract.schema.json").read_text())
+    lines = (ROOT / "speccli/data/bench_structured.jsonl").read_text().splitlines()
+    prompts = [json.loads(line)["prompt"] for line in lines[variant:] + lines[:variant]]
+    return [{"messages": [{"role": "user", "content": prompt}], "schema": schema} for prompt in prompts]
+
+
+WORKLOADS = {"json": json_workload, "regenerate": regenerate_workload, "agent": agent_workload,
+             "structured": structured_workload}
 
 
 def free_port() -> int:
@@ -146,7 +156,9 @@ def speccli_server(args, spec: str, cache: str | None = None) -> Server:
 
 def llama_server(args, spec: str) -> Server:
     port = free_port()
-    spec_args = ["--spec-type", spec] if spec != "alone" else []
+    kind, _, n_max = spec.partition(":")
+    spec_args = [] if spec == "alone" else ["--spec-type", kind] if not n_max else \
+        ["--spec-type", "draft-simple", "-md", str(args.draft), "--spec-draft-n-max", n_max]
     return Server([str(Path(args.llama_bin) / "llama-server"), "-m", str(args.target), "-c", str(args.ctx),
                    "-t", str(args.threads), "-np", "1", "--host", "127.0.0.1", "--port", str(port), "--no-webui",
                    *spec_args], port)
@@ -175,16 +187,22 @@ def run_workload(server: Server, requests: list[dict], args, alone: bool = False
     model = client.models.list().data[0].id  # speccli serves the target by its name, and no other
     # chat's sampling settings, which are also llama-server's defaults, given to both
     extra = {"top_k": 40, "min_p": 0.05, **({"speculative": {"enabled": False}} if alone else {})}
+    def schema_of(request: dict) -> dict:  # llama-server's field, and OpenAI's
+        return {"json_schema": request["schema"], "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": request["schema"]}}} if "schema" in request else {}
+
     # Unmeasured: a server's first request pays one-time costs (speccli's `auto` times the pair's decode
-    # sizes once; both warm caches), which a long-running server pays once in all.
+    # sizes once; both warm caches; speccli reads the vocabulary for grammars once), which a long-running
+    # server pays once in all.
     client.completions.create(model=model, prompt=args.prompts.ids([{"role": "user", "content": "Hello"}]), max_tokens=8,
-                              temperature=0, extra_body=extra)
+                              temperature=0, extra_body={**extra, **schema_of(requests[0])})
     done = []
     for request in requests:
         started = time.perf_counter()
+        schema = schema_of(request)
         reply = client.completions.create(model=model, prompt=args.prompts.ids(request["messages"]), max_tokens=args.max_tokens,
                                           temperature=args.temp, top_p=0.95, seed=request.get("seed", 0),
-                                          stop=list(args.prompts.format.stop) or None, extra_body=extra)
+                                          stop=list(args.prompts.format.stop) or None, extra_body={**extra, **schema})
         done.append((reply.usage.completion_tokens, time.perf_counter() - started, reply.choices[0].text))
     return done
 
@@ -249,12 +267,12 @@ def main() -> None:
                     later = statistics.median(rate(r[1:]) / rate(a[1:]) for r, a in zip(runs, alone))
                     line += f"  (requests 2-6: {later:.2f}×)"
             print(line)
-        best = max((spec for tool, spec in configurations if tool == "speccli" and spec != "alone"),
-                   key=lambda spec: statistics.median(rate(r) for r in figures[("speccli", spec, name)]), default=None)
-        if best and ("llama", "ngram-mod") in configurations:
-            ratio = statistics.median(rate(s) / rate(l) for s, l in zip(figures[("speccli", best, name)], figures[("llama", "ngram-mod", name)]))
-            print(f"  speccli {best} / llama-server ngram-mod: {ratio:.2f}×")
-
+        llama_best = max((spec for tool, spec in configurations if tool == "llama"),
+                         key=lambda spec: statistics.median(rate(r) for r in figures[("llama", spec, name)]), default=None)
+        for tool, spec in configurations:
+            if llama_best and tool == "speccli" and spec != "alone":
+                ratio = statistics.median(rate(s) / rate(l) for s, l in zip(figures[(tool, spec, name)], figures[("llama", llama_best, name)]))
+                print(f"  speccli {spec} / llama-server's best ({llama_best}): {ratio:.2f}×")
 
 if __name__ == "__main__":
     main()
