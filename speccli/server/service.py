@@ -14,7 +14,7 @@ from speccli.llama.model import Model, shared_context
 from speccli.server.api_errors import APIError
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
-from speccli.server.tools import OPEN, ToolRequest, tool_style_for
+from speccli.server.tools import CLOSE, OPEN, ToolRequest, tool_style_for
 from speccli.server.worker import Speculation, Worker
 from speccli.drafting.registry import default_spec
 from speccli.drafting.registry import uses_draft_model
@@ -38,7 +38,7 @@ class Service:
     def __post_init__(self) -> None:
         tokenizer = self.target.tokenizer
         self.chat_format: ChatFormat = chat_format_for(tokenizer)[0]
-        self.tool_style = tool_style_for(tokenizer.chat_template, tokenizer.is_special_text(OPEN))
+        self.tool_style = tool_style_for(tokenizer.chat_template, all(map(tokenizer.is_special_text, (OPEN, CLOSE))))
         self.created = int(time.time())
         # The last GRAMMARS_KEPT schemas and grammars compiled: clients send the same few again and again,
         # and each keeps what its masks cost to place (core/constraint.py's MaskPositions).

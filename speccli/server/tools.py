@@ -43,8 +43,8 @@ class ToolRequest:
 
 @dataclass(frozen=True)
 class ToolStyle:
-    """The way the target writes calls: `hermes` or `json` (above). `marker` is how the grammar names
-    <tool_call>: the special token where the vocabulary has one, else the text."""
+    """The way the target writes calls: `hermes` or `json` (above). `special_markers`: the grammar names
+    <tool_call> and </tool_call> as the vocabulary's special tokens (else as text)."""
 
     name: str
     special_markers: bool = False

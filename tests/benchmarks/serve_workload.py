@@ -260,19 +260,23 @@ def main() -> None:
         for tool, spec in configurations:
             runs = figures[(tool, spec, name)]
             alone = figures.get((tool, "alone", name))
-            line = f"  {tool:8} {spec:14} {statistics.median(rate(r) for r in runs):7.1f} tok/s"
+            per_reply = statistics.median(sum(seconds for _, seconds, _ in r) / len(r) for r in runs)
+            line = f"  {tool:8} {spec:14} {statistics.median(rate(r) for r in runs):7.1f} tok/s {per_reply:6.2f} s/reply"
             if alone and spec != "alone":
                 line += f"  {statistics.median(rate(r) / rate(a) for r, a in zip(runs, alone)):5.2f}×"
                 if name == "regenerate":
                     later = statistics.median(rate(r[1:]) / rate(a[1:]) for r, a in zip(runs, alone))
                     line += f"  (requests 2-6: {later:.2f}×)"
             print(line)
-        llama_best = max((spec for tool, spec in configurations if tool == "llama"),
-                         key=lambda spec: statistics.median(rate(r) for r in figures[("llama", spec, name)]), default=None)
+        llama_best = max((spec for tool, spec in configurations if tool == "llama"),  # the fastest per reply
+                         key=lambda spec: -statistics.median(sum(x[1] for x in r) for r in figures[("llama", spec, name)]), default=None)
         for tool, spec in configurations:
             if llama_best and tool == "speccli" and spec != "alone":
-                ratio = statistics.median(rate(s) / rate(l) for s, l in zip(figures[(tool, spec, name)], figures[("llama", llama_best, name)]))
-                print(f"  speccli {spec} / llama-server's best ({llama_best}): {ratio:.2f}×")
+                pairs = list(zip(figures[(tool, spec, name)], figures[("llama", llama_best, name)]))
+                ratio = statistics.median(rate(s) / rate(l) for s, l in pairs)
+                in_time = statistics.median(sum(x[1] for x in l) / sum(x[1] for x in s) for s, l in pairs)
+                print(f"  speccli {spec} / llama-server's best ({llama_best}): {ratio:.2f}× in tok/s, {in_time:.2f}× in time")
+
 
 if __name__ == "__main__":
     main()
