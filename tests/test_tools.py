@@ -132,6 +132,8 @@ def test_other_templates_get_the_tools_in_a_system_message_and_reply_in_json():
         {"role": "assistant", "content": '{"tool_call": {"name": "add", "arguments": {"a": 1, "b": 2}}}'},
         {"role": "user", "content": '{"tool_response": {"tool_call_id": "c1", "content": "3"}}\n\nThanks.'},  # turns alternate
     ]
+    untold = style.prompt_messages(conversation, ToolRequest(tools.functions, "none", False))  # "none": no tools told
+    assert untold[0] == {"role": "system", "content": "Be brief."} and len(untold) == 4
     assert style.read('{"response": "3"}') == ("3", [])
     content, calls = style.read('{"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}')
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
@@ -186,6 +188,9 @@ def test_a_conversation_carries_calls_and_their_results(hermes_pair):
     with serving(hermes_pair, n_ctx=CONTEXT) as url:
         reply = client(url).chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=8, temperature=0)
         assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        status, reply, _ = post(url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "tools": [WEATHER],
+                                                              "tool_choice": None, "parallel_tool_calls": None, "max_tokens": 8})
+        assert status == 200, reply  # a null is the default, as for every other field
 
 
 @pytest.mark.parametrize("fields, param, message", [

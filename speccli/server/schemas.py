@@ -258,7 +258,7 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
     tools: Optional[list[Tool]] = None
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None  # None: "auto" with tools
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: Optional[bool] = None  # None: true, as OpenAI has it
 
     @field_validator("tools")
     @classmethod
@@ -283,7 +283,7 @@ class ChatCompletionRequest(GenerationRequest):
             return None
         choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         return ToolRequest(tuple(tool.function.definition() for tool in self.tools or ()), choice or "auto",
-                           self.parallel_tool_calls)
+                           self.parallel_tool_calls is not False)
 
 
 class CompletionRequest(GenerationRequest):

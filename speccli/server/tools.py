@@ -51,8 +51,8 @@ class ToolStyle:
 
     def prompt_messages(self, messages: Sequence[dict[str, Any]], tools: ToolRequest | None) -> list[dict[str, Any]]:
         """The conversation as the template takes it: a hermes template reads tool calls and results
-        itself; otherwise they are written as the JSON replies this style asks for, and the tools go into
-        the system message."""
+        itself; otherwise they are written as the JSON replies this style asks for, and the tools that may
+        be called go into the system message."""
         if self.name == "hermes":
             return list(messages)
         rendered: list[dict[str, Any]] = []
@@ -68,7 +68,7 @@ class ToolStyle:
                 rendered[-1] = {**rendered[-1], "content": f"{rendered[-1]['content']}\n\n{message['content']}"}
             else:
                 rendered.append(dict(message))
-        if tools is not None and tools.functions:
+        if tools is not None and tools.calls:
             described = self._described(tools)
             if rendered and rendered[0]["role"] == "system":
                 rendered[0] = {**rendered[0], "content": f"{rendered[0]['content']}\n\n{described}"}
@@ -77,8 +77,8 @@ class ToolStyle:
         return rendered
 
     def template_tools(self, tools: ToolRequest | None) -> list[dict[str, Any]] | None:
-        """What a hermes template gets as `tools` (OpenAI's form)."""
-        if self.name != "hermes" or tools is None or not tools.functions:
+        """What a hermes template gets as `tools` (OpenAI's form): none where none may be called."""
+        if self.name != "hermes" or tools is None or not tools.calls:
             return None
         return [{"type": "function", "function": function} for function in tools.functions]
 
@@ -88,8 +88,6 @@ class ToolStyle:
                + (', or {"tool_calls": [...]} for several' if tools.parallel else ""))
         if tools.choice == "auto":
             how += '; to answer directly, reply {"response": <your answer>}'
-        elif tools.choice == "none":
-            how = 'Do not call a tool now: reply {"response": <your answer>}'
         return f"You can call these tools:\n{listed}\n\n{how}."
 
     def grammar(self, tools: ToolRequest) -> GrammarSpec | None:
