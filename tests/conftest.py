@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from speccli.core.stats import StepEvent
-from speccli.llama.model import LoadOptions, Model
+from speccli.llama.model import KVSequence, LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 from speccli.core.seam import CostProfile, Draft, DraftCosts
@@ -178,16 +178,16 @@ class MemoryBoundAutoK(AutoK):
 
 def widest_verify_timings(monkeypatch: pytest.MonkeyPatch, target: Path) -> list[int]:
     """A list that gets an entry for every timed decode of 25 rows of `target` from now on: a cost
-    profile's widest verify (`Model.time_decode`, the cost probe)."""
+    profile's widest verify (`KVSequence.time_decode`, the cost probe, a model's own included)."""
     timings = []
-    time_decode = Model.time_decode
+    time_decode = KVSequence.time_decode
 
     def counting(model, tokens, n_logit_rows):
         if model.path == target and len(tokens) == 25:
             timings.append(n_logit_rows)
         return time_decode(model, tokens, n_logit_rows)
 
-    monkeypatch.setattr(Model, "time_decode", counting)
+    monkeypatch.setattr(KVSequence, "time_decode", counting)
     return timings
 
 

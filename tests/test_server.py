@@ -951,16 +951,17 @@ def test_a_file_name_that_is_not_utf8_is_served_under_an_escaped_id():
     json.dumps(model_id_for("/m/h\udcffx.gguf")).encode()
 
 
-def test_the_queue_admits_fills_withdraws_and_stops_by_its_rules_without_a_thread():
-    """Worker.admit / submit / withdraw / cancel / stop / lose, driven directly (no generation thread, no
-    models): --queue 1 is one place running and one waiting; a stop tells each waiting job why (503)
-    and refuses every later request; a lost server refuses with its reason."""
+def test_the_queue_admits_fills_withdraws_and_stops_by_its_rules_without_a_thread(tiny_model):
+    """Worker.admit / submit / withdraw / cancel / stop / lose, driven directly (no generation thread, a
+    model that never decodes): --queue 1 is one place running and one waiting; a stop tells each waiting
+    job why (503) and refuses every later request; a lost server refuses with its reason."""
     from speccli.server.worker import Job, LostError, QueueFullError, ShuttingDownError, StoppedGeneration, Worker
 
     loop = asyncio.new_event_loop()
     try:
         metrics = Metrics()
-        worker = Worker(None, None, max_waiting=1, metrics=metrics)
+        model = Model(tiny_model, LoadOptions(n_ctx=64, n_threads=1))
+        worker = Worker(model, None, max_waiting=1, metrics=metrics)
 
         def job() -> Job:
             return Job([1], GenerationLimits(4), SamplingParams(), None, Speculation(None, None), loop)
@@ -991,7 +992,7 @@ def test_the_queue_admits_fills_withdraws_and_stops_by_its_rules_without_a_threa
         assert (waiting(), outcome("cancelled")) == (0, 2)
         with pytest.raises(ShuttingDownError):
             worker.admit()
-        lost = Worker(None, None, max_waiting=1, metrics=Metrics())
+        lost = Worker(model, None, max_waiting=1, metrics=Metrics())
         lost.lose("the RPC server at 10.0.0.2:50052 went away")
         with pytest.raises(LostError, match="went away"):
             lost.admit()
@@ -1127,21 +1128,21 @@ def test_stopping_the_server_stops_a_long_prompts_prefill_between_batches(endles
         service = build_service(MODEL, target, None, ServeSettings(port=0, spec="ngram", k=3))
         url = stack.enter_context(serving_in_thread(service))
         decoding, release, decodes = threading.Event(), threading.Event(), []
-        real_decode = target.decode
+        real_decode = target.decode_together
 
-        def held_decode(tokens, n_logit_rows=1):  # the first batch waits until the shutdown has begun
-            decodes.append(len(tokens))
+        def held_decode(parts):  # the first batch waits until the shutdown has begun
+            decodes.append(sum(len(tokens) for _, tokens, _ in parts))
             decoding.set()
             release.wait(timeout=30)
-            return real_decode(tokens, n_logit_rows)
+            return real_decode(parts)
 
-        target.decode = held_decode
+        target.decode_together = held_decode
         with ThreadPoolExecutor(2) as pool:
             answer = pool.submit(post, url, "/v1/completions", {"model": MODEL, "prompt": "sing " * 1000, "max_tokens": 2})
             assert decoding.wait(timeout=30)
             stopping = pool.submit(service.worker.stop)
             deadline = time.monotonic() + 10
-            while not service.worker._running.cancelled.is_set():
+            while not service.worker.running[0].cancelled.is_set():
                 assert time.monotonic() < deadline, "the running request was never cancelled"
                 time.sleep(0.01)
             release.set()

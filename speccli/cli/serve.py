@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from speccli.cli.options import KOption, RememberOption, SpecOption, checked, with_pair_options
-from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, api_key_for, check_api_key
+from speccli.validation import API_KEY_VARIABLE, CHAT_CTX, DEFAULT_PARALLEL, api_key_for, check_api_key
 
 if TYPE_CHECKING:
     from speccli.models.pair import PairRequest
@@ -20,7 +20,10 @@ def serve(
     k: KOption = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (default: loopback only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8080,
-    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while one runs (0: none); more get 503.")] = 16,
+    parallel: Annotated[int, typer.Option(
+        "--parallel", "-np", help="Requests generated at once, their decodes batched; --ctx is split between them.",
+    )] = DEFAULT_PARALLEL,
+    queue: Annotated[int, typer.Option("--queue", help="Requests that may wait while the slots run (0: none); more get 503.")] = 16,
     api_key: Annotated[
         Optional[str],
         typer.Option(
@@ -35,8 +38,8 @@ def serve(
     from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, open_models, run_server
 
     api_key = api_key_for(api_key)
-    ServeSettings(host=host, port=port, max_waiting=queue).validate()
-    request = replace(pair_request, spec=spec)
+    ServeSettings(host=host, port=port, max_waiting=queue, parallel=parallel).validate()
+    request = replace(pair_request, spec=spec, n_seq=parallel)
     request.validate()
     sock = bind(host, port)  # before loading: a port in use fails at once
     if (warning := exposure_warning(host, sock.getsockname()[0], api_key)) is not None:
@@ -44,11 +47,12 @@ def serve(
     with open_models(request) as (model_id, loaded):
         resolved = loaded.resolved
         settings = ServeSettings(
-            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue,
+            host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue, parallel=parallel,
             api_key=api_key, remember=resolved.remember if remember is None else remember,
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.
-        context = f"{loaded.target.n_ctx}-token context{', API key required' if api_key else ''}"
+        slots = f"{parallel} slots of " if parallel > 1 else ""
+        context = f"{slots}{loaded.target.n_ctx_seq}-token context{', API key required' if api_key else ''}"
         run_server(service, sock, lambda url: typer.echo(
             f"serving {model_id} (--spec {settings.spec}, --k {settings.k}, {context}) at {url}/v1 · Ctrl-C stops", err=True))

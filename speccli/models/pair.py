@@ -49,6 +49,7 @@ class PairRequest:
     rpc: tuple[Endpoint, ...] | None = None  # --rpc: RPC servers for the target; None: the pair's
     rpc_draft: bool = False  # the draft on them too
     tensor_split: tuple[float, ...] = ()  # --tensor-split, the target's
+    n_seq: int = 1  # sequences each model's cache holds (serve's --parallel), sharing n_ctx
 
     def validate(self) -> None:
         """Cheap checks, before any file is read (the same ones the command line runs as it parses)."""
@@ -110,7 +111,7 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     def options(requested_layers: int | None, pair_layers: int, *, remote: bool,
                 tensor_split: tuple[float, ...] = ()) -> LoadOptions:
         layers = pair_layers if requested_layers is None else requested_layers
-        return LoadOptions(n_ctx=n_ctx, n_threads=request.n_threads, n_gpu_layers=layers,
+        return LoadOptions(n_ctx=n_ctx, n_threads=request.n_threads, n_gpu_layers=layers, n_seq=request.n_seq,
                            rpc=servers if remote else (), tensor_split=tensor_split)
 
     target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers,

@@ -33,7 +33,7 @@ from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
 from speccli.util.format import escape_undecodable
 from speccli.drafting.registry import check_spec, require_draft_model
-from speccli.validation import API_KEY_VARIABLE, AUTO_K, K, check_api_key, check_listen
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, DEFAULT_PARALLEL, K, check_api_key, check_listen
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,16 @@ class ServeSettings:
     port: int = 8080
     spec: str = DEFAULT_SPEC
     k: K = AUTO_K
-    max_waiting: int = 16  # requests that may wait while one runs; more get 503
+    max_waiting: int = 16  # requests that may wait while the slots run; more get 503
+    parallel: int = DEFAULT_PARALLEL  # slots: requests generated at once
     api_key: str | None = None  # clients must send `Authorization: Bearer KEY` (all but /health); None: open
     remember: bool = False  # earlier replies kept on disk for the suffix source (`--remember`)
 
     def validate(self) -> None:
         check_spec(self.spec)
         check_listen(self.host, self.port)
+        if self.parallel < 1:
+            raise SpeccliError(f"--parallel must be at least 1, got {self.parallel}")
         if self.max_waiting < 0:
             raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
         if self.api_key is not None:

@@ -20,6 +20,22 @@ class Metrics:
         self._totals = RunStats()
         self._requests: Counter[str] = Counter()  # by outcome
         self._waiting = 0
+        self._worker = None  # its slots and models, read as /metrics is asked
+        self._queue_wait = [0.0, 0]  # seconds waited before a slot took the request, and how many did
+        self._first_token = [0.0, 0]  # seconds from arrival to the first token, and how many got one
+
+    def watch(self, worker) -> None:
+        self._worker = worker
+
+    def started(self, waited: float) -> None:
+        with self._lock:
+            self._queue_wait[0] += waited
+            self._queue_wait[1] += 1
+
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self._first_token[0] += seconds
+            self._first_token[1] += 1
 
     def record(self, stats: RunStats | None, outcome: str) -> None:
         """A request ended: "completed", "cancelled" (client left), "error", "rejected" (any 4xx),
@@ -36,6 +52,7 @@ class Metrics:
     def render(self) -> str:
         with self._lock:
             totals, requests, waiting = self._totals, dict(self._requests), self._waiting
+            queue_wait, first_token = list(self._queue_wait), list(self._first_token)
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -47,7 +64,24 @@ class Metrics:
         outcomes = ("completed", "cancelled", "error", "rejected", "queue_full")
         metric("requests_total", "counter", "Requests by outcome (rejected: any 4xx answer).",
                [(f'{{outcome="{o}"}}', requests.get(o, 0)) for o in outcomes])
-        metric("queue_waiting", "gauge", "Requests waiting for the one generation slot.", [("", waiting)])
+        metric("queue_waiting", "gauge", "Requests waiting for a generation slot.", [("", waiting)])
+        worker = self._worker
+        if worker is not None:
+            metric("slots", "gauge", "Generation slots (--parallel).", [("", len(worker.slots))])
+            metric("slots_busy", "gauge", "Slots running a generation now.", [("", len(worker.running))])
+            models = [("target", worker.target), *([("draft", worker.draft)] if worker.draft is not None else [])]
+            metric("llama_decodes_total", "counter", "llama_decode calls, each taking the rows of every slot ready.",
+                   [(f'{{model="{role}"}}', model.decodes) for role, model in models])
+            metric("llama_decode_rows_total", "counter", "Tokens those decodes took (rows per decode: divide).",
+                   [(f'{{model="{role}"}}', model.decoded_rows) for role, model in models])
+        for name, (seconds, count), help_text in (
+            ("queue_wait_seconds", queue_wait, "From arrival to a slot taking the request."),
+            ("time_to_first_token_seconds", first_token, "From arrival to the first token."),
+        ):
+            lines.append(f"# HELP {PREFIX}_{name} {help_text}")
+            lines.append(f"# TYPE {PREFIX}_{name} summary")
+            lines.append(f"{PREFIX}_{name}_sum {seconds:g}")
+            lines.append(f"{PREFIX}_{name}_count {count}")
         metric("prompt_tokens_total", "counter", "Prompt tokens of finished generations.", [("", totals.prompt_tokens)])
         metric("tokens_generated_total", "counter", "Tokens generated (end-of-generation tokens not counted).",
                [("", totals.generated)])

@@ -1,20 +1,23 @@
-"""The one thread that runs generations: a bounded queue of jobs, served in order, one at a time.
+"""The slots that run generations, and the bounded queue of jobs they take, in order of arrival.
 
-The models hold one KV sequence each, so only one generation can run; llama.cpp blocks, so it runs
-here and never on the event loop. Each job hands its events back to the request that asked for it
+Each slot (`--parallel`) is a thread with its own sequence of each model's KV cache; llama.cpp blocks,
+so generations run there and never on the event loop, and their decodes meet in one llama_decode
+(`slots.py`). A waiting job goes to the idle slot whose cache shares most of its prompt, as
+llama-server's slot similarity does. Each job hands its events back to the request that asked for it
 through that request's asyncio queue. A job is cancelled by setting its flag: it is checked between
 the Generator's events (never inside a decode, which would leave cache and bookkeeping disagreeing).
 A job whose client leaves while it still waits gives its place in the queue up at once (`cancel`).
 
-Generators are kept per drafting configuration (spec and k, or none), so an auto-K policy keeps what
-it learned. They share the models' caches, so switching configurations resets the one taken up; a
-request on the same configuration as the previous one reuses the longest common token prefix.
+A slot keeps a generator per drafting configuration (spec and k, or none), so an auto-K policy keeps
+what it learned. They share the slot's sequences, so switching configurations resets the one taken
+up; a request on the slot's configuration reuses the longest common token prefix.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -30,6 +33,8 @@ from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
+from speccli.server.slots import GatedSequence, Rendezvous
+from speccli.util.sequences import common_prefix_length
 from speccli.validation import K
 
 log = logging.getLogger("speccli.server")
@@ -63,6 +68,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenEvent, DoneEvent, Started or an error
     cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
 
     def emit(self, item: object) -> None:
         try:
@@ -104,6 +110,24 @@ class LostGeneration(GenerationError):
         super().__init__(reason, status=503)
 
 
+@dataclass(eq=False)
+class Slot:
+    """One generation at a time, in its own sequence of each model's cache."""
+
+    index: int
+    target: GatedSequence
+    draft: GatedSequence | None
+    generators: dict[Speculation, Generator] = field(default_factory=dict)
+    active: Speculation | None = None  # whose tokens its sequences hold
+    job: Job | None = None
+    thread: threading.Thread | None = None
+
+    def cached_tokens(self, prompt: list[int]) -> int:
+        """What a job's prompt would find in this slot's cache."""
+        generator = self.generators.get(self.active) if self.active is not None else None
+        return 0 if generator is None else common_prefix_length(generator.tokens, prompt)
+
+
 class Worker:
     def __init__(self, target: Model, draft: Model | None, max_waiting: int, metrics: Metrics,
                  store: SuffixStore | None = None, learnt: LearntFile | None = None) -> None:
@@ -118,37 +142,50 @@ class Worker:
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()  # in order; a job leaves it when it starts or its client leaves
         self._admitted = 0  # places taken by requests still being tokenized
-        self._changed = threading.Condition()  # guards _waiting and _stopping
+        self._changed = threading.Condition()  # guards _waiting, _stopping and the slots' jobs
         self._stopping = False
-        self._generators: dict[Speculation, Generator] = {}
-        self._active: Speculation | None = None  # whose tokens the caches hold
-        self._thread = threading.Thread(target=self._serve, name="speccli-generation", daemon=True)
-        self._running: Job | None = None
+        # One slot per sequence the target was loaded with (serve's --parallel).
+        self.rendezvous = Rendezvous([model for model in (draft, target) if model is not None])
+        self.slots = [
+            Slot(i, GatedSequence(target.sequence(i), self.rendezvous),
+                 None if draft is None else GatedSequence(draft.sequence(i), self.rendezvous))
+            for i in range(target.n_seq)
+        ]
+        metrics.watch(self)
         self.costs: PairCosts | None = None  # the pair's one cost profile, for every configuration's `auto`
         self.lost: str | None = None  # why the models cannot run any more (an RPC server went away)
 
+    @property
+    def running(self) -> list[Job]:
+        return [slot.job for slot in self.slots if slot.job is not None]
+
     def start(self) -> None:
-        self._thread.start()
+        for slot in self.slots:
+            slot.thread = threading.Thread(target=self._serve, args=(slot,), name=f"speccli-slot-{slot.index}", daemon=True)
+            slot.thread.start()
 
     def stop(self) -> None:
-        """Cancel what runs and waits, telling each its client why (503), and wait for the thread
+        """Cancel what runs and waits, telling each its client why (503), and wait for the threads
         (models may be closed afterwards)."""
         with self._changed:
             self._stopping = True
-            for job in [*([self._running] if self._running is not None else []), *self._waiting]:
+            for job in [*self.running, *self._waiting]:
                 job.cancelled.set()
                 job.emit(StoppedGeneration())
-            for _ in self._waiting:  # the running one is counted where it stops
+            for _ in self._waiting:  # the running ones are counted where they stop
                 self.metrics.record(None, "cancelled")
             self._waiting.clear()
             self._count_waiting()  # those still being tokenized are refused as they submit
-            self._changed.notify()
-        if self._thread.is_alive() and self.lost is None:  # once lost, it never returns
-            self._thread.join()
+            self._changed.notify_all()
+        if self.lost is None:  # once lost, they never return
+            for slot in self.slots:
+                if slot.thread is not None and slot.thread.is_alive():
+                    slot.thread.join()
         self.store.close()
         if self.learnt is not None:
-            for generator in self._generators.values():
-                self.learnt.keep(generator.policy, generator.sampling, now=True)
+            for slot in self.slots:
+                for generator in slot.generators.values():
+                    self.learnt.keep(generator.policy, generator.sampling, now=True)
 
     @property
     def stopping(self) -> bool:
@@ -156,12 +193,12 @@ class Worker:
 
     def lose(self, reason: str) -> None:
         """The models cannot run any more (an RPC server went away, and ggml's thread is parked where it
-        failed, holding this worker's thread): the running and waiting jobs end with `reason` as a 503,
+        failed, holding a slot's thread): the running and waiting jobs end with `reason` as a 503,
         and so does every later one; /health says it."""
         with self._changed:
             self.lost = reason
             self._stopping = True
-            for job in [*([self._running] if self._running is not None else []), *self._waiting]:
+            for job in [*self.running, *self._waiting]:
                 job.cancelled.set()
                 job.emit(LostGeneration(reason))
                 self.metrics.record(None, "error")
@@ -174,8 +211,8 @@ class Worker:
         refused); `submit` then fills the place, or `withdraw` gives it back."""
         with self._changed:
             self._refuse_if_ended()
-            # One job runs and max_waiting wait; one still waiting when the worker is idle is about to run.
-            if self._admitted + len(self._waiting) + (self._running is not None) > self.max_waiting:
+            # A job runs in each slot and max_waiting wait; one waiting while a slot is idle is about to run.
+            if self._admitted + len(self._waiting) + len(self.running) >= self.max_waiting + len(self.slots):
                 raise QueueFullError
             self._admitted += 1
             self._count_waiting()
@@ -195,7 +232,7 @@ class Worker:
             try:
                 self._refuse_if_ended()
                 self._waiting.append(job)
-                self._changed.notify()
+                self._changed.notify_all()
             finally:
                 self._count_waiting()
 
@@ -216,73 +253,87 @@ class Worker:
                 self._count_waiting()
                 self.metrics.record(None, "cancelled")
 
-    def _next_job(self) -> Job | None:
-        """The longest-waiting job, now running, once there is one; None once the worker stops."""
+    def _next_job(self, slot: Slot) -> Job | None:
+        """The longest-waiting job, now running in `slot`, once there is one and, of the idle slots,
+        `slot` holds most of its prompt (the first such); None once the worker stops."""
         with self._changed:
-            while not self._waiting and not self._stopping:
+            while not self._stopping:
+                if self._waiting:
+                    job = self._waiting[0]
+                    idle = [other for other in self.slots if other.job is None]
+                    if max(idle, key=lambda other: other.cached_tokens(job.prompt)) is slot:
+                        slot.job = self._waiting.popleft()  # under the lock: `stop` sees it either way
+                        self._count_waiting()
+                        self._changed.notify_all()  # the next job may be another idle slot's
+                        return job
                 self._changed.wait()
-            if self._stopping:
-                return None
-            job = self._running = self._waiting.popleft()  # under the lock: `stop` sees it either way
-            self._count_waiting()
-            return job
+            return None
 
-    def _serve(self) -> None:
-        while (job := self._next_job()) is not None:
+    def _serve(self, slot: Slot) -> None:
+        while (job := self._next_job(slot)) is not None:
+            self.metrics.started(time.perf_counter() - job.submitted)
+            self.rendezvous.enter()
             try:
                 if job.cancelled.is_set():  # its event loop went away (Job.emit) while it waited
                     self.metrics.record(None, "cancelled")
                     continue
-                self._run(job)
+                self._run(slot, job)
             except SpeccliError as error:  # e.g. the context filled: the caller hears why
-                self._active = None  # the caches may hold part of a failed decode: start clean
+                slot.active = None  # the caches may hold part of a failed decode: start clean
                 self.metrics.record(None, "error")
                 job.emit(GenerationError(str(error)))
             except Exception as error:  # a bug: say so, keep serving
                 log.exception("generation failed")
-                self._active = None
+                slot.active = None
                 self.metrics.record(None, "error")
                 job.emit(GenerationError(f"internal error: {type(error).__name__}: {error}"))
             finally:
-                self._running = None
+                self.rendezvous.leave()
+                with self._changed:
+                    slot.job = None
+                    self._changed.notify_all()
 
-    def _generator_for(self, speculation: Speculation, sampling: SamplingParams) -> Generator:
-        generator = self._generators.get(speculation)
+    def _generator_for(self, slot: Slot, speculation: Speculation, sampling: SamplingParams) -> Generator:
+        generator = slot.generators.get(speculation)
         if generator is None:
-            drafter = None if speculation.spec is None else make_drafter(speculation.spec, self.draft, self.target, self.store)
+            drafter = None if speculation.spec is None else make_drafter(speculation.spec, slot.draft, slot.target, self.store)
             policy = None if speculation.k is None else make_policy(speculation.k)
             if self.costs is None and policy is not None and policy.needs_costs:  # the draft model's, whatever the spec
-                self.costs = PairCosts(self.target, make_drafter("model", self.draft, self.target) if self.draft is not None else None)
-            generator = Generator(self.target, drafter, SamplingParams(), policy, costs=self.costs)
+                self.costs = SlotCosts(self.target, self.draft, self.rendezvous)
+            generator = Generator(slot.target, drafter, SamplingParams(), policy, costs=self.costs)
             if self.learnt is not None:
                 self.learnt.recall(policy, sampling)
-            self._generators[speculation] = generator
-        if self._active != speculation:
+            slot.generators[speculation] = generator
+        if slot.active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.
             # That one is reset too, which frees what it held for drafting (a lookup's index, a draft
             # model's K rows of the vocabulary): a generator is kept for each configuration clients ask
             # for, K from 1 to 64 with each spec.
-            if self._active in self._generators:
-                self._generators[self._active].reset()
+            if slot.active in slot.generators:
+                slot.generators[slot.active].reset()
             generator.reset()
-            self._active = speculation
+            slot.active = speculation
         return generator
 
-    def _run(self, job: Job) -> None:
+    def _run(self, slot: Slot, job: Job) -> None:
         def naming():  # no paths to clients
-            return naming_non_finite_logits(self.target, self.draft, lambda model: model.path.name)
+            return naming_non_finite_logits(slot.target, slot.draft, lambda model: model.path.name)
 
         with naming():  # the cost profile samples from the target's logits
-            generator = self._generator_for(job.speculation, job.sampling)
+            generator = self._generator_for(slot, job.speculation, job.sampling)
         generator.sampling = job.sampling
         generator.rng = np.random.default_rng(job.seed)
         job.emit(Started(generator.reused_prefix(job.prompt)))
+        first = True
         with naming(), closing(generator.generate(job.prompt, job.limits, job.cancelled.is_set)) as events:
             for event in events:
                 if job.cancelled.is_set():
                     self.metrics.record(generator.reply_stats, "cancelled")
                     return
                 if isinstance(event, TokenEvent):
+                    if first:
+                        self.metrics.first_token(time.perf_counter() - job.submitted)
+                        first = False
                     job.emit(event)
                 elif isinstance(event, DoneEvent):
                     self.metrics.record(event.stats, "completed")
@@ -292,3 +343,17 @@ class Worker:
                         self.learnt.keep(generator.policy, job.sampling)
                     return
         self.metrics.record(generator.reply_stats, "cancelled")  # no DoneEvent: cancelled in its prefill
+
+
+class SlotCosts(PairCosts):
+    """The pair's cost profile, timed in the last slot's sequences while no other decode runs (each
+    timing is one decode's, not a batch's)."""
+
+    def __init__(self, target: Model, draft: Model | None, rendezvous: Rendezvous) -> None:
+        last = target.n_seq - 1
+        super().__init__(target.sequence(last),
+                         make_drafter("model", draft.sequence(last), target.sequence(last)) if draft is not None else None)
+        self.rendezvous = rendezvous
+
+    def profile(self, context, sizes, sampling):
+        return self.rendezvous.alone(lambda: super(SlotCosts, self).profile(context, sizes, sampling))
