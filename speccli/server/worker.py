@@ -121,11 +121,14 @@ class Slot:
     active: Speculation | None = None  # whose tokens its sequences hold
     job: Job | None = None
     thread: threading.Thread | None = None
+    last_used: int = 0  # when it last took a job (a count): of slots that hold as much, the least recent
 
     def cached_tokens(self, prompt: list[int]) -> int:
-        """What a job's prompt would find in this slot's cache."""
+        """What a job's prompt would find in this slot's cache, where that is more than a tenth of it
+        (llama-server's --slot-prompt-similarity): a shared template's first tokens do not count."""
         generator = self.generators.get(self.active) if self.active is not None else None
-        return 0 if generator is None else common_prefix_length(generator.tokens, prompt)
+        shared = 0 if generator is None else common_prefix_length(generator.tokens, prompt)
+        return shared if shared > len(prompt) // 10 else 0
 
 
 class Worker:
@@ -151,6 +154,7 @@ class Worker:
                  None if draft is None else GatedSequence(draft.sequence(i), self.rendezvous))
             for i in range(target.n_seq)
         ]
+        self._jobs_taken = 0
         metrics.watch(self)
         self.costs: PairCosts | None = None  # the pair's one cost profile, for every configuration's `auto`
         self.lost: str | None = None  # why the models cannot run any more (an RPC server went away)
@@ -255,14 +259,17 @@ class Worker:
 
     def _next_job(self, slot: Slot) -> Job | None:
         """The longest-waiting job, now running in `slot`, once there is one and, of the idle slots,
-        `slot` holds most of its prompt (the first such); None once the worker stops."""
+        `slot` holds most of its prompt (of those that hold as much, the least recently used, whose
+        cache is the least likely to be asked for again); None once the worker stops."""
         with self._changed:
             while not self._stopping:
                 if self._waiting:
                     job = self._waiting[0]
                     idle = [other for other in self.slots if other.job is None]
-                    if max(idle, key=lambda other: other.cached_tokens(job.prompt)) is slot:
+                    if max(idle, key=lambda other: (other.cached_tokens(job.prompt), -other.last_used)) is slot:
                         slot.job = self._waiting.popleft()  # under the lock: `stop` sees it either way
+                        self._jobs_taken += 1
+                        slot.last_used = self._jobs_taken
                         self._count_waiting()
                         self._changed.notify_all()  # the next job may be another idle slot's
                         return job
