@@ -95,6 +95,8 @@ def logit_table(n_vocab: int = 64, seed: int = 0, scale: float = 3.0, eog_bias: 
 class StandInModel:
     """Model's interface as core/ and drafting/ use it, over a logit table (see the module docstring)."""
 
+    companion_rows = 0  # never beside other sequences
+
     def __init__(self, table: np.ndarray, n_ctx: int = 256, n_batch: int = 64, name: str = "stand-in",
                  cost: Callable[[int, int], float] = pretended_cost) -> None:
         self.table = table

@@ -179,6 +179,8 @@ def test_the_default_context_is_the_shortest_any_model_was_trained_with(tmp_path
     assert fitted_context(None, 4096, [long, short, None]) == 300
     assert fitted_context(None, 256, [long, short]) == 256  # the command's default, where that is less
     assert fitted_context(2000, 4096, [long, short]) == 2000  # as given: loading refuses it
+    assert fitted_context(None, 4096, [long, short], n_seq=4) == 1200  # serve's slots: each its own by default
+    assert fitted_context(2000, 4096, [long, short], n_seq=4) == 2000  # given: split between them
 
 
 def test_a_model_trained_with_less_than_the_least_context_is_refused_before_loading(tiny_pair, tmp_path):

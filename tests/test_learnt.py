@@ -39,7 +39,7 @@ def files(tmp_path, name: str = "target.gguf"):
     """Stand-ins for a loaded pair: what the file is keyed by (the files' names and sizes, where they run)."""
     (tmp_path / name).write_bytes(b"t" * 10)
     (tmp_path / "draft.gguf").write_bytes(b"d" * 5)
-    return (SimpleNamespace(path=tmp_path / name, placement="CPU"), SimpleNamespace(path=tmp_path / "draft.gguf", placement="CPU"))
+    return (SimpleNamespace(path=tmp_path / name, placement="CPU", n_seq=1), SimpleNamespace(path=tmp_path / "draft.gguf", placement="CPU"))
 
 
 def lengths_planned(policy: AutoK) -> list[int]:

@@ -1194,6 +1194,8 @@ def test_stopping_the_server_ends_a_running_stream_and_answers_waiting_requests(
         (["--spec", "oracle"], "--spec must be one of"),
         (["--k", "0"], "--k (draft tokens per step) must be between 1 and 64"),
         (["--queue", "-1"], "error: --queue must be at least 0 (0: none waits), got -1"),
+        (["--parallel", "0"], "error: --parallel must be at least 1, got 0"),
+        (["--parallel", "4", "--ctx", "4096"], "error: --ctx 4096 gives each of 4 slots 1024 tokens, more than the 512 tokens"),
         (["--host", ""], "error: --host is empty; give an address (0.0.0.0 listens on every interface)"),
         (["--threads", "513"], "error: --threads must be at most 512 (ggml's limit), got 513"),
     ],

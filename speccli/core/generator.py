@@ -223,7 +223,7 @@ class Generator:
             compute_seconds=max(0.0, COMPUTE_CLOCK.seconds - computed_before - prompt_seconds),
             prompt_seconds=prompt_seconds,
             continuation=(taken_over.source, len(taken_over.tokens)) if taken_over else None,
-            forced=len(draft.forced),
+            forced=len(draft.forced), companion_rows=self.target.companion_rows,
         )
         if self.drafter is not None:
             self.drafter.observe(draft, step, new_tokens, self.policy)

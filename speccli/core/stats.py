@@ -40,6 +40,7 @@ class StepEvent:
     # The last `tokens` of the draft came from `source` taking the first source's draft over.
     continuation: tuple[str, int] | None = None
     forced: int = 0  # the first `forced` drafted tokens were the grammar's (`source` drafted the rest)
+    companion_rows: int = 0  # rows other slots' steps put in the same target decode (serve's --parallel)
     # Where the reply ended inside this step's kept drafts (an end of generation, a stop string): how
     # many of its tokens the reply used. None: the step was used whole. See `cut_to`.
     used: int | None = None

@@ -24,6 +24,9 @@ class VerifyCosts:
 
     def __init__(self, decode_seconds: dict[int, float] | None = None) -> None:
         self.level = 1.0  # how much slower than the shape every decode runs now
+        # Rows of other slots (serve's --parallel) in the last step's decode, expected in the next:
+        # a slot pays its rows' share of the batch's decode (RESULTS.md, *Slots*).
+        self.companions = 0
         self.per_row_seconds = 0.0
         self.decode_seconds: dict[int, float] = {}  # the curve's shape at level 1, by rows
         self._sizes: list[int] = []
@@ -45,13 +48,17 @@ class VerifyCosts:
         return self.decode(n) + self.per_row_seconds * n
 
     def decode(self, n: int) -> float:
-        """The decode part of V(n), from the measured points."""
-        return self.level * (self._shapes[n] if n < len(self._shapes) else self._shape(n))
+        """The decode part of V(n), from the measured points: beside other slots' rows, n rows' share of
+        the whole decode (a compute-bound decode of many rows costs about its rows, so a draft pays
+        there only where nearly all of it is kept; a memory-bound one costs what one row does, which
+        the slots then share)."""
+        total = n + self.companions
+        return self.level * (self._shapes[total] if total < len(self._shapes) else self._shape(total)) * n / total
 
     def curve(self, rows: int) -> list[float]:
         """[V(1), .., V(rows)]: `auto` reads it for every length at every step, so the shapes are kept."""
         level, per_row, shapes = self.level, self.per_row_seconds, self._shapes
-        if rows >= len(shapes):
+        if rows + self.companions >= len(shapes) or self.companions:
             return [self(n) for n in range(1, rows + 1)]
         return [level * shapes[n] + per_row * n for n in range(1, rows + 1)]
 
@@ -70,8 +77,11 @@ class VerifyCosts:
         slope = (values[high] - values[low]) / (sizes[high] - sizes[low])
         return max(values[low] + slope * (n - sizes[low]), values[0])
 
-    def update(self, n: int, decode_seconds: float, other_seconds: float) -> None:
-        """One step's timing: a decode of n rows, and the per-row work after it."""
+    def update(self, n: int, decode_seconds: float, other_seconds: float, companions: int = 0) -> None:
+        """One step's timing: a decode of n rows (and `companions` rows of other slots), and the per-row
+        work after it."""
+        own, n = n, n + companions
+        self.companions = 0
         if not self.decode_seconds:  # nothing profiled (a context too full): this is the curve
             self.add_points({n: decode_seconds / self.level})
         else:
@@ -81,7 +91,8 @@ class VerifyCosts:
             if n > self._sizes[0]:  # the smallest size anchors the shape: its timings are the level's
                 shape = self.decode_seconds.get(n, self._shape(n))
                 self.add_points({n: shape + TIMING_WEIGHT * (observed / self.level - shape)})
-        self.per_row_seconds += TIMING_WEIGHT * (other_seconds / n - self.per_row_seconds)
+        self.companions = companions
+        self.per_row_seconds += TIMING_WEIGHT * (other_seconds / own - self.per_row_seconds)
 
 
 @dataclass

@@ -39,6 +39,8 @@ def learnt_path(target: Model, draft: Model | None, sampling: SamplingParams) ->
     identity = json.dumps({
         "target": _file_identity(target.path), "draft": draft and _file_identity(draft.path),
         "placement": [target.placement, draft and draft.placement],
+        # serve's slots share each decode: what a draft costs there is not what it costs alone
+        **({"slots": target.n_seq} if target.n_seq > 1 else {}),
         "regime": regime(sampling), "machine": [platform.node(), platform.machine(), os.cpu_count()],
     }, sort_keys=True)
     return stores_dir() / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.policy"

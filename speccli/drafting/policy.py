@@ -342,7 +342,8 @@ class AutoK:
         return unsure >= UNSURE_STOP_BELOW or self._could_pay(state, max(plan.k, 1), unsure)
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
-        self.verify.update(step.forced + step.drafted + 1, step.target_seconds, step.other_seconds)  # every row verified
+        # every row verified, and those of the slots beside it in the same decode
+        self.verify.update(step.forced + step.drafted + 1, step.target_seconds, step.other_seconds, step.companion_rows)
         self.reply_tokens += len(yielded)
         first = draft.segments[0] if draft.segments else None
         for key, state in self.keys.items():

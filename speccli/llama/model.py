@@ -159,6 +159,7 @@ class Model:
         return self._sequences[seq_id]
 
     # The model's own calls are sequence 0's: a model loaded with one sequence is used as one.
+    companion_rows = 0
     @property
     def n_past(self) -> int:
         return self._sequences[0].n_past
@@ -282,6 +283,8 @@ class Model:
 class KVSequence:
     """One sequence of a model's KV cache, decoded in batches: what a generator or a drafter decodes into.
     A model's own calls are its sequence 0's; serve's slots each take one of `Model.sequence(i)`."""
+
+    companion_rows = 0  # other sequences' tokens in its last decode (serve's slots set it)
 
     def __init__(self, model: Model, seq_id: int) -> None:
         self.model, self.seq_id = model, seq_id

@@ -22,16 +22,18 @@ from speccli.vocab.check import checked_pair
 from speccli.vocab.report import VocabVerdict
 
 
-def fitted_context(given: int | None, default: int, paths: Iterable[Path | None]) -> int:
+def fitted_context(given: int | None, default: int, paths: Iterable[Path | None], n_seq: int = 1) -> int:
     """The context to load `paths` with: --ctx as given (a model refuses it past its training context
-    as it loads), or else the command's `default` lowered to the shortest training context among them.
-    A default no one asked for must not refuse a model trained on less (2048-token models under chat's
-    4096); a context asked for that the model cannot honour is refused, not quietly shrunk. Every model
-    is read here, before any loads: one trained with less than speccli's least context is refused."""
+    as it loads), or else the command's `default` lowered to the shortest training context among them,
+    for each of `n_seq` sequences (serve's slots: --ctx given is split between them, as llama-server
+    splits -c; by default each gets what one would). A default no one asked for must not refuse a
+    model trained on less (2048-token models under chat's 4096); a context asked for that the model
+    cannot honour is refused, not quietly shrunk. Every model is read here, before any loads: one
+    trained with less than speccli's least context is refused."""
     trained = [trained_context(path) for path in paths if path is not None]
     if given is not None:
         return given
-    return min([default, *(length for length in trained if length)])
+    return min([default, *(length for length in trained if length)]) * n_seq
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def resolve(request: PairRequest, *, quiet: bool = False) -> ResolvedPair:
 def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     resolved = resolve(request, quiet=quiet)
     # One context for both: the draft model must hold every token the target does.
-    n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path))
+    n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path), request.n_seq)
 
     servers = resolved.rpc if request.rpc is None else request.rpc
     remote = rpc.connect(servers)  # each server checked before any weights are read

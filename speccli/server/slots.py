@@ -136,6 +136,9 @@ class Rendezvous:
         self.decodes += 1
         self.rows += sum(len(part[1]) for part in parts)
         ended = {id(part[0]): row for part, row in zip(parts, rows)}
+        total = sum(len(part[1]) for part in parts)
+        for parked in ending:
+            parked.sequence.companion_rows = total - len(parked.tokens) + parked.taken
         self._finish(ending, lambda: [ended[id(parked.sequence)] for parked in ending])
 
     def _finish(self, parked_list: list[_Parked], results: Callable[[], list] | None,

@@ -63,7 +63,8 @@ def speccli_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
     draft = ["--draft", str(args.draft)] if args.draft else []
     return Server([str(ROOT / ".venv/bin/speccli"), "serve", "--target", str(args.target), *draft, *spec_args,
                    "--ctx", str(args.ctx * slots), "--parallel", str(slots), "--threads", str(args.threads),
-                   "--queue", "64", "--port", str(port)], port), extra
+                   "--queue", "64", "--port", str(port)], port,
+                  env={**os.environ, "SPECCLI_COLD_START": "1"}), extra  # each server from the priors
 
 
 def llama_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
@@ -76,9 +77,9 @@ def llama_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
                    *spec_args], port), {}
 
 
-def stream_one(client: openai.OpenAI, model: str, prompt: list[int], args, seed: int, extra: dict) -> tuple[int, list[float]]:
-    """(completion tokens, the times of its streamed chunks)."""
-    times, tokens = [time.perf_counter()], 0
+def stream_one(client: openai.OpenAI, model: str, prompt: list[int], args, seed: int, extra: dict) -> tuple[int, list[float], str]:
+    """(completion tokens, the times of its streamed chunks, the text)."""
+    times, tokens, text = [time.perf_counter()], 0, []
     stream = client.completions.create(
         model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=args.temp, top_p=0.95, seed=seed,
         stop=list(args.prompts.format.stop) or None, stream=True, stream_options={"include_usage": True},
@@ -86,9 +87,10 @@ def stream_one(client: openai.OpenAI, model: str, prompt: list[int], args, seed:
     for chunk in stream:
         if chunk.choices and chunk.choices[0].text:
             times.append(time.perf_counter())
+            text.append(chunk.choices[0].text)
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-    return tokens, times
+    return tokens, times, "".join(text)
 
 
 def run(server: Server, extra: dict, prompts: list[list[int]], clients: int, args, long_prompt: list[int] | None = None):
@@ -100,7 +102,8 @@ def run(server: Server, extra: dict, prompts: list[list[int]], clients: int, arg
     [thread.join() for thread in warm]
     queue = list(enumerate(prompts))
     lock = threading.Lock()
-    done: list[tuple[int, list[float]]] = []
+    done: list[tuple[int, list[float], str]] = []
+    texts: dict[int, str] = {}
 
     def client_loop() -> None:
         while True:
@@ -111,6 +114,7 @@ def run(server: Server, extra: dict, prompts: list[list[int]], clients: int, arg
             result = stream_one(client, model, prompt, args, seed, extra)
             with lock:
                 done.append(result)
+                texts[seed] = result[2]
 
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
     started = time.perf_counter()
@@ -120,9 +124,9 @@ def run(server: Server, extra: dict, prompts: list[list[int]], clients: int, arg
         stream_one(client, model, long_prompt, args, 0, extra)
     [thread.join() for thread in threads]
     wall = time.perf_counter() - started
-    gaps = sorted(b - a for _, times in done for a, b in zip(times[1:], times[2:]))
+    gaps = sorted(b - a for _, times, _ in done for a, b in zip(times[1:], times[2:]))
     p95 = gaps[int(0.95 * (len(gaps) - 1))] if gaps else float("nan")
-    return sum(tokens for tokens, _ in done) / wall, p95
+    return sum(tokens for tokens, _, _ in done) / wall, p95, [texts[i] for i in range(len(prompts))]
 
 
 def main() -> None:
@@ -152,7 +156,7 @@ def main() -> None:
     print(f"target {args.target.name}, draft {args.draft.name if args.draft else '-'}, T {args.temp}, "
           f"{args.requests} requests of {args.max_tokens} tokens, context {args.ctx} a slot, {args.rounds} rounds")
     for clients in [int(c) for c in args.clients.split(",")]:
-        figures: dict[tuple[str, str], list[tuple[float, float]]] = {c: [] for c in configurations}
+        figures: dict[tuple[str, str], list[tuple[float, float, list[str]]]] = {c: [] for c in configurations}
         longs: dict[tuple[str, str], list[float]] = {c: [] for c in configurations}
         for round_ in range(args.rounds):
             order = configurations if round_ % 2 == 0 else configurations[::-1]
@@ -167,14 +171,20 @@ def main() -> None:
                       f"{figures[tool, configuration][-1][0]:.2f} tok/s", file=sys.stderr, flush=True)
         print(f"\n{clients} client(s):")
         print(f"  {'tool':8} {'configuration':16} {'tok/s':>7} {'p95 gap s':>10}" + ("  p95 with a long prompt" if long_prompt else ""))
-        best_llama = max((statistics.median(r for r, _ in runs) for (tool, _), runs in figures.items() if tool == "llama"),
+        best_llama = max((statistics.median(r for r, _, _ in runs) for (tool, _), runs in figures.items() if tool == "llama"),
                          default=None)
         for (tool, configuration), runs in figures.items():
-            rate = statistics.median(r for r, _ in runs)
-            p95 = statistics.median(g for _, g in runs)
+            rate = statistics.median(r for r, _, _ in runs)
+            p95 = statistics.median(g for _, g, _ in runs)
             versus = f"  {rate / best_llama:.2f}x llama-server's best" if best_llama and tool == "speccli" else ""
             long = f"  {statistics.median(longs[tool, configuration]):.3f}" if long_prompt else ""
             print(f"  {tool:8} {configuration:16} {rate:7.2f} {p95:10.3f}{long}{versus}")
+        if args.temp == 0:  # greedy: each speccli configuration's replies against the same one's with one slot
+            for (tool, configuration), runs in figures.items():
+                alone = figures.get((tool, configuration.partition("@")[0] + "@1"))
+                if tool == "speccli" and alone and "@" not in configuration:
+                    pairs = [(a, b) for run, single in zip(runs, alone) for a, b in zip(run[2], single[2])]
+                    print(f"  {configuration}: {sum(a == b for a, b in pairs)} of {len(pairs)} replies equal to one slot's")
 
 
 if __name__ == "__main__":
