@@ -549,7 +549,8 @@ def test_the_baseline_token_time_shrugs_off_slow_decodes(tiny_model):
     """Two of the cost profile's three 1-row decodes slowed as a loaded machine slows them (a median would
     take one): the estimate's baseline must stay what the model costs, and the cache as it was."""
     with Model(tiny_model, LoadOptions(n_ctx=64, n_threads=1)) as model:
-        decode, calls = model.decode, []
+        sequence = model.sequence(0)  # the model's own decodes and timings are its sequence's
+        decode, calls = sequence.decode, []
 
         def sometimes_slow(*args, **kwargs):
             calls.append(1)
@@ -557,7 +558,7 @@ def test_the_baseline_token_time_shrugs_off_slow_decodes(tiny_model):
                 time.sleep(0.5)
             return decode(*args, **kwargs)
 
-        model.decode = sometimes_slow
+        sequence.decode = sometimes_slow
         seconds = measure_costs(model, None, [0], (), SamplingParams()).target_token_seconds
         assert len(calls) >= 4 and model.n_past == 0
     assert seconds < 0.25

@@ -1,4 +1,4 @@
-"""A loaded model and its one KV sequence, decoded in batches (llama-cpp-python's low-level API).
+"""A loaded model and its KV sequences, decoded in batches (llama-cpp-python's low-level API).
 
 Everything above `speccli.llama` sees plain Python and numpy: token ids in, logits rows out. Two choices matter:
 
@@ -7,6 +7,8 @@ Everything above `speccli.llama` sees plain Python and numpy: token ids in, logi
   n_ctx x n_vocab floats (`Llama(logits_all=True)` would: 2 GiB for Gemma's 262k vocabulary).
 * `truncate` drops a suffix of the KV cache, which is how rejected draft tokens are forgotten.
   Recurrent and hybrid models cannot do that, so they are refused at load time.
+* A model holds one sequence, or several (serve's slots, `LoadOptions.n_seq`) in one cache:
+  `decode_together` decodes tokens of several in one llama_decode.
 """
 from __future__ import annotations
 

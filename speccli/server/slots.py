@@ -54,8 +54,6 @@ class Rendezvous:
     _runnable: int = 0  # slots that may run, waiting for the baton
     _parked: list[_Parked] = field(default_factory=list)
     busy: int = 0  # slots in a generation
-    decodes: int = 0  # llama_decode calls made here, and the tokens they took (/metrics)
-    rows: int = 0
 
     def enter(self) -> None:
         """A slot starts a generation: it runs once it has the baton."""
@@ -133,8 +131,6 @@ class Rendezvous:
                 if any(part[0] is parked.sequence for part in parts):
                     self._finish([parked], None, error)
             return
-        self.decodes += 1
-        self.rows += sum(len(part[1]) for part in parts)
         ended = {id(part[0]): row for part, row in zip(parts, rows)}
         total = sum(len(part[1]) for part in parts)
         for parked in ending:

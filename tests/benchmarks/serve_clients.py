@@ -183,8 +183,30 @@ def main() -> None:
             for (tool, configuration), runs in figures.items():
                 alone = figures.get((tool, configuration.partition("@")[0] + "@1"))
                 if tool == "speccli" and alone and "@" not in configuration:
-                    pairs = [(a, b) for run, single in zip(runs, alone) for a, b in zip(run[2], single[2])]
-                    print(f"  {configuration}: {sum(a == b for a, b in pairs)} of {len(pairs)} replies equal to one slot's")
+                    pairs = [(i, a, b) for run, single in zip(runs, alone) for i, (a, b) in enumerate(zip(run[2], single[2]))]
+                    print(f"  {configuration}: {sum(a == b for _, a, b in pairs)} of {len(pairs)} replies equal to one slot's")
+                    explain(args, prompts, [(i, b, a) for i, a, b in pairs if a != b])
+
+
+def explain(args, prompts: list[list[int]], partings: list[tuple[int, str, str]]) -> None:
+    """Each greedy reply that parts from its one-slot run, re-tokenized, at the first token where they
+    part: the target alone's top-two logit gap there against llama.cpp's batched-vs-single difference
+    (speccli/core/parting.py). Loads the target here, once the servers are gone."""
+    if not partings:
+        return
+    from speccli.core.parting import find_parting
+    from speccli.llama.model import LoadOptions, Model
+
+    with Model(args.target, LoadOptions(n_ctx=4096, n_threads=args.threads)) as target:
+        for i, single, together in partings:
+            ids = [target.tokenizer.tokenize(text.encode(), add_special=False) for text in (single, together)]
+            parting = find_parting(target, prompts[i], ids[0], ids[1], k=8)
+            if parting is None:
+                print(f"    request {i}: the same tokens, re-tokenized")
+                continue
+            print(f"    request {i} parts at token {parting.index} (one slot {parting.reference_token}, beside others "
+                  f"{parting.candidate_token}): the target alone's top-two gap {parting.top_two_gap:.3f}, the batched-"
+                  f"vs-single difference up to {parting.tolerance:.3f}: " + ("a near-tie" if parting.near_tie else "NOT a near-tie"))
 
 
 if __name__ == "__main__":
