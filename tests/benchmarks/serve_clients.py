@@ -8,10 +8,12 @@ A mixed workload (chat, code rewrite, JSON extraction; 128 new tokens each), the
 servers at /v1/completions, streamed. For each number of clients C, each configuration answers
 `--requests` requests through C client threads (each sends its next request when its last one ends) on
 a fresh server with C slots. speccli's configurations: `default` (the pair's spec, K auto), `off`
-(drafting off in every request), a --spec value, and CONF@1 (that configuration with one slot: serve as
-it was before slots). llama-server's: `alone`, `draft:N` (its draft model at --spec-draft-n-max N) and
-`ngram-mod`. Configurations alternate round by round. Figures: completion tokens over the wall time of
-all requests (aggregate tok/s), median over rounds; the p95 of the gaps between streamed chunks.
+(drafting off in every request), a --spec value, and CONF@S (that configuration with S slots, whatever
+the clients: @1 is serve as it was before slots). llama-server's: `alone`, `draft:N` (its draft model
+at --spec-draft-n-max N) and `ngram-mod`. Configurations alternate round by round. Figures: completion
+tokens over the wall time of all requests (aggregate tok/s), median over rounds; the p95 of the gaps
+between streamed chunks; at T 0, how many replies equal the one-slot configuration's, and why the others
+part (`explain`).
 `--long N`: a further run per configuration in which a prompt of about N tokens arrives while C clients
 stream; it prints their p95 gap with and without it.
 
@@ -55,8 +57,8 @@ def mixed_workload(n: int) -> list[list[dict]]:
 
 
 def speccli_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
-    spec, _, one = configuration.partition("@")
-    slots = 1 if one else slots
+    spec, _, given = configuration.partition("@")
+    slots = int(given) if given else slots
     extra = {"speculative": {"enabled": False}} if spec == "off" else {}
     spec_args = [] if spec in ("default", "off") else ["--spec", spec]
     port = free_port()
@@ -181,8 +183,9 @@ def main() -> None:
             print(f"  {tool:8} {configuration:16} {rate:7.2f} {p95:10.3f}{long}{versus}")
         if args.temp == 0:  # greedy: each speccli configuration's replies against the same one's with one slot
             for (tool, configuration), runs in figures.items():
-                alone = figures.get((tool, configuration.partition("@")[0] + "@1"))
-                if tool == "speccli" and alone and "@" not in configuration:
+                one_slot = configuration.partition("@")[0] + "@1"
+                alone = figures.get((tool, one_slot))
+                if tool == "speccli" and alone and configuration != one_slot:
                     pairs = [(i, a, b) for run, single in zip(runs, alone) for i, (a, b) in enumerate(zip(run[2], single[2]))]
                     print(f"  {configuration}: {sum(a == b for _, a, b in pairs)} of {len(pairs)} replies equal to one slot's")
                     explain(args, prompts, [(i, b, a) for i, a, b in pairs if a != b])
