@@ -166,6 +166,10 @@ class Model:
     def n_past(self) -> int:
         return self._sequences[0].n_past
 
+    @n_past.setter
+    def n_past(self, n_tokens: int) -> None:  # a test's broken truncate moves it by hand
+        self._sequences[0].n_past = n_tokens
+
     @property
     def decoded_tokens(self) -> int:
         return self._sequences[0].decoded_tokens
@@ -191,6 +195,11 @@ class Model:
         """One llama_decode of several sequences' tokens: (sequence, tokens, n_logit_rows) each, at most
         n_batch tokens in all, appended to each sequence; the logits of each part's last n_logit_rows
         tokens, views of llama.cpp's buffer valid until the next decode of this model (any sequence's)."""
+        total = sum(len(tokens) for _, tokens, _ in parts)
+        if not 0 < total <= self.n_batch:  # checked first: the batch's arrays hold n_batch tokens
+            raise ValueError(f"{total} tokens in one decode: 1 to n_batch={self.n_batch}")
+        for sequence in self._sequences:  # each one's last rows are views of the buffer this decode rewrites
+            sequence.last_logits = None
         batch = self._batch
         i = 0
         for sequence, tokens, n_logit_rows in parts:
@@ -202,8 +211,6 @@ class Model:
                 batch.seq_id[i][0] = sequence.seq_id
                 batch.logits[i] = j >= first_with_logits
                 i += 1
-        if i > self.n_batch:
-            raise ValueError(f"{i} tokens in one decode, more than n_batch={self.n_batch}")
         batch.n_tokens = i
         clear_errors()
         began = time.perf_counter()

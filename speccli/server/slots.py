@@ -97,9 +97,11 @@ class Rendezvous:
     def _go_on(self) -> None:
         """Under the lock, the baton just given up: to a slot that may run, else (every busy slot parked)
         run what is parked, a model's decodes at a time, until some slot may run."""
-        while not self._runnable and self._parked:
-            self._run_parked()
-        self._changed.notify_all()
+        try:
+            while not self._runnable and self._parked:
+                self._run_parked()
+        finally:
+            self._changed.notify_all()
 
     def _run_parked(self) -> None:
         alone = next((parked for parked in self._parked if parked.sequence is None), None)

@@ -123,12 +123,14 @@ class Slot:
     thread: threading.Thread | None = None
     last_used: int = 0  # when it last took a job (a count): of slots that hold as much, the least recent
 
-    def cached_tokens(self, prompt: list[int]) -> int:
+    def cached_tokens(self, job: Job) -> int:
         """What a job's prompt would find in this slot's cache, where that is more than a tenth of it
-        (llama-server's --slot-prompt-similarity): a shared template's first tokens do not count."""
-        generator = self.generators.get(self.active) if self.active is not None else None
-        shared = 0 if generator is None else common_prefix_length(generator.tokens, prompt)
-        return shared if shared > len(prompt) // 10 else 0
+        (llama-server's --slot-prompt-similarity: a shared template's first tokens do not count), and
+        the slot runs the job's configuration (another's would be reset)."""
+        if self.active != job.speculation:
+            return 0
+        shared = common_prefix_length(self.generators[self.active].tokens, job.prompt)
+        return shared if shared > len(job.prompt) // 10 else 0
 
 
 class Worker:
@@ -266,7 +268,7 @@ class Worker:
                 if self._waiting:
                     job = self._waiting[0]
                     idle = [other for other in self.slots if other.job is None]
-                    if max(idle, key=lambda other: (other.cached_tokens(job.prompt), -other.last_used)) is slot:
+                    if max(idle, key=lambda other: (other.cached_tokens(job), -other.last_used)) is slot:
                         slot.job = self._waiting.popleft()  # under the lock: `stop` sees it either way
                         self._jobs_taken += 1
                         slot.last_used = self._jobs_taken
@@ -353,14 +355,19 @@ class Worker:
 
 
 class SlotCosts(PairCosts):
-    """The pair's cost profile, timed in the last slot's sequences while no other decode runs (each
-    timing is one decode's, not a batch's)."""
+    """The pair's cost profile, timed while no other decode runs (each timing is one decode's, not a
+    batch's), at the end of the slot whose sequences hold the least (every size fits there)."""
 
     def __init__(self, target: Model, draft: Model | None, rendezvous: Rendezvous) -> None:
-        last = target.n_seq - 1
-        super().__init__(target.sequence(last),
-                         make_drafter("model", draft.sequence(last), target.sequence(last)) if draft is not None else None)
-        self.rendezvous = rendezvous
+        super().__init__(target.sequence(0), None)
+        self.models, self.rendezvous = (target, draft), rendezvous
 
     def profile(self, context, sizes, sampling):
-        return self.rendezvous.alone(lambda: super(SlotCosts, self).profile(context, sizes, sampling))
+        def timed():
+            target, draft = self.models
+            emptiest = min(range(target.n_seq), key=lambda i: target.sequence(i).n_past)
+            self.target = target.sequence(emptiest)
+            self.drafter = None if draft is None else make_drafter("model", draft.sequence(emptiest), self.target)
+            return PairCosts.profile(self, context, sizes, sampling)
+
+        return self.rendezvous.alone(timed)
