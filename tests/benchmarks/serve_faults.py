@@ -7,7 +7,8 @@
 server with as many slots, streamed; a tenth of them (every request whose index is 9 mod 10) are
 closed by their client after their third chunk. Then the same requests, none dropped, go one at a time
 to a server with one slot. It prints the server errors (5xx and failed connections), how many completed
-replies equal the one-slot run's, and the server's resident memory after request 50 and at the end.
+replies equal the one-slot run's (and why each other one parts: serve_clients.py's `explain`), and the
+server's resident memory after request 50 and at the end.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_clients import mixed_workload, speccli_server  # noqa: E402
+from serve_clients import explain, mixed_workload, speccli_server  # noqa: E402
 from serve_workload import Prompts  # noqa: E402
 
 
@@ -93,13 +94,9 @@ def main() -> None:
     print(f"{args.clients} clients, {args.requests} requests ({dropped} dropped by their clients), {args.max_tokens} tokens, greedy")
     print(f"  server errors: {errors} (one slot, none dropped: {alone_errors})")
     print(f"  completed: {len(together)}; equal to the one-slot run's reply: {equal}")
-    for i in sorted(together):
-        if together[i] != alone.get(i):
-            a, b = together[i], alone.get(i, "")
-            at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            print(f"    request {i} parts at character {at}: {a[max(0, at - 30):at + 30]!r} / {b[max(0, at - 30):at + 30]!r}")
     print(f"  resident memory: {memory[0]:.0f} MiB after request 50, {memory[-1]:.0f} MiB at the end "
           f"({memory[-1] / memory[0] - 1:+.1%})")
+    explain(args, prompts, [(i, alone[i], together[i]) for i in sorted(together) if i in alone and together[i] != alone[i]])
 
 
 if __name__ == "__main__":
