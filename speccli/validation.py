@@ -30,6 +30,7 @@ MIN_CTX = 16  # llama.cpp takes 0 to mean the model's whole training context; ti
 # turns; bench's and quant-check's texts are short, and a smaller KV cache loads sooner.
 CHAT_CTX = 4096
 DEFAULT_PARALLEL = 1  # serve's slots (RESULTS.md, *Slots*)
+MAX_SEQUENCES = 256  # LLAMA_MAX_SEQ: sequences one llama.cpp context holds
 BENCH_CTX = 2048
 MAX_THREADS = 512  # GGML_MAX_N_THREADS
 RANDOM_SEED = -1  # llama.cpp's spelling of "pick a seed at random"

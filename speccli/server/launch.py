@@ -33,7 +33,7 @@ from speccli.drafting.suffix import open_store
 from speccli.server.worker import Speculation, Worker
 from speccli.util.format import escape_undecodable
 from speccli.drafting.registry import check_spec, require_draft_model
-from speccli.validation import API_KEY_VARIABLE, AUTO_K, DEFAULT_PARALLEL, K, check_api_key, check_listen
+from speccli.validation import API_KEY_VARIABLE, AUTO_K, DEFAULT_PARALLEL, MAX_SEQUENCES, K, check_api_key, check_listen
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ class ServeSettings:
     def validate(self) -> None:
         check_spec(self.spec)
         check_listen(self.host, self.port)
-        if self.parallel < 1:
-            raise SpeccliError(f"--parallel must be at least 1, got {self.parallel}")
+        if not 1 <= self.parallel <= MAX_SEQUENCES:
+            raise SpeccliError(f"--parallel must be between 1 and {MAX_SEQUENCES} (llama.cpp's limit), got {self.parallel}")
         if self.max_waiting < 0:
             raise SpeccliError(f"--queue must be at least 0 (0: none waits), got {self.max_waiting}")
         if self.api_key is not None:
