@@ -53,19 +53,16 @@ class Rendezvous:
     _running: bool = False  # a slot holds the baton
     _runnable: int = 0  # slots that may run, waiting for the baton
     _parked: list[_Parked] = field(default_factory=list)
-    busy: int = 0  # slots in a generation
 
     def enter(self) -> None:
         """A slot starts a generation: it runs once it has the baton."""
         with self._changed:
-            self.busy += 1
             self._runnable += 1
             self._take_baton()
 
     def leave(self) -> None:
         """A slot's generation ended (or failed): the baton passes on."""
         with self._changed:
-            self.busy -= 1
             self._running = False
             self._go_on()
 
