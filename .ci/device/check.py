@@ -8,7 +8,7 @@
     python .ci/device/check.py summary  --work WORK --out OUT
 
 * models: a related target/draft pair (tests/tiny_gguf.py's `write_related_pair`: the draft is the target's
-  first layer, bit for bit). At the device scale the target holds ~1.8 GB of F16 weights in 8 wide layers,
+  first layer, bit for bit). At the device scale the target holds 4.4 GB of F16 weights in 8 wide layers,
   so one decode streams all of it and is memory-bound on a GPU; the rehearsal scale is small and quick.
 * load: whether a model loads and decodes on the GPU, each way of starting in its own process (why:
   docs/gpu.md, "GPU figures"): the report names which ways crash, so one run tells the cause. check.sh
@@ -65,9 +65,11 @@ class Scale:
 
 
 SCALES = {
-    # 8 layers of 220 MB: one decode reads 1.76 GB (~0.4 ms at the H200's ~4.3 TB/s), so a 16-token
-    # verify reads the same weights once and costs little more; the 1-layer draft reads 1/8 of it.
-    "device": Scale(n_embd=3072, n_ff=9216, n_head=24, n_head_kv=8, target_layers=8, draft_layers=1, eps=0.05),
+    # 8 layers of 550 MB (a 13B model's width): one decode reads 4.4 GB, ~0.9 ms at the H200's 4.8 TB/s,
+    # so the step is bound by memory, not by kernel launches (the 1.76 GB pair of the first leases ran at
+    # 0.9 ms, 40% of the bandwidth); a 16-token verify reads the same weights once and costs little more;
+    # the 1-layer draft reads 1/8 of it.
+    "device": Scale(n_embd=5120, n_ff=13824, n_head=40, n_head_kv=8, target_layers=8, draft_layers=1, eps=0.05),
     "rehearse": Scale(n_embd=256, n_ff=768, n_head=4, n_head_kv=2, target_layers=4, draft_layers=1, eps=0.05),
 }
 # The chi-square check's own pair, at both scales: a draft that disagrees more often (as in
@@ -138,7 +140,7 @@ LOAD_WAYS = [
 
 def load_check(models: Path, n_gpu_layers: int, timeout: float = 60) -> dict:
     """Each of LOAD_WAYS on the chi-square pair's small target (the first run's crash came with any
-    model, and six loads of the 1.8 GB one would cost the run seconds): its exit status and its
+    model, and six loads of the 4.4 GB one would cost the run seconds): its exit status and its
     output's last lines (a crash's faulthandler traceback among them)."""
     import subprocess
 
@@ -329,7 +331,8 @@ def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2
 
     import numpy as np
 
-    target_path = Path(json.loads((models / "models.json").read_text())["target"])
+    files = json.loads((models / "models.json").read_text())
+    target_path = Path(files["target"])
     texts = [p.prompt for p in load_prompt_set(None).prompts][: prompts + 1]
     sides = {}
     for name, n_gpu_layers, max_tokens in (("gpu", 99, gpu_tokens), ("cpu", 0, cpu_tokens)):
@@ -342,7 +345,10 @@ def speed_check(models: Path, gpu_tokens: int, cpu_tokens: int, prompts: int = 2
                 rates.append(len(tokens) / (time.perf_counter() - started - stats.prefill_seconds))
             sides[name] = {"n_gpu_layers": n_gpu_layers, "max_tokens": max_tokens,
                            "tokens_per_second": float(np.median(rates[1:])), "runs": [round(r, 2) for r in rates[1:]]}
+    # Each decoded token reads every weight once: the bandwidth the target alone achieves on the GPU.
+    bandwidth = files["target_bytes"] * sides["gpu"]["tokens_per_second"] / 1e9
     return {**sides, "gpu_over_cpu": sides["gpu"]["tokens_per_second"] / sides["cpu"]["tokens_per_second"],
+            "gpu_weight_gb_per_second": bandwidth,
             "decode_shapes": {reuse: decode_shapes(models, 99, reuse) for reuse in ("reused", "rebuilt")}}
 
 
@@ -384,7 +390,9 @@ def decode_shapes(models: Path, n_gpu_layers: int, graphs: str, rounds: int = 60
 
 # --- the report ---------------------------------------------------------------------------------------------
 
-BENCH_PARTS = {"bench-model": "speculative with the draft model, K swept", "bench-ngram": "n-gram lookup, auto K"}
+BENCH_PARTS = {"bench-model": "speculative with the draft model, K swept"}
+# The race's tables (check.sh's race steps write them into $OUT as they print them), in the summary as printed.
+RACE_PARTS = {"race.txt": "the race against llama.cpp's tools", "race-serve.txt": "the race against llama-server"}
 
 
 def summarize(work: Path, out: Path) -> list[str]:
@@ -399,6 +407,9 @@ def summarize(work: Path, out: Path) -> list[str]:
     env_text = (work / "env.txt").read_text() if (work / "env.txt").exists() else ""
     meta = read_json(work / "meta.json") or {}
     lines = summary_lines(meta, steps, env_text, parts)
+    for name, title in RACE_PARTS.items():
+        text = (out / name).read_text().strip() if (out / name).exists() else ""
+        lines += ["", f"{title} ({name}):", *(text.splitlines() or ["  not run or failed (see log.txt)"])]
     results = {"meta": meta, "steps": steps, "env": env_text, **{k: v for k, v in parts.items() if not k.startswith("bench")},
                "bench": {name: bench_digest(parts[name]) for name in BENCH_PARTS}}
     write_atomically(out / "results.json", json.dumps(results, indent=2) + "\n")
@@ -524,7 +535,8 @@ def speed_lines(speed: dict | None) -> list[str]:
     gpu, cpu = speed["gpu"], speed["cpu"]
     return ["", f"target alone, decode tok/s: GPU (-ngl {gpu['n_gpu_layers']}, {gpu['max_tokens']} tokens) "
                 f"{gpu['tokens_per_second']:.1f}; CPU (-ngl 0, {cpu['max_tokens']} tokens) {cpu['tokens_per_second']:.1f}; "
-                f"GPU/CPU {speed['gpu_over_cpu']:.1f}x"] + [
+                f"GPU/CPU {speed['gpu_over_cpu']:.1f}x",
+                f"the target's weights read at {speed['gpu_weight_gb_per_second']:.0f} GB/s on the GPU (the H200's peak: 4,800)"] + [
         f"a draft of 4 (graphs {graphs}), ms a decode, first taking " + "; ".join(
             f"{first}: {', '.join(f'{ms:.3f}' for ms in times)}" for first, times in shapes.items())
         for graphs, shapes in speed.get("decode_shapes", {}).items()]

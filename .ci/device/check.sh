@@ -4,10 +4,12 @@
 #   bash .ci/device/check.sh              on the device; results under $OUT (docs/gpu.md)
 #   bash .ci/device/check.sh --rehearse   here, on CPU: small models, short runs, $OUT a temp dir unless set
 #
-# Installs speccli from the carried bundle (.ci/device/bundle.py), builds llama-cpp-python with
-# .ci/setup.py (CUDA on the device, every core), writes a memory-bound target and a related draft, then:
-# speccli env; greedy identity and the chi-square distribution check with every layer on the GPU;
-# speccli bench (K swept, auto, n-gram); the target's tokens/s on GPU and CPU. Each step is time-stamped
+# Installs speccli from the carried bundle (.ci/device/bundle.py); builds llama.cpp once with .ci/setup.py
+# --llama-cpp (CUDA on the device, every core): its libraries, which llama-cpp-python loads through
+# LLAMA_CPP_LIB_PATH, and llama.cpp's own tools; meanwhile writes a memory-bound target and a related
+# draft. Then: speccli env; greedy identity and the chi-square distribution check with every layer on the
+# GPU; the race against llama.cpp's tools (tests/benchmarks/loop_overhead.py) and llama-server
+# (serve_clients.py); speccli bench (K swept); the target's tokens/s on GPU and CPU. Each step is time-stamped
 # and recorded; a failed step does not stop the rest. summary.txt and results.json are rewritten after
 # every step, so a run cut short still leaves its report. Exit status: the number of failed steps.
 set -uo pipefail
@@ -36,13 +38,15 @@ command -v nvcc >/dev/null || PATH=$PATH:/usr/local/cuda/bin
 export PATH HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 
 if [ "$MODE" = device ]; then
-    SCALE=device NGL=99 SAMPLES=3000 BENCH_N=128 RUNS=2 K_SWEEP=1,2,4,8,16,auto GPU_TOKENS=128 CPU_TOKENS=16
+    SCALE=device NGL=99 SAMPLES=3000 BENCH_N=128 RUNS=1 K_SWEEP=1,2,4,8,16,auto GPU_TOKENS=128 CPU_TOKENS=16
+    RACE_ROUNDS=3 RACE_N=128 SERVE_REQUESTS=8 THREADS=$(nproc)
     # The build is most of the run: it may use nearly all of a 600 s call, and nothing runs without it.
     LIMIT_INSTALL=570 LIMIT_STEP=180
 else
     # The CPU build ignores -ngl; the same commands run, on small models.
     SCALE=rehearse NGL=99 SAMPLES=3000 BENCH_N=24 RUNS=1 K_SWEEP=1,4,auto GPU_TOKENS=24 CPU_TOKENS=8
-    LIMIT_INSTALL=1200 LIMIT_STEP=300
+    RACE_ROUNDS=1 RACE_N=32 SERVE_REQUESTS=4 THREADS=$(nproc)
+    LIMIT_INSTALL=1800 LIMIT_STEP=300
     # A wheel built from the stripped sdist, kept apart from (and reused across) rehearsals.
     export SPECCLI_WHEEL_CACHE=${SPECCLI_WHEEL_CACHE:-/tmp/speccli-rehearse-wheels}
 fi
@@ -51,24 +55,37 @@ cat >"$WORK/meta.json" <<EOF
  "bundle_python": "$(cat "$BUNDLE/PYTHON")", "out": "$OUT"}
 EOF
 
-install() {
-    # Offline: pip sees the bundle alone, whatever pip configuration the machine has.
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels $BUNDLE" PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+# Offline: pip sees the bundle alone, whatever pip configuration the machine has.
+export PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels $BUNDLE" PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
+# llama.cpp's libraries and tools, built once by the install step; llama-cpp-python loads the libraries from here.
+TOOLS=$PWD/.venv/llama.cpp/bin
+export LLAMA_CPP_LIB_PATH=$TOOLS
+
+venv() {
     [ -x .venv/bin/python ] || "$PY" -m venv .venv || return
-    .venv/bin/python -m pip install -q -r "$BUNDLE/requirements.txt" || return
+    .venv/bin/python -m pip install -q -r "$BUNDLE/requirements.txt"
+}
+
+install() {
     # Dependencies are in place; the bundled model package is not carried, so setup.py installs speccli
-    # without them (PIP_NO_DEPS), and both builds use the venv's backends (pip reads
+    # without them (PIP_NO_DEPS), and the build uses the venv's backends (pip reads
     # PIP_NO_BUILD_ISOLATION=0 as --no-build-isolation).
     local force_cuda=()
-    if [ "$MODE" = device ] && "$PY" .ci/setup.py --help | grep -q -- --cuda; then force_cuda=(--cuda); fi
-    PIP_NO_DEPS=1 PIP_NO_BUILD_ISOLATION=0 "$PY" .ci/setup.py "${force_cuda[@]}"
+    [ "$MODE" = device ] && force_cuda=(--cuda)
+    PIP_NO_DEPS=1 PIP_NO_BUILD_ISOLATION=0 "$PY" .ci/setup.py "${force_cuda[@]}" --llama-cpp .venv/llama.cpp
+}
+
+models() {  # the models are written beside the build (one core against its many): wait for them
+    while [ ! -f "$WORK/models.rc" ]; do sleep 1; done
+    cat "$WORK/models.log"
+    return "$(cat "$WORK/models.rc")"
 }
 
 speccli_env() {
     set -o pipefail
     if ! .venv/bin/speccli env | tee "$WORK/env.txt"; then
         # Most likely a shared library the build linked is not found at run time: name it.
-        ldd .venv/lib/python3*/site-packages/llama_cpp/lib/*.so | grep -E '^/|not found'
+        ldd "$LLAMA_CPP_LIB_PATH"/*.so | grep -E '^/|not found'
         return 1
     fi
     [ "$MODE" = rehearse ] || grep -Eq '^gpu offload +supported' "$WORK/env.txt"
@@ -97,14 +114,17 @@ step() {  # step NAME LIMIT COMMAND...: run it with a time limit, log it, record
     "$summary_python" .ci/device/check.py summary --work "$WORK" --out "$OUT" >/dev/null 2>>"$LOG" \
         || echo "(summary not written: see $LOG)"
 }
-export -f install speccli_env probe
-export MODE PY BUNDLE WORK
+export -f venv install models speccli_env probe
+export MODE PY BUNDLE WORK TOOLS OUT
 
 CHECK=(.venv/bin/python .ci/device/check.py)
 step probe 60 bash -c probe
+step venv 120 bash -c venv
+(timeout "$LIMIT_INSTALL" "${CHECK[@]}" models --scale "$SCALE" --dir "$WORK/models" >"$WORK/models.log" 2>&1
+ echo $? >"$WORK/models.rc") &
 step install "$LIMIT_INSTALL" bash -c install
 step env 60 bash -c speccli_env
-step models "$LIMIT_STEP" "${CHECK[@]}" models --scale "$SCALE" --dir "$WORK/models"
+step models "$LIMIT_INSTALL" bash -c models
 # bench takes the files by name: models.json has them.
 TARGET=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["target"])' "$WORK/models/models.json" 2>/dev/null)
 DRAFT=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["draft"])' "$WORK/models/models.json" 2>/dev/null)
@@ -119,8 +139,14 @@ fi
 BENCH=(.venv/bin/speccli bench -m "$TARGET" -md "$DRAFT" -n "$BENCH_N" --runs "$RUNS" --warmup 1 -ngl "$NGL" -ngld "$NGL")
 step greedy "$LIMIT_STEP" "${CHECK[@]}" greedy --models "$WORK/models" --ngl "$NGL" --out "$WORK/greedy.json"
 step chi2 "$LIMIT_STEP" "${CHECK[@]}" chi2 --models "$WORK/models" --ngl "$NGL" --samples "$SAMPLES" --out "$WORK/chi2.json"
+# The race: the same files, every layer on the GPU, interleaved rounds; each table lands in $OUT as it is.
+step race "$LIMIT_STEP" bash -c 'set -o pipefail; .venv/bin/python tests/benchmarks/loop_overhead.py --files "$0,$1" \
+    --ngl "$2" --threads "$3" --tools "$TOOLS" --rounds "$4" --n-predict "$5" --k 4,8 --draft-max 4,8,16 | tee "$OUT/race.txt"' \
+    "$TARGET" "$DRAFT" "$NGL" "$THREADS" "$RACE_ROUNDS" "$RACE_N"
+step race-serve "$LIMIT_STEP" bash -c 'set -o pipefail; .venv/bin/python tests/benchmarks/serve_clients.py --target "$0" \
+    --draft "$1" --ngl "$2" --threads "$3" --llama-bin "$TOOLS" --clients 1,4 --requests "$4" --rounds 1 --ctx 4096 \
+    --speccli default --llama draft:4,draft:8,draft:16 | tee "$OUT/race-serve.txt"' "$TARGET" "$DRAFT" "$NGL" "$THREADS" "$SERVE_REQUESTS"
 step bench-model "$LIMIT_STEP" "${BENCH[@]}" --spec model --k "$K_SWEEP" --json "$OUT/bench-model.json"
-step bench-ngram "$LIMIT_STEP" "${BENCH[@]}" --spec ngram,ngram+model --k auto --json "$OUT/bench-ngram.json"
 step speed "$LIMIT_STEP" "${CHECK[@]}" speed --models "$WORK/models" --gpu-tokens "$GPU_TOKENS" --cpu-tokens "$CPU_TOKENS" \
     --out "$WORK/speed.json"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -23,7 +24,8 @@ def load_llama_library_first() -> None:
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         return  # not installed: the command that needs it says so
-    library_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    # llama_cpp's own rule: LLAMA_CPP_LIB_PATH, else the package's lib folder.
+    library_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(next(iter(spec.submodule_search_locations))) / "lib")
     if "numpy" in sys.modules and "llama_cpp" not in sys.modules and (backend := crashing_backend(library_dir)):
         warnings.warn(
             f"numpy was imported before speccli: with llama.cpp's {backend} backend a model load may crash "

@@ -3,6 +3,7 @@ decode is nearly free, so what is measured is everything around llama_decode.
 
     flock /tmp/ggml.lock .venv/bin/python tests/benchmarks/loop_overhead.py --rounds 3
     .venv/bin/python tests/benchmarks/loop_overhead.py --vocab 151936 --only speccli --profile greedy-k4
+    .venv/bin/python tests/benchmarks/loop_overhead.py --files T.gguf,D.gguf --ngl 99 --k 4,8 --draft-max 4,8,16
 
 Models: the project's own GGUF writer (tests/tiny_gguf.py) writes a one-layer model of width 16 at each
 `--vocab` size (default 151,936, Qwen's, and 262,144, Gemma's) into `--workdir`; the same file is target
@@ -12,7 +13,8 @@ rounds in reverse order), with the round's own seed (42, 43, ...: sampled text, 
 right, moves with it):
 
   speccli target      `Generator` without a drafter, as chat and bench run it
-  speccli K=4         `Generator` with a `ModelDrafter`, `FixedK(4)`
+  speccli K=N         `Generator` with a `ModelDrafter`, `FixedK(N)`, for each N in `--k` (default 4)
+  speccli model auto  the same with `AutoK` (`--spec model --k auto`), warm as below
   speccli auto        speccli's defaults: `--spec suffix+model --k auto`, its policy warm as a user's second
                       invocation finds it (what `auto` learnt kept between processes: a first run is
                       unmeasured, and each run goes on from the last; no store of earlier replies);
@@ -24,17 +26,18 @@ right, moves with it):
   llama-speculative n-max N          at chat's defaults, the same; keeps the draft's most likely token by
                                      p/q, which is not the target's law (docs/exactness.md)
 
-each generating `--n-predict` (256) tokens after the same prompt, 2 threads; llama.cpp ignores the end
-token, and a speccli run that meets it stops the benchmark.
+each generating `--n-predict` (256) tokens after the same prompt, `--threads` (2); llama.cpp ignores the
+end token, and a speccli run that meets it stops the benchmark. `--ngl N` offloads N layers of both models
+(speccli and llama.cpp alike; the device check's race runs this with every layer on the GPU).
 
 Figures: tok/s over the generation (prompt apart); for speccli also the host time, i.e. the generation's
 wall time minus the time inside llama_decode (timed by wrapping it), per target logit row and per step,
-in µs; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling
+in µs, and its share of the generation's wall time; for llama.cpp the sampling time per token from its own perf print (`common_perf_print: sampling
 time`, the target's sampler, over the tokens generated). llama-completion's tok/s is over its total time
 less the prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over
 rounds; each speccli row's ratios (medians of per-round ratios) are to llama-completion (target alone),
-to each of llama.cpp's speculative tools at n-max 4 (K=4) and at its best n-max (auto), and, for auto
-cold, to auto warm.
+to each of llama.cpp's speculative tools at n-max N (K=N) and at its best n-max (model auto, auto), and,
+for auto cold, to auto warm.
 
 `--profile NAME` runs one speccli configuration (greedy-target, greedy-k4, chat-target, chat-k4) under
 cProfile instead and prints its top functions by own time.
@@ -81,8 +84,6 @@ SETTINGS = {
     "greedy": SamplingParams(temperature=0),
     "chat": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
 }
-K = 4
-THREADS = 2
 SEED = 42
 
 
@@ -91,6 +92,7 @@ class Run:
     tokens_per_second: float
     host_us_per_row: float | None = None
     host_us_per_step: float | None = None
+    host_share: float | None = None  # of the generation's wall time, outside llama_decode
 
 
 def write_model(directory: Path, vocab: int) -> Path:
@@ -136,20 +138,25 @@ class Bench:
     tools: Path
     target_path: Path
     draft_path: Path
+    threads: int = 2
+    n_gpu_layers: int = 0
 
     seed: int = SEED  # each round's own: sampled text, and so what drafts it allows, varies with it
     warm: bool = True  # `auto` goes on from what it learnt in the runs before, per setting
     policies: dict[SamplingParams, AutoK] = field(default_factory=dict)
 
     def speccli(self, sampling: SamplingParams, name: str, n_predict: int | None = None) -> Run:
-        """speccli's target alone, K=4 with the draft model, or its defaults (--spec suffix+model --k auto)."""
+        """speccli's target alone, the draft model at K=N or auto, or its defaults (--spec suffix+model --k auto)."""
         n_predict = n_predict or self.n_predict
-        default = lambda: make_drafter(DEFAULT_SPEC, self.draft, self.target)  # noqa: E731
-        drafter = {"speccli target": None, "speccli K=4": lambda: make_drafter("model", self.draft, self.target),
-                   "speccli auto": default, "speccli auto cold": default}[name]
-        auto = self.policies.setdefault(sampling, AutoK()) if self.warm else AutoK()
-        policy = {"speccli target": None, "speccli K=4": FixedK(K), "speccli auto": auto, "speccli auto cold": AutoK()}[name]
-        generator = Generator(self.target, drafter and drafter(), sampling, policy, seed=self.seed)
+        spec = None if name == "speccli target" else "model" if "K=" in name or "model" in name else DEFAULT_SPEC
+        if name.startswith("speccli K="):
+            policy = FixedK(int(name.split("=")[1]))
+        elif name == "speccli auto cold" or not self.warm:
+            policy = AutoK()
+        else:  # each warm configuration goes on from what it learnt in its own runs before
+            policy = self.policies.setdefault((sampling, name), AutoK())
+        drafter = spec and make_drafter(spec, self.draft, self.target)
+        generator = Generator(self.target, drafter, sampling, spec and policy, seed=self.seed)
         prompt = self.target.tokenizer.tokenize(self.prompt.encode())
         steps = rows = 0
         with DecodeClock() as clock:
@@ -166,12 +173,13 @@ class Bench:
             raise RuntimeError(f"speccli stopped after {done.stats.generated} of {n_predict} tokens ({done.reason})")
         generating = ended - started - done.stats.prefill_seconds
         host = generating - clock.seconds_after(started + done.stats.prefill_seconds)
-        return Run(done.stats.generated / generating, host / rows * 1e6, host / steps * 1e6)
+        return Run(done.stats.generated / generating, host / rows * 1e6, host / steps * 1e6, host / generating)
 
     def tool(self, sampling: SamplingParams, name: str) -> Run:
         tool, *draft_max = name.replace("n-max ", "").split()
         common = [str(self.tools / tool), "-m", str(self.target_path), "-p", self.prompt, "-n", str(self.n_predict),
-                  "-t", str(THREADS), "-c", "2048", "--seed", str(self.seed), "--ignore-eos", "-ngl", "0"]
+                  "-t", str(self.threads), "-c", "2048", "--seed", str(self.seed), "--ignore-eos",
+                  "-ngl", str(self.n_gpu_layers)]
         if sampling.greedy:
             common += ["--temp", "0"]
         else:
@@ -180,7 +188,8 @@ class Bench:
         if tool == "llama-completion":
             command = [*common, "-no-cnv"]
         else:
-            command = [*common, "-md", str(self.draft_path), "-devd", "none", "-ngld", "0",
+            draft_device = ["-devd", "none"] if self.n_gpu_layers == 0 else []
+            command = [*common, "-md", str(self.draft_path), *draft_device, "-ngld", str(self.n_gpu_layers),
                        "--spec-type", "draft-simple", "--spec-draft-n-max", draft_max[0]]
         result = subprocess.run(command, capture_output=True, text=True, timeout=600)
         log = result.stdout + result.stderr
@@ -197,12 +206,13 @@ class Bench:
         return Run(tokens / seconds, sampling_ms / tokens * 1e3)
 
 
-def configurations(tools: Path, only: set[str], draft_max: list[int]) -> list[tuple[str, str]]:
+def configurations(tools: Path, only: set[str], draft_max: list[int], ks: list[int]) -> list[tuple[str, str]]:
     """(setting, configuration) pairs to run, in round order."""
     rows = []
     for setting in SETTINGS:
         if "speccli" in only:
-            rows += [(setting, "speccli target"), (setting, "speccli K=4"), (setting, "speccli auto"), (setting, "speccli auto cold")]
+            names = ["speccli target", *(f"speccli K={k}" for k in ks), "speccli model auto", "speccli auto", "speccli auto cold"]
+            rows += [(setting, name) for name in names]
         if "llama" in only:
             rows.append((setting, "llama-completion"))
             # At T > 0 both: llama-speculative keeps the draft's most likely token by p/q, not the
@@ -221,6 +231,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n-predict", type=int, default=256)
     parser.add_argument("--draft-max", default="4", help="llama.cpp's --spec-draft-n-max values to run")
+    parser.add_argument("--k", default="4", help="speccli's fixed draft lengths to run")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--ngl", type=int, default=0, help="layers of each model offloaded (99: all)")
     parser.add_argument("--only", default="speccli,llama")
     parser.add_argument("--tools", type=Path, default=Path("/work/llama.cpp-tools/bin"))
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "speccli-loop-overhead")
@@ -229,7 +242,7 @@ def main() -> None:
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     only, draft_max = set(args.only.split(",")), [int(n) for n in args.draft_max.split(",")]
-    options = LoadOptions(n_ctx=2048, n_threads=THREADS)
+    options = LoadOptions(n_ctx=2048, n_threads=args.threads, n_gpu_layers=args.ngl)
     if args.files:
         target_path, draft_path = map(Path, args.files.split(","))
         pairs = [(target_path.name, target_path, draft_path)]
@@ -238,7 +251,8 @@ def main() -> None:
                  for path in [write_model(args.workdir, vocab)]]
     for title, target_path, draft_path in pairs:
         target, draft = Model(target_path, options), Model(draft_path, options)
-        bench = Bench(target, draft, args.prompt, args.n_predict, args.tools, target_path, draft_path, warm=not args.cold)
+        bench = Bench(target, draft, args.prompt, args.n_predict, args.tools, target_path, draft_path,
+                      threads=args.threads, n_gpu_layers=args.ngl, warm=not args.cold)
         if args.profile:
             setting, config = args.profile.split("-")
             bench.speccli(SETTINGS[setting], "speccli K=4" if config == "k4" else "speccli target")  # warm
@@ -247,12 +261,13 @@ def main() -> None:
             print(f"--- {title}, {args.profile}")
             pstats.Stats(profile).sort_stats("tottime").print_stats(18)
             continue
-        order = configurations(args.tools, only, draft_max)
+        order = configurations(args.tools, only, draft_max, [int(k) for k in args.k.split(",")])
         results: dict[tuple[str, str], list[Run]] = {key: [] for key in order}
         bench.speccli(SETTINGS["chat"], "speccli target", n_predict=16)  # warm the caches and pages
         if bench.warm and "speccli" in only:
             for setting in SETTINGS:  # a user's first invocation: what the measured ones go on from
-                bench.speccli(SETTINGS[setting], "speccli auto")
+                for name in ("speccli model auto", "speccli auto"):
+                    bench.speccli(SETTINGS[setting], name)
         for round_index in range(args.rounds):
             bench.seed = SEED + round_index
             for setting, name in order if round_index % 2 == 0 else order[::-1]:
@@ -269,10 +284,10 @@ def median(values: list[float | None]) -> float | None:
 
 def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
     """Each speccli row's ratios (medians of per-round ratios) to: llama-completion for the target alone;
-    for K=4 each speculative tool at n-max 4, for auto each at its best n-max (by median); for auto cold,
-    auto (warm) in the same rounds."""
+    for K=N each speculative tool at n-max N, for model auto and auto each at its best n-max (by median);
+    for auto cold, auto (warm) in the same rounds."""
     print(f"\n{title}: medians of {rounds} interleaved rounds")
-    print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'host µs/row':>12} {'host µs/step':>13}  ratios")
+    print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'host µs/row':>12} {'host µs/step':>13} {'host share':>11}  ratios")
 
     def ratio(runs: list[Run], peer: tuple[str, str]) -> str:
         return f"{statistics.median(a.tokens_per_second / b.tokens_per_second for a, b in zip(runs, results[peer])):.2f}x"
@@ -283,18 +298,21 @@ def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -
         versus = []
         if name == "speccli target":
             versus = [key for key in peers if key[1] == "llama-completion"]
-        elif name == "speccli K=4":
-            versus = [key for key in peers if key[1].endswith(f"n-max {K}")]
-        elif name == "speccli auto":
+        elif name.startswith("speccli K="):
+            versus = [key for key in peers if key[1].endswith(f"n-max {name.split('=')[1]}")]
+        elif name in ("speccli model auto", "speccli auto"):
             versus = [max((key for key in peers if key[1].split()[0] == tool),
                           key=lambda key: median([r.tokens_per_second for r in results[key]])) for tool in tools]
         elif name == "speccli auto cold":
             versus = [(setting, "speccli auto")]
         ratios = ", ".join(f"{ratio(runs, key)} {key[1]}" for key in versus)
         row, step = median([r.host_us_per_row for r in runs]), median([r.host_us_per_step for r in runs])
+        share = median([r.host_share for r in runs])
         print(f"{setting:8} {name:32} {median([r.tokens_per_second for r in runs]):8.1f} "
-              f"{'' if row is None else f'{row:.0f}':>12} {'' if step is None else f'{step:.0f}':>13}  {ratios}")
-    print("host µs/row: speccli, wall minus llama_decode per target logit row; llama.cpp, its sampler's time per token")
+              f"{'' if row is None else f'{row:.0f}':>12} {'' if step is None else f'{step:.0f}':>13} "
+              f"{'' if share is None else f'{share:.0%}':>11}  {ratios}")
+    print("host µs/row: speccli, wall minus llama_decode per target logit row; llama.cpp, its sampler's time per token;"
+          " host share: speccli's wall time outside llama_decode")
 
 
 if __name__ == "__main__":

@@ -62,8 +62,8 @@ def speccli_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
     extra = {"speculative": {"enabled": False}} if spec == "off" else {}
     spec_args = [] if spec in ("default", "off") else ["--spec", spec]
     port = free_port()
-    draft = ["--draft", str(args.draft)] if args.draft else []
-    return Server([str(ROOT / ".venv/bin/speccli"), "serve", "--target", str(args.target), *draft, *spec_args,
+    draft = ["--draft", str(args.draft), "--ngl-draft", str(args.ngl)] if args.draft else []
+    return Server([str(ROOT / ".venv/bin/speccli"), "serve", "--target", str(args.target), "--ngl", str(args.ngl), *draft, *spec_args,
                    "--ctx", str(args.ctx * slots), "--parallel", str(slots), "--threads", str(args.threads),
                    "--queue", "64", "--port", str(port)], port,
                   env={**os.environ, "SPECCLI_COLD_START": "1"}), extra  # each server from the priors
@@ -73,9 +73,9 @@ def llama_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
     port = free_port()
     kind, _, n_max = configuration.partition(":")
     spec_args = [] if configuration == "alone" else ["--spec-type", kind] if not n_max else \
-        ["-md", str(args.draft), "--spec-draft-n-max", n_max]
+        ["-md", str(args.draft), "-ngld", str(args.ngl), "--spec-draft-n-max", n_max]
     return Server([str(Path(args.llama_bin) / "llama-server"), "-m", str(args.target), "-c", str(args.ctx * slots),
-                   "-t", str(args.threads), "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
+                   "-ngl", str(args.ngl), "-t", str(args.threads), "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "--no-webui",
                    *spec_args], port), {}
 
 
@@ -141,6 +141,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=1024, help="context per slot")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--ngl", type=int, default=0, help="layers of each model offloaded, both servers (99: all)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speccli", default="default,off,default@1")
     parser.add_argument("--llama", default="alone,draft:4,draft:8,draft:16,ngram-mod")
