@@ -19,7 +19,7 @@ set gets GGML_RPC=ON (the RPC client and server) unless the user's CMAKE_ARGS na
 
 `--llama-cpp DIR` builds the llama.cpp that llama-cpp-python vendors once, with the same flags, into DIR:
 its shared libraries and llama.cpp's own tools (TOOLS, for side-by-side benchmarks), and installs
-llama-cpp-python without a library of its own (-DLLAMA_BUILD=OFF), to be pointed at DIR/bin with
+llama-cpp-python without a library of its own (-DLLAMA_BUILD=OFF), to be pointed at DIR/build/bin with
 LLAMA_CPP_LIB_PATH. So a CUDA machine compiles ggml-cuda once for both (the device check does this).
 
 The CUDA build needs cuBLAS, which a toolkit assembled from NVIDIA's pip packages lacks. Where the
@@ -72,7 +72,7 @@ TOOLS = ["llama-completion", "llama-speculative-simple", "llama-speculative", "l
 # What the tools need and nothing that reaches the network at build or run time (the web UI from a
 # bucket, curl, OpenSSL).
 TOOLS_CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON "
-                    "-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
+                    "-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
                     "-DLLAMA_USE_PREBUILT_UI=OFF")
 NO_LIBRARY = "-DLLAMA_BUILD=OFF"  # llama-cpp-python's flag: the Python package alone
 ROOT = Path(__file__).resolve().parent.parent
@@ -394,26 +394,32 @@ def cached_wheel(cmake_args: str, venv_python: Path) -> Path:
 
 def build_llama_cpp(cmake_args: str, build_dir: Path, venv_python: Path) -> Path:
     """llama.cpp's shared libraries and TOOLS built from llama-cpp-python's sdist (pip finds it where it
-    finds packages: PyPI, or an offline bundle's PIP_FIND_LINKS) into build_dir; returns the folder
-    holding both. A build of the same version and flags is reused."""
+    finds packages: PyPI, or an offline bundle's PIP_FIND_LINKS) in build_dir; returns the folder holding
+    both. The source is kept beside the build, so a build cut short goes on where it stopped when run
+    again; a finished build of the same version and flags is reused, one of other flags started afresh."""
     marker = build_dir / "speccli-llama-cpp.txt"
     identity = f"{LLAMA_CPP_PYTHON_VERSION} {cmake_args}"
-    library_dir = build_dir / "bin"
+    source, binary = build_dir / "source", build_dir / "build"
     if marker.exists() and marker.read_text().strip() == identity:
         say(f"using llama.cpp built in {build_dir}")
-        return library_dir
-    say(f"building llama.cpp {LLAMA_CPP_PYTHON_VERSION}'s libraries and {', '.join(TOOLS)} into {build_dir}")
-    with tempfile.TemporaryDirectory(prefix="speccli-llama-sdist-") as scratch:
-        run(venv_python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "--dest", scratch)
-        sdist = next(Path(scratch).glob("llama_cpp_python-*.tar.gz"))
-        with tarfile.open(sdist) as archive:
-            archive.extractall(scratch, filter="data")
-        source = next(Path(scratch).glob("llama_cpp_python-*/vendor/llama.cpp"))
-        run("cmake", "-S", source, "-B", build_dir, *shlex.split(cmake_args), *shlex.split(TOOLS_CMAKE_ARGS))
-        run("cmake", "--build", build_dir, "--parallel", str(os.cpu_count() or 2), "--target", "llama", *TOOLS)
+        return binary / "bin"
+    if (build_dir / "identity.txt").exists() and (build_dir / "identity.txt").read_text().strip() != identity:
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    (build_dir / "identity.txt").write_text(identity + "\n")
+    say(f"building llama.cpp {LLAMA_CPP_PYTHON_VERSION}'s libraries and {', '.join(TOOLS)} in {build_dir}")
+    if not (source / "CMakeLists.txt").exists():
+        with tempfile.TemporaryDirectory(prefix="speccli-llama-sdist-") as scratch:
+            run(venv_python, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "--dest", scratch)
+            with tarfile.open(next(Path(scratch).glob("llama_cpp_python-*.tar.gz"))) as archive:
+                # The "data" filter (Python 3.11.4 and later) refuses links and paths that leave the folder.
+                archive.extractall(scratch, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            shutil.move(next(Path(scratch).glob("llama_cpp_python-*/vendor/llama.cpp")), source)
+    run("cmake", "-S", source, "-B", binary, *shlex.split(cmake_args), *shlex.split(TOOLS_CMAKE_ARGS))
+    run("cmake", "--build", binary, "--parallel", str(os.cpu_count() or 2), "--target", "llama", *TOOLS)
     marker.write_text(identity + "\n")
-    return library_dir
+    return binary / "bin"
 
 
 def main() -> int:
@@ -426,7 +432,7 @@ def main() -> int:
                              f"default: the GPUs' here, else {DEFAULT_CUDA_ARCH}")
     parser.add_argument("--llama-cpp", metavar="DIR", type=Path,
                         help="build llama.cpp's libraries and its tools into DIR, for llama-cpp-python to load "
-                             "with LLAMA_CPP_LIB_PATH=DIR/bin")
+                             "with LLAMA_CPP_LIB_PATH=DIR/build/bin")
     args = parser.parse_args()
     if sys.version_info < (3, 11):
         say(f"speccli needs Python 3.11 or newer; this is {platform.python_version()}")

@@ -14,6 +14,7 @@ import shlex
 import shutil
 import stat
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -277,3 +278,52 @@ def test_half_built_toolkit_roots_are_not_taken_for_complete_ones(toolkit, tmp_p
     assert (root / setup.TOOLKIT_COMPLETE_MARKER).is_file()
     assert not (root / "include" / "half-copied.h").exists()
     assert (root / "include" / "cublas_v2.h").is_file()
+
+
+# --- --llama-cpp: llama.cpp's libraries and tools built once ------------------------------------------
+
+def test_llama_cpp_build_is_reused_when_finished_and_started_afresh_for_other_flags(tmp_path, monkeypatch):
+    """The build itself is rehearsed by `bash .ci/device/check.sh --rehearse` (minutes); here, what
+    decides whether it runs: pip and CMake are recorded, and pip's download leaves a real sdist."""
+    version = setup.LLAMA_CPP_PYTHON_VERSION
+    calls: list[list[str]] = []
+
+    def recorded(*cmd, env=None):
+        cmd = [str(c) for c in cmd]
+        calls.append(cmd)
+        if "download" in cmd:
+            top = tmp_path / "sdist" / f"llama_cpp_python-{version}"
+            (top / "vendor" / "llama.cpp").mkdir(parents=True)
+            (top / "vendor" / "llama.cpp" / "CMakeLists.txt").write_text("project(llama)\n")
+            with tarfile.open(Path(cmd[cmd.index("--dest") + 1]) / f"llama_cpp_python-{version}.tar.gz", "w:gz") as sdist:
+                sdist.add(top, arcname=top.name)
+
+    monkeypatch.setattr(setup, "run", recorded)
+    build = tmp_path / "llama.cpp"
+    assert setup.build_llama_cpp("-DGGML_AVX=ON", build, Path(sys.executable)) == build / "build" / "bin"
+    assert [cmd[:2] for cmd in calls] == [[sys.executable, "-m"], ["cmake", "-S"], ["cmake", "--build"]]
+    assert (build / "source" / "CMakeLists.txt").exists() and "-DGGML_AVX=ON" in calls[1]
+    assert calls[2][-len(setup.TOOLS) - 1:] == ["llama", *setup.TOOLS]
+
+    calls.clear()  # finished with these flags: nothing runs again
+    assert setup.build_llama_cpp("-DGGML_AVX=ON", build, Path(sys.executable)) == build / "build" / "bin"
+    assert calls == []
+
+    (build / "build").mkdir()
+    (build / "build" / "CMakeCache.txt").write_text("the other flags' cache\n")
+    shutil.rmtree(tmp_path / "sdist")
+    setup.build_llama_cpp("-DGGML_AVX=OFF", build, Path(sys.executable))  # other flags: afresh
+    assert not (build / "build" / "CMakeCache.txt").exists()
+    assert [cmd[:2] for cmd in calls] == [[sys.executable, "-m"], ["cmake", "-S"], ["cmake", "--build"]]
+    assert (build / "speccli-llama-cpp.txt").read_text() == f"{version} -DGGML_AVX=OFF\n"
+
+
+def test_a_build_cut_short_goes_on_with_its_source(tmp_path, monkeypatch):
+    calls: list[list[str]] = []
+    monkeypatch.setattr(setup, "run", lambda *cmd, env=None: calls.append([str(c) for c in cmd]))
+    build = tmp_path / "llama.cpp"
+    (build / "source").mkdir(parents=True)
+    (build / "source" / "CMakeLists.txt").write_text("project(llama)\n")
+    (build / "identity.txt").write_text(f"{setup.LLAMA_CPP_PYTHON_VERSION} -DGGML_AVX=ON\n")  # no marker: unfinished
+    setup.build_llama_cpp("-DGGML_AVX=ON", build, Path(sys.executable))
+    assert [cmd[:2] for cmd in calls] == [["cmake", "-S"], ["cmake", "--build"]]  # no download: the source stays

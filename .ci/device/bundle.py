@@ -47,13 +47,14 @@ DEV_EXTRAS_CARRIED = {"gguf", "openai"}  # openai: the race's clients (tests/ben
 STRIPPED = [
     ".git", ".github", "docker", "docs", "examples", "tests",
     "vendor/llama.cpp/.github", "vendor/llama.cpp/models", "vendor/llama.cpp/docs", "vendor/llama.cpp/media",
-    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests", "vendor/llama.cpp/pocs",
+    "vendor/llama.cpp/benches", "vendor/llama.cpp/tests",
     "vendor/llama.cpp/gguf-py", "vendor/llama.cpp/conversion",
     *(f"vendor/llama.cpp/tools/ui/{part}" for part in ("src", "tests", "static", "package-lock.json")),
     *(f"vendor/llama.cpp/ggml/src/ggml-{backend}" for backend in (
         "cann", "et", "hexagon", "metal", "opencl", "openvino", "sycl", "virtgpu", "vulkan", "webgpu")),
 ]
-MANYLINUX_TAGS = ["manylinux2014_x86_64", *(f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28))]
+# llguidance 1.9 is built for glibc 2.31 (manylinux_2_31): the device needs that glibc or newer.
+MANYLINUX_TAGS = ["manylinux2014_x86_64", *(f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31))]
 
 
 def say(message: str) -> None:

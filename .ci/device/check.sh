@@ -58,7 +58,7 @@ EOF
 # Offline: pip sees the bundle alone, whatever pip configuration the machine has.
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels $BUNDLE" PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1
 # llama.cpp's libraries and tools, built once by the install step; llama-cpp-python loads the libraries from here.
-TOOLS=$PWD/.venv/llama.cpp/bin
+TOOLS=$PWD/.venv/llama.cpp/build/bin
 export LLAMA_CPP_LIB_PATH=$TOOLS
 
 venv() {
@@ -139,7 +139,10 @@ fi
 BENCH=(.venv/bin/speccli bench -m "$TARGET" -md "$DRAFT" -n "$BENCH_N" --runs "$RUNS" --warmup 1 -ngl "$NGL" -ngld "$NGL")
 step greedy "$LIMIT_STEP" "${CHECK[@]}" greedy --models "$WORK/models" --ngl "$NGL" --out "$WORK/greedy.json"
 step chi2 "$LIMIT_STEP" "${CHECK[@]}" chi2 --models "$WORK/models" --ngl "$NGL" --samples "$SAMPLES" --out "$WORK/chi2.json"
+step speed "$LIMIT_STEP" "${CHECK[@]}" speed --models "$WORK/models" --gpu-tokens "$GPU_TOKENS" --cpu-tokens "$CPU_TOKENS" \
+    --out "$WORK/speed.json"
 # The race: the same files, every layer on the GPU, interleaved rounds; each table lands in $OUT as it is.
+# Before bench, which the race mostly repeats: a run cut short loses the least.
 step race "$LIMIT_STEP" bash -c 'set -o pipefail; .venv/bin/python tests/benchmarks/loop_overhead.py --files "$0,$1" \
     --ngl "$2" --threads "$3" --tools "$TOOLS" --rounds "$4" --n-predict "$5" --k 4,8 --draft-max 4,8,16 | tee "$OUT/race.txt"' \
     "$TARGET" "$DRAFT" "$NGL" "$THREADS" "$RACE_ROUNDS" "$RACE_N"
@@ -147,8 +150,6 @@ step race-serve "$LIMIT_STEP" bash -c 'set -o pipefail; .venv/bin/python tests/b
     --draft "$1" --ngl "$2" --threads "$3" --llama-bin "$TOOLS" --clients 1,4 --requests "$4" --rounds 1 --ctx 4096 \
     --speccli default --llama draft:4,draft:8,draft:16 | tee "$OUT/race-serve.txt"' "$TARGET" "$DRAFT" "$NGL" "$THREADS" "$SERVE_REQUESTS"
 step bench-model "$LIMIT_STEP" "${BENCH[@]}" --spec model --k "$K_SWEEP" --json "$OUT/bench-model.json"
-step speed "$LIMIT_STEP" "${CHECK[@]}" speed --models "$WORK/models" --gpu-tokens "$GPU_TOKENS" --cpu-tokens "$CPU_TOKENS" \
-    --out "$WORK/speed.json"
 
 if [ -n "${PRELOAD:-}" ] || ! .venv/bin/python -c 'import json,sys; sys.exit(not json.load(open(sys.argv[1]))["passed"])' "$WORK/load.json" 2>/dev/null; then
     rm -f "${PRELOAD:-}"

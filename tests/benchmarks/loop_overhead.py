@@ -49,6 +49,8 @@ llama.cpp's tools, built from the vendored tree of llama-cpp-python 0.3.36 with 
         -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DLLAMA_CURL=OFF
         -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF
     nice -n 19 cmake --build /work/llama.cpp-tools -j2 --target llama-completion llama-speculative-simple llama-speculative
+(`python3 .ci/setup.py --llama-cpp DIR` builds the same tools, and llama-cpp-python's own libraries with
+them, in DIR/build/bin: then run with LLAMA_CPP_LIB_PATH=DIR/build/bin, as the device check does.)
 `--tools` (default /work/llama.cpp-tools/bin) is where they are; rows whose tool is missing are left out.
 """
 from __future__ import annotations
@@ -191,18 +193,28 @@ class Bench:
             draft_device = ["-devd", "none"] if self.n_gpu_layers == 0 else []
             command = [*common, "-md", str(self.draft_path), *draft_device, "-ngld", str(self.n_gpu_layers),
                        "--spec-type", "draft-simple", "--spec-draft-n-max", draft_max[0]]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=600)
-        log = result.stdout + result.stderr
-        if result.returncode != 0:
-            raise RuntimeError(f"{tool} failed ({result.returncode}): {log[-2000:]}")
-        sampling_ms = float(re.search(r"sampling time =\s*([\d.]+) ms", log).group(1))
-        decoded = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        if decoded:  # the speculative tools time their own decode loop
-            tokens, seconds = int(decoded.group(1)), float(decoded.group(2))
-        else:  # llama-completion: its whole time less the prompt's
-            total = float(re.search(r"total time =\s*([\d.]+) ms", log).group(1))
-            prompt = float(re.search(r"prompt eval time =\s*([\d.]+) ms", log).group(1))
-            tokens, seconds = self.n_predict, (total - prompt) / 1e3
+        # llama.cpp logs from a thread of its own, and its last lines (the perf print) are now and then
+        # lost at exit: such a run is run again.
+        for _ in range(3):
+            # errors="replace": a written model's tokens need not decode to UTF-8
+            result = subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=600)
+            log = result.stdout + result.stderr
+            if result.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {log[-2000:]}")
+            # The speculative tools time their own decode loop; llama-completion's is its whole time
+            # less the prompt's.
+            patterns = ["sampling time =", *([r"decoded\s+\d+ tokens in"] if tool != "llama-completion" else
+                                             ["total time =", "prompt eval time ="])]
+            figures = [re.search(pattern + r"\s*([\d.]+)", log) for pattern in patterns]
+            if all(figures):
+                break
+        else:
+            raise RuntimeError(f"{' '.join(command)} printed no timings three times: {log[-2000:]}")
+        sampling_ms, *times = (float(figure.group(1)) for figure in figures)
+        if tool != "llama-completion":
+            tokens, seconds = int(re.search(r"decoded\s+(\d+) tokens", log).group(1)), times[0]
+        else:
+            tokens, seconds = self.n_predict, (times[0] - times[1]) / 1e3
         return Run(tokens / seconds, sampling_ms / tokens * 1e3)
 
 
