@@ -118,7 +118,8 @@ def test_a_slots_first_tokens_follow_the_targets_law_while_other_slots_generate(
 def test_the_rendezvous_batches_every_slots_decode_and_chunks_a_long_prompt(slotted_pair):
     """Three greedy generations in three threads: each equals its own run alone, and the target's
     decodes are shared (fewer calls than the three runs made alone); a prompt longer than PROMPT_CHUNK
-    arriving beside them goes in by chunks, so no decode beside it takes more than PROMPT_CHUNK of it."""
+    arriving beside them goes in by chunks, so no decode beside it takes more than PROMPT_CHUNK of it;
+    every decode of either model runs in the one decode thread (llama.cpp's OpenMP teams: slots.py)."""
     target, draft = slotted_pair
     greedy = SamplingParams(temperature=0)
     prompts = [[1, 5 + i, 7, 9, 11 + i] for i in range(2)] + [[1] + [20 + i % 50 for i in range(3 * PROMPT_CHUNK)]]
@@ -143,28 +144,35 @@ def test_the_rendezvous_batches_every_slots_decode_and_chunks_a_long_prompt(slot
     decodes_alone = target.decodes - before
     target.reset(), draft.reset()
 
-    widths = []
-    real = target.decode_together
+    widths, callers = [], set()
 
-    def recording(parts):
-        if len(parts) > 1:
-            widths.append(max(len(tokens) for sequence, tokens, rows in parts if rows == 0) if any(
-                rows == 0 for _, _, rows in parts) else 0)
-        return real(parts)
+    def recording(model):
+        real = model.decode_together
 
-    target.decode_together = recording
+        def decode_together(parts):
+            callers.add(threading.get_ident())
+            if len(parts) > 1 and model is target:
+                widths.append(max(len(tokens) for sequence, tokens, rows in parts if rows == 0) if any(
+                    rows == 0 for _, _, rows in parts) else 0)
+            return real(parts)
+        return decode_together
+
+    target.decode_together, draft.decode_together = recording(target), recording(draft)
+    rendezvous = Rendezvous([draft, target], decode_thread=True)
     try:
-        rendezvous, together = Rendezvous([draft, target]), [None] * SLOTS
+        together = [None] * SLOTS
         threads = [threading.Thread(target=run, args=(slot, rendezvous, together)) for slot in range(SLOTS)]
         before = target.decodes
         [thread.start() for thread in threads]
         [thread.join(timeout=120) for thread in threads]
     finally:
-        del target.decode_together
+        del target.decode_together, draft.decode_together
+        rendezvous.close()
     target.reset(), draft.reset()
     assert [tokens for _, tokens in together] == [tokens for _, tokens in alone]
     assert target.decodes - before < decodes_alone
     assert widths and max(widths) <= PROMPT_CHUNK
+    assert callers == {rendezvous._decoder.ident}
 
 
 def test_greedy_replies_served_together_equal_each_served_alone(tmp_path):

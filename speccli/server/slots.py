@@ -10,6 +10,11 @@ One slot runs at a time (the baton): slots share the suffix store, the metrics a
 buffers, whose views a slot reads between its decode and its next one, and no decode runs until every
 slot has parked again. A prompt is taken in a chunk per decode while other slots are generating, so
 a long one does not stall them.
+
+With several slots, every decode runs in one thread of the rendezvous's own: llama.cpp's CPU backend
+computes a decode on an OpenMP team of the thread that calls it, and teams kept by several calling
+threads slowed each decode by a third on 2 cores (RESULTS.md, *Slots*). With one slot, its own thread
+is the only caller, and decodes run there without a hand-over.
 """
 from __future__ import annotations
 
@@ -49,10 +54,13 @@ class Rendezvous:
     """Where the slots' decodes meet. `models`: the order in which parked models decode (the draft's first)."""
 
     models: Sequence[Model]
+    decode_thread: bool = False  # decode in a thread of its own (several slots), not the parking slot's
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _running: bool = False  # a slot holds the baton
     _runnable: int = 0  # slots that may run, waiting for the baton
     _parked: list[_Parked] = field(default_factory=list)
+    _decoder: threading.Thread | None = None
+    _closed: bool = False
 
     def enter(self) -> None:
         """A slot starts a generation: it runs once it has the baton."""
@@ -93,12 +101,41 @@ class Rendezvous:
 
     def _go_on(self) -> None:
         """Under the lock, the baton just given up: to a slot that may run, else (every busy slot parked)
-        run what is parked, a model's decodes at a time, until some slot may run."""
+        run what is parked, a model's decodes at a time, until some slot may run (here, or in the
+        decode thread, which the notification wakes)."""
         try:
-            while not self._runnable and self._parked:
+            if self.decode_thread:
+                if self._decoder is None:
+                    self._decoder = threading.Thread(target=self._decode, name="speccli-decode", daemon=True)
+                    self._decoder.start()
+                return
+            while self._due():
                 self._run_parked()
         finally:
             self._changed.notify_all()
+
+    def _due(self) -> bool:
+        return not self._running and not self._runnable and bool(self._parked)
+
+    def _decode(self) -> None:
+        with self._changed:
+            while not self._closed:
+                if self._due():
+                    try:
+                        self._run_parked()
+                    except BaseException as error:  # a bug: the slots waiting hear it rather than hang
+                        self._finish(list(self._parked), None, error)
+                    self._changed.notify_all()
+                else:
+                    self._changed.wait()
+
+    def close(self) -> None:
+        """End the decode thread (once no slot runs)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        if self._decoder is not None:
+            self._decoder.join()
 
     def _run_parked(self) -> None:
         alone = next((parked for parked in self._parked if parked.sequence is None), None)

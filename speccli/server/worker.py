@@ -150,7 +150,8 @@ class Worker:
         self._changed = threading.Condition()  # guards _waiting, _stopping and the slots' jobs
         self._stopping = False
         # One slot per sequence the target was loaded with (serve's --parallel).
-        self.rendezvous = Rendezvous([model for model in (draft, target) if model is not None])
+        self.rendezvous = Rendezvous([model for model in (draft, target) if model is not None],
+                                     decode_thread=target.n_seq > 1)
         self.slots = [
             Slot(i, GatedSequence(target.sequence(i), self.rendezvous),
                  None if draft is None else GatedSequence(draft.sequence(i), self.rendezvous))
@@ -187,6 +188,7 @@ class Worker:
             for slot in self.slots:
                 if slot.thread is not None and slot.thread.is_alive():
                     slot.thread.join()
+            self.rendezvous.close()
         self.store.close()
         if self.learnt is not None:
             for slot in self.slots:
