@@ -28,7 +28,7 @@ from speccli.llama.model import KVSequence, Model, check_decode
 
 # Prompt tokens a slot takes in per decode while other slots generate: each of their steps waits for
 # them (RESULTS.md, *Slots*).
-PROMPT_CHUNK = 64
+PROMPT_CHUNK = 32
 
 T = TypeVar("T")
 
