@@ -33,9 +33,9 @@ end token, and a speccli run that meets it stops the benchmark. `--ngl N` offloa
 Figures: tok/s over the generation (prompt apart); for speccli also the host time, i.e. the generation's
 wall time minus the time inside llama_decode (timed by wrapping it), per target logit row and per step,
 in µs, and its share of the generation's wall time; for llama.cpp the sampling time per token from its
-own perf print (`common_perf_print: sampling time`, the target's sampler, over the tokens generated). llama-completion's tok/s is over its total time
-less the prompt's; the speculative tools' over their own "decoded N tokens in T seconds". Medians over
-rounds; each speccli row's ratios (medians of per-round ratios) are to llama-completion (target alone),
+own perf print (`common_perf_print: sampling time`, the target's sampler, over the tokens generated).
+llama-completion's tok/s is over its total time less the prompt's; the speculative tools' over their own
+"decoded N tokens in T seconds". Medians over rounds; each speccli row's ratios (medians of per-round ratios) are to llama-completion (target alone),
 to each of llama.cpp's speculative tools at n-max N (K=N) and at its best n-max (model auto, auto), and,
 for auto cold, to auto warm.
 
