@@ -35,9 +35,9 @@ wall time minus the time inside llama_decode (timed by wrapping it), per target 
 in µs, and its share of the generation's wall time; for llama.cpp the sampling time per token from its
 own perf print (`common_perf_print: sampling time`, the target's sampler, over the tokens generated).
 llama-completion's tok/s is over its total time less the prompt's; the speculative tools' over their own
-"decoded N tokens in T seconds". Medians over rounds; each speccli row's ratios (medians of per-round ratios) are to llama-completion (target alone),
-to each of llama.cpp's speculative tools at n-max N (K=N) and at its best n-max (model auto, auto), and,
-for auto cold, to auto warm.
+"decoded N tokens in T seconds". Medians over rounds; each speccli row's ratios (medians of per-round
+ratios) are to llama-completion (target alone), to each of llama.cpp's speculative tools at n-max N
+(K=N) and at its best n-max (model auto, auto), and, for auto cold, to auto warm.
 
 `--profile NAME` runs one speccli configuration (greedy-target, greedy-k4, chat-target, chat-k4) under
 cProfile instead and prints its top functions by own time.
