@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--ctx", type=int, default=1024, help="context per slot")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--ngl", type=int, default=0, help="layers of each model offloaded (99: all)")
     args = parser.parse_args()
     args.prompts = Prompts(args.target)
     prompts = [args.prompts.ids(messages) for messages in mixed_workload(args.requests)]
