@@ -72,8 +72,8 @@ TOOLS = ["llama-completion", "llama-speculative-simple", "llama-speculative", "l
 # What the tools need and nothing that reaches the network at build or run time (the web UI from a
 # bucket, curl, OpenSSL).
 TOOLS_CMAKE_ARGS = ("-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON "
-                    "-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF "
-                    "-DLLAMA_USE_PREBUILT_UI=OFF")
+                    "-DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF "
+                    "-DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF")
 NO_LIBRARY = "-DLLAMA_BUILD=OFF"  # llama-cpp-python's flag: the Python package alone
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
@@ -398,7 +398,7 @@ def build_llama_cpp(cmake_args: str, build_dir: Path, venv_python: Path) -> Path
     both. The source is kept beside the build, so a build cut short goes on where it stopped when run
     again; a finished build of the same version and flags is reused, one of other flags started afresh."""
     marker = build_dir / "speccli-llama-cpp.txt"
-    identity = f"{LLAMA_CPP_PYTHON_VERSION} {cmake_args}"
+    identity = f"{LLAMA_CPP_PYTHON_VERSION} {cmake_args} {TOOLS_CMAKE_ARGS}"
     source, binary = build_dir / "source", build_dir / "build"
     if marker.exists() and marker.read_text().strip() == identity:
         say(f"using llama.cpp built in {build_dir}")

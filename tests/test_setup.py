@@ -315,7 +315,7 @@ def test_llama_cpp_build_is_reused_when_finished_and_started_afresh_for_other_fl
     setup.build_llama_cpp("-DGGML_AVX=OFF", build, Path(sys.executable))  # other flags: afresh
     assert not (build / "build" / "CMakeCache.txt").exists()
     assert [cmd[:2] for cmd in calls] == [[sys.executable, "-m"], ["cmake", "-S"], ["cmake", "--build"]]
-    assert (build / "speccli-llama-cpp.txt").read_text() == f"{version} -DGGML_AVX=OFF\n"
+    assert (build / "speccli-llama-cpp.txt").read_text() == f"{version} -DGGML_AVX=OFF {setup.TOOLS_CMAKE_ARGS}\n"
 
 
 def test_a_build_cut_short_goes_on_with_its_source(tmp_path, monkeypatch):
@@ -324,6 +324,7 @@ def test_a_build_cut_short_goes_on_with_its_source(tmp_path, monkeypatch):
     build = tmp_path / "llama.cpp"
     (build / "source").mkdir(parents=True)
     (build / "source" / "CMakeLists.txt").write_text("project(llama)\n")
-    (build / "identity.txt").write_text(f"{setup.LLAMA_CPP_PYTHON_VERSION} -DGGML_AVX=ON\n")  # no marker: unfinished
+    # Started with these flags, and no marker: unfinished.
+    (build / "identity.txt").write_text(f"{setup.LLAMA_CPP_PYTHON_VERSION} -DGGML_AVX=ON {setup.TOOLS_CMAKE_ARGS}\n")
     setup.build_llama_cpp("-DGGML_AVX=ON", build, Path(sys.executable))
     assert [cmd[:2] for cmd in calls] == [["cmake", "-S"], ["cmake", "--build"]]  # no download: the source stays
