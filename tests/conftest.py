@@ -16,12 +16,12 @@ from speccli.llama.model import KVSequence, LoadOptions, Model
 from speccli.models.config import load_registry
 from speccli.models.resolve import resolve_pair
 from speccli.core.seam import CostProfile, Draft, DraftCosts
-from speccli.drafting.learnt import COLD_START
+from speccli.remembered.learnt import COLD_START
 from speccli.drafting.policy import AutoK
 from tests.tiny_gguf import TinyConfig, write_related_pair, write_tiny_gguf
 
 
-# What `auto` learnt is kept between processes (speccli/drafting/learnt.py): tests, and the commands they
+# What `auto` learnt is kept between processes (speccli/remembered/learnt.py): tests, and the commands they
 # start, begin from the priors every run, whatever an earlier run left in the cache. The tests of the
 # warm start itself take this out of their environment.
 os.environ[COLD_START] = "1"

@@ -1,4 +1,4 @@
-"""What `--k auto` learnt, kept between processes (speccli/drafting/learnt.py): a policy that recalls it
+"""What `--k auto` learnt, kept between processes (speccli/remembered/learnt.py): a policy that recalls it
 drafts as the one that learnt it would have gone on drafting; a file that cannot serve is one line
 and a fresh start; `speccli remembered` lists and clears it."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
 from speccli.core.stats import StepEvent
-from speccli.drafting.learnt import COLD_START, LearntFile, learnt_path
+from speccli.remembered.learnt import COLD_START, LearntFile, learnt_path, policy_state, recall_state
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK
@@ -52,7 +52,7 @@ def test_a_recalled_policy_plans_as_the_one_that_learnt() -> None:
     learn(learnt, "ngram:3-5/once", 4, 4, 5)
     learn(learnt, "ngram:12+/same", 8, 1, 5)
     fresh, recalled = calibrated(MEMORY_BOUND, {"model": 0.3}), AutoK()
-    recalled.recall(json.loads(json.dumps(learnt.learnt())))  # through the file's JSON
+    recall_state(recalled, json.loads(json.dumps(policy_state(learnt))))  # through the file's JSON
     recalled.calibrate(PROFILE)
     assert lengths_planned(recalled) == lengths_planned(learnt)
     assert lengths_planned(fresh) != lengths_planned(learnt)  # what was learnt changes the plans: the test can fail

@@ -25,7 +25,8 @@ from speccli.core.verify import DraftVerdict
 from speccli.drafting.policy import FixedK
 from speccli.drafting.specs import make_drafter
 from speccli.drafting.planner import Planner
-from speccli.drafting.suffix import SEPARATOR, SuffixLookup, SuffixStore
+from speccli.drafting.suffix import SEPARATOR, SuffixLookup
+from speccli.remembered.stores import RememberedStore
 from tests.conftest import loaded_related_pair
 from tests.test_engine_distribution import SETTINGS
 from tests.token_distribution import chi_square_p_value
@@ -35,8 +36,8 @@ from tests.two_token_distribution import exact_two_token_distribution, sampled_p
 SAMPLES = 500  # the control needs about 340 (tests/benchmarks/RESULTS.md, *Chi-square power*)
 
 
-def store_of(*replies: tuple[list[int], list[int]], cap_tokens: int = 10_000) -> SuffixStore:
-    store = SuffixStore(cap_tokens)
+def store_of(*replies: tuple[list[int], list[int]], cap_tokens: int = 10_000) -> RememberedStore:
+    store = RememberedStore(cap_tokens)  # the store, with the file's methods
     for head, reply in replies:
         store.begin(head)
         store.extend(reply)
@@ -83,7 +84,7 @@ def test_the_store_file_round_trips_readable_by_the_user_alone(tmp_path) -> None
     store.save(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert [p.name for p in path.parent.iterdir()] == ["v1.suffix"]  # no temporary file left
-    loaded, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    loaded, problem = RememberedStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
     assert problem is None and loaded.n_tokens == store.n_tokens
     assert loaded.match([1, 2], limit=5) == store.match([1, 2], limit=5)
 
@@ -96,7 +97,7 @@ def test_the_store_file_round_trips_readable_by_the_user_alone(tmp_path) -> None
 def test_a_corrupt_store_file_is_one_line_and_a_fresh_store(tmp_path, content, says) -> None:
     path = tmp_path / "v1.suffix"
     path.write_bytes(content)
-    store, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    store, problem = RememberedStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
     assert store.n_tokens == 0 and problem == f"{path}: {says}; starting a new store"
 
 
@@ -105,10 +106,10 @@ def test_a_store_of_another_vocabulary_or_with_foreign_ids_is_not_read(tmp_path)
     store.vocabulary = "v1"
     path = tmp_path / "v1.suffix"
     store.save(path)
-    assert SuffixStore.load(path, "v2", n_vocab=100, cap_tokens=1000)[1].endswith("a store of another vocabulary; starting a new store")
-    fresh, problem = SuffixStore.load(path, "v1", n_vocab=20, cap_tokens=1000)  # id 40 is past 20 tokens
+    assert RememberedStore.load(path, "v2", n_vocab=100, cap_tokens=1000)[1].endswith("a store of another vocabulary; starting a new store")
+    fresh, problem = RememberedStore.load(path, "v1", n_vocab=20, cap_tokens=1000)  # id 40 is past 20 tokens
     assert fresh.n_tokens == 0 and "outside this vocabulary" in problem
-    assert SuffixStore.load(tmp_path / "missing.suffix", "v1", 20, 1000)[1] is None  # none yet: no complaint
+    assert RememberedStore.load(tmp_path / "missing.suffix", "v1", 20, 1000)[1] is None  # none yet: no complaint
 
 
 def test_a_store_file_that_cannot_be_written_is_said_once_and_the_store_kept_in_memory(tmp_path) -> None:
@@ -163,7 +164,7 @@ def test_a_store_name_on_a_fifo_or_a_device_is_refused_without_reading_it(tmp_pa
     signal.alarm(10)
     try:
         for name in ("a.suffix", "b.suffix"):
-            store, problem = SuffixStore.load(stores / name, "v1", n_vocab=10, cap_tokens=1000)
+            store, problem = RememberedStore.load(stores / name, "v1", n_vocab=10, cap_tokens=1000)
             assert store.n_tokens == 0 and problem == f"{stores / name}: unreadable (not a regular file); starting a new store"
         listed = CliRunner().invoke(app, ["remembered"])
     finally:
@@ -226,7 +227,7 @@ def test_a_store_cut_short_keeps_its_whole_tokens_and_is_listed_so(tmp_path, mon
     whole.vocabulary, whole.model = "v1", "target.gguf"
     whole.save(path)
     path.write_bytes(path.read_bytes()[:-2])  # half of the last token
-    loaded, problem = SuffixStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
+    loaded, problem = RememberedStore.load(path, "v1", n_vocab=10, cap_tokens=1000)
     assert problem == f"{path}: cut short mid-token; keeping the 11 whole tokens before the cut"
     assert loaded.n_tokens == whole.n_tokens - 1 and loaded.match([1, 2], limit=5).following[:2] == [3, 4]
     listed = CliRunner().invoke(app, ["remembered"])
@@ -255,7 +256,7 @@ def test_a_target_with_a_long_non_ascii_name_keeps_a_readable_store(tmp_path) ->
     # and a name that is not UTF-8 (bytes of a file name reach Python as surrogate escapes)
     for store.model in ("é" * 700 + ".gguf", "\U0001F600" * 700, "h\udcffx.gguf"):
         store.save(tmp_path / "v1.suffix")
-        loaded, problem = SuffixStore.load(tmp_path / "v1.suffix", "v1", n_vocab=10, cap_tokens=1000)
+        loaded, problem = RememberedStore.load(tmp_path / "v1.suffix", "v1", n_vocab=10, cap_tokens=1000)
         assert problem is None and loaded.n_tokens == store.n_tokens
 
 
@@ -265,7 +266,7 @@ def test_odd_leftovers_are_listed_and_cleared_without_a_traceback(tmp_path, monk
     left out of the listing while --clear refused for it."""
     import subprocess
 
-    from speccli.drafting.suffix import owner_lock
+    from speccli.remembered.stores import owner_lock
     from speccli.util.files import try_lock
 
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
@@ -313,7 +314,7 @@ def test_a_store_opened_while_remembered_holds_its_lock_a_moment_is_still_writte
     replies in memory for its whole life."""
     import threading
 
-    from speccli.drafting.suffix import _owner_lock_of, owner_lock
+    from speccli.remembered.stores import _owner_lock_of, owner_lock
     from speccli.util.files import try_lock
 
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(tmp_path))
@@ -352,13 +353,13 @@ def test_a_large_store_loads_within_a_second(tmp_path) -> None:
     rng = np.random.default_rng(0)
     tokens = rng.zipf(1.2, 1_000_000).clip(max=150_000).astype(np.int32)
     tokens[:: 500] = SEPARATOR
-    store = SuffixStore(2_000_000, "v")
+    store = RememberedStore(2_000_000, "v")
     store._load_tokens(tokens)
     store.save(tmp_path / "big.suffix")
     import time
 
     started = time.perf_counter()
-    loaded, problem = SuffixStore.load(tmp_path / "big.suffix", "v", n_vocab=150_001, cap_tokens=2_000_000)
+    loaded, problem = RememberedStore.load(tmp_path / "big.suffix", "v", n_vocab=150_001, cap_tokens=2_000_000)
     assert problem is None and loaded.n_tokens == 1_000_000
     assert time.perf_counter() - started < 5  # a bound a loaded CI machine meets; the benchmark measures it
 
@@ -516,7 +517,7 @@ def test_a_corrupt_remembered_store_is_one_warning_and_the_chat_goes_on(tiny_pai
     assert result.exit_code == 0
     assert [line for line in result.stderr.splitlines() if "store" in line] == [
         f"warning: {store_file}: not a speccli store; starting a new store"]
-    assert SuffixStore.load(store_file, store_file.stem, 10**6, 10**6)[1] is None  # replaced by a good one
+    assert RememberedStore.load(store_file, store_file.stem, 10**6, 10**6)[1] is None  # replaced by a good one
 
 
 def test_a_remembered_store_that_cannot_be_written_is_one_warning_and_the_chat_goes_on(tiny_pair, tmp_path, monkeypatch) -> None:

@@ -11,7 +11,7 @@ from speccli.chat.session import ChatSession
 from speccli.chat.view import Display, Mode
 from speccli.core.constraint import GrammarSpec
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.suffix import open_store
+from speccli.remembered.stores import open_store
 from speccli.errors import SpeccliError, UsageError
 from speccli.models.pair import PairRequest, open_pair
 from speccli.util.interrupts import terminated

@@ -24,7 +24,7 @@ from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
 from speccli.drafting.policy import PROFILED_SIZES
-from speccli.drafting.learnt import LearntFile
+from speccli.remembered.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError

@@ -11,8 +11,8 @@ import typer
 
 def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store and what auto learnt.")] = False) -> None:
     """List what is kept between runs (replies for the suffix source with --remember, what --k auto learnt), or delete it."""
-    from speccli.drafting.learnt import describe, learnt_files
-    from speccli.drafting.suffix import describe_stores, stores_dir
+    from speccli.remembered.learnt import describe, learnt_files
+    from speccli.remembered.stores import describe_stores, stores_dir
     from speccli.errors import UnreadableFileError, unreadable
 
     folder = stores_dir()
@@ -43,8 +43,8 @@ def _clear(folder: Path) -> None:
     """Delete every store, killed save and policy file; none while a running chat or serve writes a store
     (it would write the replies back at its next save): that is refused, naming it, and nothing deleted.
     Each store's lock is held while it goes, so no process starts writing it meanwhile."""
-    from speccli.drafting.learnt import cleared_marker, learnt_files
-    from speccli.drafting.suffix import killed_saves, owner_lock, stores_owned, store_files
+    from speccli.remembered.learnt import cleared_marker, learnt_files
+    from speccli.remembered.stores import killed_saves, owner_lock, stores_owned, store_files
     from speccli.errors import SpeccliError
     from speccli.util.files import try_lock
 

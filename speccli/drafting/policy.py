@@ -22,8 +22,7 @@ docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each (
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
@@ -235,7 +234,7 @@ class AutoK:
         # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
         self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
         # A lookup's longest draft after its drafts kept m tokens whole, by m (0: the reply's start);
-        # priced once per reply from the verify curve (`_price_ramps`).
+        # priced once per reply from the verify curve (`price_ramps`).
         self.lookup_ramps: list[int] = [RAMP_START]
         self.reply_lengths: list[int] = []  # tokens of the last REPLY_LENGTHS_KEPT replies
         self.reply_tokens = 0  # of the reply under way
@@ -249,7 +248,7 @@ class AutoK:
         for key, draft in costs.draft_costs.items():
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
             state.cost.calibrate(draft.token_seconds, draft.catch_up_seconds, self.verify.level)
-        self._price_ramps()
+        self.price_ramps()
 
     def begin_reply(self) -> None:
         if self.reply_tokens:
@@ -260,36 +259,7 @@ class AutoK:
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:
-            self._price_ramps()
-
-    def learnt(self) -> dict[str, object]:
-        """What carries to another process (speccli/drafting/learnt.py): each key's acceptance, schedule
-        and drafting cost, and the replies' lengths. The verify curve is not: each process profiles it."""
-        return {
-            "keys": {key: {"model": isinstance(state.schedule, ModelSchedule), "schedule": vars(state.schedule),
-                           "acceptance": vars(state.acceptance), "cost": vars(state.cost)}
-                     for key, state in self.keys.items()},
-            "reply_lengths": self.reply_lengths, "reply_tokens": self.reply_tokens,
-        }
-
-    def recall(self, learnt: dict[str, object]) -> None:
-        """Take up what `learnt` gave (another process's, read back from JSON); ValueError where it is not that."""
-        try:
-            keys = {}
-            for key, state in learnt["keys"].items():
-                schedule = ModelSchedule() if state["model"] is True else LookupSchedule()
-                parts = (schedule, Acceptance(), DraftCost())
-                for part, values in zip(parts, (state["schedule"], state["acceptance"], state["cost"])):
-                    _restore(part, values)
-                keys[str(key)] = KeyState(*parts)
-            lengths, tokens = learnt["reply_lengths"], learnt["reply_tokens"]
-            if not all(type(n) is int and n >= 0 for n in [*lengths, tokens]):
-                raise ValueError("reply lengths are not counts")
-        except (KeyError, TypeError, AttributeError) as error:
-            raise ValueError(f"not a policy's learnt state ({type(error).__name__}: {error})") from None
-        self.keys, self.reply_lengths, self.reply_tokens = keys, list(lengths)[-REPLY_LENGTHS_KEPT:], tokens
-        if self.verify.decode_seconds:
-            self._price_ramps()
+            self.price_ramps()
 
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         limit = min(available, self.max_k)
@@ -428,7 +398,7 @@ class AutoK:
         """Whether drafting could pay at all at these costs, were each token kept at `acceptance`."""
         return fastest(self._rates(state, [acceptance] * limit)) > 0
 
-    def _price_ramps(self) -> None:
+    def price_ramps(self) -> None:
         """Each ramp's start and floor, and a lookup's by what its copy kept, at the costs measured now
         (see RAMP_LOSS)."""
         start = min(RAMP_START, self.max_k)
@@ -448,31 +418,3 @@ class AutoK:
             k += 1
         return k
 
-
-def _restore(part: object, values: dict[str, object]) -> None:
-    """Set the dataclass `part`'s fields from `values` (read back from JSON), each as its annotation says
-    (every number here is a count, a rate or seconds: finite, not negative); ValueError for a field it
-    lacks or a value of another kind."""
-    kinds = {field.name: str(field.type) for field in fields(part)}
-    if set(values) - set(kinds):
-        raise ValueError(f"unknown fields {sorted(set(values) - set(kinds))}")
-
-    def number(value: object, kind: type) -> bool:
-        return type(value) in ((int, float) if kind is float else (kind,)) and math.isfinite(value) and value >= 0
-
-    for name, value in values.items():
-        kind = kinds[name]
-        if value is None and "None" in kind:
-            pass
-        elif kind.startswith("list"):
-            if not isinstance(value, list) or not all(number(v, float) for v in value):
-                raise ValueError(f"{name} is not a list of counts")
-            value = [float(v) for v in value]
-        elif kind == "bool":
-            if type(value) is not bool:
-                raise ValueError(f"{name} is {value!r}")
-        elif not number(value, float if "float" in kind else int):
-            raise ValueError(f"{name} is {value!r}")
-        elif "float" in kind:
-            value = float(value)
-        setattr(part, name, value)

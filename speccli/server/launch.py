@@ -28,8 +28,8 @@ from speccli.server.app import create_app
 from speccli.server.metrics import Metrics
 from speccli.server.service import Service
 from speccli.drafting.registry import DEFAULT_SPEC
-from speccli.drafting.learnt import LearntFile
-from speccli.drafting.suffix import open_store
+from speccli.remembered.learnt import LearntFile
+from speccli.remembered.stores import open_store
 from speccli.server.worker import Speculation, Worker
 from speccli.util.format import escape_undecodable
 from speccli.drafting.registry import check_spec, require_draft_model

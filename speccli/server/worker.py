@@ -27,7 +27,7 @@ import numpy as np
 from speccli.core.generator import GenerationLimits, Generator, PairCosts
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, TokenEvent
-from speccli.drafting.learnt import LearntFile
+from speccli.remembered.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
 from speccli.errors import SpeccliError

@@ -19,7 +19,8 @@ import speccli  # noqa: F401  first: llama.cpp's library mapped before numpy (do
 import numpy as np
 
 from speccli.drafting.ngram import NgramLookup
-from speccli.drafting.suffix import SuffixLookup, SuffixStore
+from speccli.drafting.suffix import SuffixLookup
+from speccli.remembered.stores import RememberedStore
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.models.resolve import resolve_models
 from speccli.models.config import load_registry
@@ -57,7 +58,7 @@ def main() -> None:
     text = corpus(model, args.store_tokens + args.context)
     rss_before = rss_mib()
     tracemalloc.start()
-    store = SuffixStore(2 * args.store_tokens, "v")
+    store = RememberedStore(2 * args.store_tokens, "v")
     started = time.perf_counter()
     for start in range(0, args.store_tokens, 400):  # replies of 400 tokens after 16 of their prompt
         store.begin(text[max(start - 16, 0):start])
@@ -70,7 +71,7 @@ def main() -> None:
         path = Path(folder) / "store.suffix"
         store.save(path)
         started = time.perf_counter()
-        loaded, problem = SuffixStore.load(path, "v", 1 << 20, 2 * args.store_tokens)
+        loaded, problem = RememberedStore.load(path, "v", 1 << 20, 2 * args.store_tokens)
         load = time.perf_counter() - started
         assert problem is None
         size = path.stat().st_size / 2**20

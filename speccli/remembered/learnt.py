@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from speccli.core.sampling import SamplingParams
-from speccli.drafting.suffix import SAVE_EVERY_SECONDS, stores_dir
+from speccli.drafting.acceptance import Acceptance
+from speccli.drafting.costs import DraftCost
+from speccli.drafting.policy import REPLY_LENGTHS_KEPT, AutoK, KeyState, LookupSchedule, ModelSchedule
+from speccli.remembered.stores import SAVE_EVERY_SECONDS, stores_dir
 from speccli.errors import SpeccliError
 from speccli.util.cache import speccli_cache_dir
 from speccli.util.files import build_atomically, open_regular, private_folder
@@ -69,19 +74,19 @@ class LearntFile:
         self._started_ns = time.time_ns()
 
     def recall(self, policy: object, sampling: SamplingParams) -> None:
-        if hasattr(policy, "recall") and self.active:
+        if isinstance(policy, AutoK) and self.active:
             problem = _read_into(policy, learnt_path(self.target, self.draft, sampling))
             if problem is not None:
                 self.warn(problem)
 
     def keep(self, policy: object, sampling: SamplingParams, now: bool = False) -> None:
-        if not (hasattr(policy, "learnt") and self.active and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
+        if not (isinstance(policy, AutoK) and self.active and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
             return
         if _cleared_since(self._started_ns):  # what it learnt before `remembered --clear` is never written back
             self.active = False
             return
         path = learnt_path(self.target, self.draft, sampling)
-        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy.learnt()})
+        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy_state(policy)})
         try:
             private_folder(path.parent)
             build_atomically(path, lambda partial: partial.write_text(text))
@@ -104,7 +109,7 @@ def _cleared_since(started_ns: int) -> bool:
         return False
 
 
-def _read_into(policy: object, path: Path) -> str | None:
+def _read_into(policy: AutoK, path: Path) -> str | None:
     """Give `policy` what the file at `path` holds; a line saying why not where it cannot serve (none
     where there is no file yet)."""
     try:
@@ -122,7 +127,7 @@ def _read_into(policy: object, path: Path) -> str | None:
     try:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError("not a speccli policy file of this version")
-        policy.recall(saved["learnt"])
+        recall_state(policy, saved["learnt"])
     except (ValueError, KeyError, TypeError) as error:
         why = error if isinstance(error, ValueError) else f"damaged ({type(error).__name__}: {error})"
         return f"warning: {path}: {why}; `auto` starts from its priors"
@@ -147,3 +152,64 @@ def describe(path: Path) -> str:
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "? (not a policy file)"
     return one_line(f"what auto learnt: {label}")
+
+
+def policy_state(policy: AutoK) -> dict[str, object]:
+    """What carries to another process: each key's acceptance, schedule and drafting cost, and the
+    replies' lengths. The verify curve does not: each process profiles it."""
+    return {
+        "keys": {key: {"model": isinstance(state.schedule, ModelSchedule), "schedule": vars(state.schedule),
+                       "acceptance": vars(state.acceptance), "cost": vars(state.cost)}
+                 for key, state in policy.keys.items()},
+        "reply_lengths": policy.reply_lengths, "reply_tokens": policy.reply_tokens,
+    }
+
+
+def recall_state(policy: AutoK, learnt: dict[str, object]) -> None:
+    """Give `policy` what `policy_state` gave (another process's, read back from JSON); ValueError where
+    it is not that."""
+    try:
+        keys = {}
+        for key, state in learnt["keys"].items():
+            schedule = ModelSchedule() if state["model"] is True else LookupSchedule()
+            parts = (schedule, Acceptance(), DraftCost())
+            for part, values in zip(parts, (state["schedule"], state["acceptance"], state["cost"])):
+                _restore(part, values)
+            keys[str(key)] = KeyState(*parts)
+        lengths, tokens = learnt["reply_lengths"], learnt["reply_tokens"]
+        if not all(type(n) is int and n >= 0 for n in [*lengths, tokens]):
+            raise ValueError("reply lengths are not counts")
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"not a policy's learnt state ({type(error).__name__}: {error})") from None
+    policy.keys, policy.reply_lengths, policy.reply_tokens = keys, list(lengths)[-REPLY_LENGTHS_KEPT:], tokens
+    if policy.verify.decode_seconds:
+        policy.price_ramps()
+
+
+def _restore(part: object, values: dict[str, object]) -> None:
+    """Set the dataclass `part`'s fields from `values` (read back from JSON), each as its annotation says
+    (every number here is a count, a rate or seconds: finite, not negative); ValueError for a field it
+    lacks or a value of another kind."""
+    kinds = {field.name: str(field.type) for field in fields(part)}
+    if set(values) - set(kinds):
+        raise ValueError(f"unknown fields {sorted(set(values) - set(kinds))}")
+
+    def number(value: object, kind: type) -> bool:
+        return type(value) in ((int, float) if kind is float else (kind,)) and math.isfinite(value) and value >= 0
+
+    for name, value in values.items():
+        kind = kinds[name]
+        if value is None and "None" in kind:
+            pass
+        elif kind.startswith("list"):
+            if not isinstance(value, list) or not all(number(v, float) for v in value):
+                raise ValueError(f"{name} is not a list of counts")
+            value = [float(v) for v in value]
+        elif kind == "bool":
+            if type(value) is not bool:
+                raise ValueError(f"{name} is {value!r}")
+        elif not number(value, float if "float" in kind else int):
+            raise ValueError(f"{name} is {value!r}")
+        elif "float" in kind:
+            value = float(value)
+        setattr(part, name, value)

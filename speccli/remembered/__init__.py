@@ -1,0 +1,1 @@
+"""What is kept between processes: stores of earlier replies, what `--k auto` learnt."""
