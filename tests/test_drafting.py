@@ -19,7 +19,7 @@ from speccli.drafting.planner import Planner
 from speccli.drafting.model import CATCH_UP_SIZES, Intake, ModelDrafter, NextToken
 from speccli.drafting.ngram import Match, NgramLookup
 from speccli.drafting.policy import (
-    FIRST_PROBE_AFTER, LONG_RECENCY, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, REPLY_LENGTHS_KEPT, SHARE_WEIGHT, AutoK, FixedK,
+    FIRST_PROBE_AFTER, LONG_RECENCY, RAMP_START, REPLY_LENGTHS_KEPT, AutoK, FixedK,
 )
 from speccli.drafting.acceptance import RECENCY
 from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
@@ -332,7 +332,7 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
         withheld = drafted_by("model", 1, smaller_model.plan("model", 8), withheld=True)
         observe(smaller_model, withheld, step(1, 1, 0.0075, smaller_model.verify(2)))
         stopped_steps += 1
-    assert 5 <= stopped_steps <= 15  # ...and unsure tokens are drafted again, to be measured anew
+    assert 2 <= stopped_steps <= 15  # ...and unsure tokens are drafted again, to be measured anew
     quantized_copy = calibrated(MEMORY_BOUND, {"model": 0.3})
     unsure_draft_steps(quantized_copy, kept=True, times=10)  # Gemma's Q4_K_M: kept though unsure
     assert keeps_unsure_tokens(quantized_copy)
@@ -344,7 +344,7 @@ def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rej
 
 def test_a_re_check_does_not_stop_on_the_drafts_own_doubts() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    unsure_draft_steps(policy, kept=False, times=2)
+    unsure_draft_steps(policy, kept=False, times=4)
     assert not policy.keep_drafting("model", Plan(2), lambda: 0.4)
     assert policy.keep_drafting("model", Plan(2, probe=True), lambda: 0.4)
 
@@ -961,9 +961,9 @@ def test_auto_spreads_a_draft_models_prompt_over_what_its_drafts_are_expected_to
     def seconds_per_token_of_the_prompt(replying: AutoK) -> float:
         return 1 / replying.plan("model", 127, owed_prompt=40).rate - 1 / replying.plan("model", 127).rate
 
-    # Its share of the tokens moved from 1 towards 1/2 by SHARE_WEIGHT a reply: the prompt is spread over
+    # Its share of the tokens moved from 1 towards 1/2 by 1 - RECENCY a reply: the prompt is spread over
     # that share of the tokens.
-    share = 1 / 2 + (1 - 1 / 2) * (1 - SHARE_WEIGHT) ** 3
+    share = 1 / 2 + (1 - 1 / 2) * RECENCY ** 3
     assert seconds_per_token_of_the_prompt(shared) / seconds_per_token_of_the_prompt(alone) == pytest.approx(1 / share)
 
 
@@ -1000,7 +1000,7 @@ def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:
 
 
 def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_to_take_in() -> None:
-    """A draft model ruled out is re-checked where a reply first asks it, every 1, 2, 4, 8 replies while
+    """A draft model ruled out is re-checked where a reply first asks it, after 1, 2, 4, 8, … replies while
     its re-checks fail (a chat that turns to code must find its draft model again), and within a reply
     after FIRST_PROBE_AFTER idle steps, doubling, where the tokens it must first take in cost at most
     RAMP_LOSS plain steps. Qwen 0.5B on this CPU (a sixth of the target's step a skipped token) never
@@ -1028,7 +1028,7 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
     expensive = probes(1 / 6)
     assert {index for _, index in expensive} == {0}, expensive
     gaps = np.diff([reply for reply, _ in expensive]).tolist()
-    assert gaps[:2] == [2, 4] and set(gaps[2:]) == {MAX_REPLIES_BETWEEN_CHECKS}, expensive  # ever rarer, up to a bound
+    assert len(gaps) >= 3 and gaps == [2 ** n for n in range(1, len(gaps) + 1)], expensive  # ever rarer
     cheap = probes(0.01)
     mid_reply = [index for _, index in cheap if index]
     # After the first ask's re-check failed: 32 idle steps (FIRST_PROBE_AFTER, doubled once), then 64.

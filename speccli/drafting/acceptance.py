@@ -17,12 +17,11 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 RECENCY = 0.9
 # A draft model's top probability below UNSURE_BELOW marks its token unsure (llama.cpp's p_min). A
 # quantized copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often
-# does not: a key stops at unsure tokens only while their measured rate, from UNSURE_PRIOR, is below
-# UNSURE_STOP_BELOW and tokens kept at that rate would not pay at the measured costs (on a GPU they do;
-# RESULTS.md, "The redesigned policy").
+# does not: a key stops at unsure tokens only while their measured rate (from PRIOR_ACCEPTANCE, as every
+# estimate here) is below UNSURE_STOP_BELOW and tokens kept at that rate would not pay at the measured
+# costs (on a GPU they do; RESULTS.md, "The redesigned policy").
 UNSURE_BELOW = 0.75
 UNSURE_STOP_BELOW = 0.5
-UNSURE_PRIOR = 0.6
 
 
 def shrunk(kept: float, judged: float, prior: float) -> float:
@@ -65,7 +64,7 @@ class Acceptance:
         self.unsure_kept *= weight
 
     def unsure_rate(self) -> float:
-        return shrunk(self.unsure_kept, self.unsure_judged, UNSURE_PRIOR)
+        return shrunk(self.unsure_kept, self.unsure_judged, PRIOR_ACCEPTANCE)
 
     def rates(self, positions: int) -> list[float]:
         """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first

@@ -33,10 +33,9 @@ from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.seam import Draft, DraftCosts, KPolicy, Segment
 from speccli.core.stats import StepEvent
+from speccli.drafting.acceptance import RECENCY
 from speccli.drafting.model import Intake, NextToken
 from speccli.drafting.ngram import JUDGED_TOKENS, Match
-
-REALIZED_WEIGHT = 0.1  # weight of the newest step in a source's realized rate (about the last 10 steps)
 
 
 class Lookup(Protocol):
@@ -74,14 +73,14 @@ class DraftModel(Protocol):
 
 @dataclass
 class RealizedRate:
-    """Tokens and seconds per step, the newest step weighted REALIZED_WEIGHT: their ratio is the
-    tokens per second the steps actually yielded (a ratio of means, not a mean of ratios)."""
+    """Tokens and seconds per step, the earlier steps weighed by RECENCY (the estimates' memory): their
+    ratio is the tokens per second the steps actually yielded (a ratio of means, not a mean of ratios)."""
 
     tokens: float = 0.0
     seconds: float = 0.0
 
     def add(self, tokens: int, seconds: float) -> None:
-        weight = REALIZED_WEIGHT if self.seconds else 1.0
+        weight = 1 - RECENCY if self.seconds else 1.0
         self.tokens += weight * (tokens - self.tokens)
         self.seconds += weight * (seconds - self.seconds)
 

@@ -45,12 +45,13 @@ RAMP_START = 4
 # (RESULTS.md, "A copy earns its length"). A draft model is re-checked where what it skipped costs at most
 # RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
-FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
-MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
+# A key ruled out is re-checked (a draft of PROBE_LENGTH tokens) after FIRST_PROBE_AFTER idle steps, or a
+# draft model in the next reply, each doubling after a re-check that did not pay.
+FIRST_PROBE_AFTER = 16
+PROBE_LENGTH = 2
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
 RECHECK_CARRY = 0.25
-PROBE_LENGTH = 2
 # Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
 # their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
 # ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
@@ -66,9 +67,8 @@ RAMP_FREE_GAIN = 1.25
 LONG_RECENCY = 0.95
 # The prompt a draft model takes in at its first draft of a reply is spread (`_intake_per_token`) by the
 # lengths of the last REPLY_LENGTHS_KEPT replies and the model's share of a reply's tokens, which each
-# reply moves by SHARE_WEIGHT (RESULTS.md, "The prompt's intake priced").
+# reply moves as the estimates' memory, RECENCY, says (RESULTS.md, "The prompt's intake priced").
 REPLY_LENGTHS_KEPT = 16
-SHARE_WEIGHT = 0.1
 
 
 class FixedK:
@@ -147,7 +147,7 @@ class ModelSchedule(Schedule):
         super().begin_reply()
         self.idle_steps = 0  # a re-check within a reply counts that reply's steps only
         if self.yielded_since_its_first:
-            self.share += SHARE_WEIGHT * (self.yielded_by_it / self.yielded_since_its_first - self.share)
+            self.share += (1 - RECENCY) * (self.yielded_by_it / self.yielded_since_its_first - self.share)
         self.yielded_by_it = self.yielded_since_its_first = 0
 
     def count_step(self, drafted_it: bool, tokens: int) -> None:
@@ -179,7 +179,7 @@ class ModelSchedule(Schedule):
 
     def probe_due(self) -> bool:
         if not self.asked_in_reply:
-            return self.idle_replies >= min(self.backoff(), MAX_REPLIES_BETWEEN_CHECKS) - 1
+            return self.idle_replies >= self.backoff() - 1
         return self.idle_steps >= FIRST_PROBE_AFTER * self.backoff()
 
 
