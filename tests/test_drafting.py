@@ -1078,6 +1078,22 @@ def test_a_draft_model_drafts_unramped_and_remembers_longer_where_drafting_gains
     assert lengths[True] > RAMP_START and lengths[False] == RAMP_START
 
 
+def test_an_unramped_draft_model_kept_whole_drafts_a_token_further_next() -> None:
+    """Unramped (the H200's costs), a draft model whose third tokens were rejected drafts 2 tokens; kept
+    whole, its next draft is 3 tokens: only drafting there refreshes the stale estimate past them (the
+    agent workload at the H200's costs drafted 2 tokens, each kept, for a whole reply). The control, the
+    same state with the draft not kept whole, stays at 2."""
+    lengths = {}
+    for whole in (True, False):
+        policy = calibrated(H200, {"model": 0.3})
+        learn(policy, "model", 6, 2, 10, token_cost=0.3)
+        assert policy.keys["model"].schedule.unramped and policy.plan("model", 24).k == 2
+        ask(policy, "model", 24, kept=lambda k: k, token_cost=0.3)
+        policy.keys["model"].schedule.last_kept_whole = whole
+        lengths[whole] = policy.plan("model", 24).k
+    assert lengths == {True: 3, False: 2}
+
+
 def test_auto_counts_a_reply_s_drafts_chosen_on_its_estimates_apart_from_its_re_checks() -> None:
     """Chat says `auto` found nothing worth drafting where a reply had only re-checks: they are counted
     apart from the drafts the estimates chose, per reply."""

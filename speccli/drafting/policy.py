@@ -165,8 +165,12 @@ class ModelSchedule(Schedule):
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
         A ramp cut below RAMP_START drafts the shortest length up to RAMP_START that pays, or RAMP_START's
-        where none does, so a failed draft never ends drafting for the reply (RESULTS.md)."""
+        where none does, so a failed draft never ends drafting for the reply (RESULTS.md). Unramped, a
+        draft kept whole is followed by one a token longer at least: the estimates past it are only
+        refreshed by drafting there (RESULTS.md, "Fewer constants")."""
         best = fastest(rates)
+        if self.unramped and best and self.last_kept_whole:
+            best = max(best, min(self.last_kept + 1, len(rates) - 1))
         if best <= ramp:
             return best
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
