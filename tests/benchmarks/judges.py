@@ -10,6 +10,7 @@ nothing timed. The recordings are replay.py's, made once per machine (about 4 mi
     replay.py gemma3-270m        --recording DIR/gemmaheld.json -n 64 --prompts tests/benchmarks/heldout_prompts.jsonl ...
     replay.py qwen2.5-coder-1.5b --recording DIR/qwen48.json -n 48 ...
     replay.py gemma3-270m        --recording DIR/gemma_agent.json -n 64 --workload agent ...
+    replay.py TARGET.gguf,DRAFT.gguf --recording DIR/device.json -n 128 ...   (.ci/device/check.py models --scale device)
 
 A recording missing from DIR is left out, said once. Prints each judge's geometric mean over its tasks
 and, against a saved run, the change and the task that moved most down.
@@ -34,6 +35,8 @@ COSTS = {
     "gemma gpu": ("0.05:1.01,1.03,1.07,1.15", (0.23, 0.097), (0.0, 0.0), 0.0),
     "qwen gpu": ("0.05:1.01,1.03,1.07,1.15", (0.55, 0.178), (0.0, 0.0), 0.0),
     "h200": ("0.298:1.38,1.56,1.66,1.82", (1.0, 0.05), (0.035, 0.15), 0.18),
+    "device h200": ("0.25:1.37,1.56,1.65,1.85", (1.0, 0.05), (0.035, 0.15), 0.18),
+    "device nofixed": ("0.298:1.38,1.56,1.66,1.82", (1.0, 0.05), (0.035, 0.15), 0.0),
 }
 # recording: (its judges' costs, tokens a reply, rounds, warm-up replies, remember: as serve)
 JUDGES = {
@@ -41,6 +44,7 @@ JUDGES = {
     "gemmaheld": (("gemma cpu", "h200"), 64, 3, 1, False),
     "qwen48": (("qwen cpu", "qwen gpu"), 48, 3, 1, False),
     "gemma_agent": (("gemma cpu", "h200"), 64, 1, 0, True),
+    "device": (("device h200", "device nofixed"), 128, 2, 1, False),
 }
 SPECS = ("suffix+model", "model", "ngram")
 
