@@ -13,7 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class RememberedStore(SuffixStore):
         super().clear()
         self._unsaved = True
 
-    def extend(self, tokens) -> None:
+    def extend(self, tokens: Sequence[int]) -> None:
         super().extend(tokens)
         self._unsaved = True
 
