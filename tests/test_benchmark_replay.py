@@ -2,11 +2,18 @@
 the same recording and costs give the same figures."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from speccli.core.sampling import top_probability
 from speccli.drafting.policy import VerifyCosts
+from speccli.validation import parse_k
+from tests.benchmarks import judges
 from tests.benchmarks.replay import (
     MeasuredCurve,
     RecordedDraftModel,
@@ -161,3 +168,27 @@ def test_a_suffix_source_recalls_earlier_replies_only_where_told_to_remember() -
     assert replay([reply], "suffix", "auto", 2, C, COSTS)["t"] == lookup
     remembered = replay([reply], "suffix", "auto", 2, C, COSTS, remember=True)["t"]
     assert remembered[0] == pytest.approx(1.0) and remembered[1] > 2.0
+
+
+def test_the_judges_replay_each_recording_at_its_costs_and_compare_with_a_saved_run(replies, tmp_path) -> None:
+    """tests/benchmarks/judges.py: a recording's figures are replay.py's at its judges' costs, a second
+    run against the first changes nothing, and a recording missing from the folder is said, not fatal."""
+    (tmp_path / "gemma48.json").write_text(json.dumps([reply.__dict__ for reply in replies]))
+    script = Path(__file__).parent / "benchmarks" / "judges.py"
+
+    def run(*args: str) -> list[str]:
+        done = subprocess.run([sys.executable, str(script), "--recordings", str(tmp_path), *args],
+                              capture_output=True, text=True, check=True)
+        return done.stdout.splitlines()
+
+    first = run("--save", str(tmp_path / "first.json"))
+    assert f"{tmp_path / 'qwen48.json'}: missing, left out (replay.py makes it: see this file's docstring)" in first
+    saved = json.loads((tmp_path / "first.json").read_text())
+    costs, n_predict, rounds, warmup, remember = judges.JUDGES["gemma48"]
+    assert len(saved) == len(costs) * 3
+    verify_costs, catch_up, host, draft_first = judges.COSTS["gemma cpu"]
+    c, verify = parse_costs(verify_costs)
+    direct = replay(replies, "model", parse_k("auto"), rounds, c, verify, (), catch_up, warmup, host, remember, draft_first, n_predict)
+    assert saved["gemma48 gemma cpu model auto"]["tasks"] == {task: pytest.approx(np.mean(values)) for task, values in direct.items()}
+    again = [line for line in run("--against", str(tmp_path / "first.json")) if line.startswith("gemma48")]
+    assert len(again) == len(saved) and all("(+0.00%" in line for line in again)
