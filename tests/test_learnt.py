@@ -16,10 +16,10 @@ from speccli.core.generator import GenerationLimits, Generator
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
 from speccli.core.stats import StepEvent
-from speccli.remembered.learnt import COLD_START, LearntFile, learnt_path, policy_state, recall_state
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK
+from speccli.remembered.learnt import COLD_START, LearntFile, learnt_path, policy_state, recall_state
 from tests.conftest import MemoryBoundAutoK
 from tests.standin import stand_in_pair
 from tests.test_drafting import MEMORY_BOUND, calibrated, learn

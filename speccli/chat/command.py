@@ -11,9 +11,9 @@ from speccli.chat.session import ChatSession
 from speccli.chat.view import Display, Mode
 from speccli.core.constraint import GrammarSpec
 from speccli.core.sampling import SamplingParams
-from speccli.remembered.stores import open_store
 from speccli.errors import SpeccliError, UsageError
 from speccli.models.pair import PairRequest, open_pair
+from speccli.remembered.stores import open_store
 from speccli.util.interrupts import terminated
 from speccli.validation import K
 

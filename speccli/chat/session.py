@@ -24,9 +24,9 @@ from speccli.core.seam import ReplyDrafting
 from speccli.core.stats import DoneEvent, RunStats, Source, StepEvent, TokenEvent
 from speccli.core.text import begins_a_stop
 from speccli.drafting.policy import PROFILED_SIZES
-from speccli.remembered.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
+from speccli.remembered.learnt import LearntFile
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits, shared_context
 from speccli.util.interrupts import ctrl_c_as_flag, terminated

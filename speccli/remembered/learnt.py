@@ -25,8 +25,8 @@ from speccli.core.sampling import SamplingParams
 from speccli.drafting.acceptance import Acceptance
 from speccli.drafting.costs import DraftCost
 from speccli.drafting.policy import REPLY_LENGTHS_KEPT, AutoK, KeyState, LookupSchedule, ModelSchedule
-from speccli.remembered.stores import SAVE_EVERY_SECONDS, stores_dir
 from speccli.errors import SpeccliError
+from speccli.remembered.stores import SAVE_EVERY_SECONDS, stores_dir
 from speccli.util.cache import speccli_cache_dir
 from speccli.util.files import build_atomically, open_regular, private_folder
 from speccli.util.format import one_line

@@ -27,9 +27,9 @@ import numpy as np
 from speccli.core.generator import GenerationLimits, Generator, PairCosts
 from speccli.core.sampling import SamplingParams
 from speccli.core.stats import DoneEvent, TokenEvent
-from speccli.remembered.learnt import LearntFile
 from speccli.drafting.specs import make_drafter, make_policy
 from speccli.drafting.suffix import SuffixStore
+from speccli.remembered.learnt import LearntFile
 from speccli.errors import SpeccliError
 from speccli.llama.model import Model, naming_non_finite_logits
 from speccli.server.metrics import Metrics
