@@ -45,9 +45,8 @@ RAMP_START = 4
 # (RESULTS.md, "A copy earns its length"). A draft model is re-checked where what it skipped costs at most
 # RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
-# A key ruled out is re-checked (a draft of PROBE_LENGTH tokens) after FIRST_PROBE_AFTER idle steps, or a
-# draft model in the next reply, each doubling after a re-check that did not pay.
-FIRST_PROBE_AFTER = 16
+FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
+MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
 PROBE_LENGTH = 2
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
@@ -109,6 +108,7 @@ class Schedule:
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
     last_kept: int | None = None  # tokens this key's last draft in this reply led to (None: none yet)
     last_kept_whole: bool = False
+    last_drafted: int = 0  # tokens its last draft drafted itself
     copied: int = 0  # tokens its drafts in this reply kept in a row, each kept whole
 
     def begin_reply(self) -> None:
@@ -116,9 +116,9 @@ class Schedule:
         self.asked_in_reply = self.drafted_in_reply = False
         self.last_kept, self.last_kept_whole, self.copied = None, False, 0
 
-    def kept(self, run: int, whole: bool) -> None:
-        """Its last draft led to `run` tokens kept; `whole`: all of its tokens."""
-        self.last_kept, self.last_kept_whole = run, whole
+    def kept(self, run: int, whole: bool, drafted: int) -> None:
+        """Its last draft of `drafted` tokens led to `run` tokens kept; `whole`: all of its tokens."""
+        self.last_kept, self.last_kept_whole, self.last_drafted = run, whole, drafted
         self.copied = self.copied + run if whole else 0
 
     def asked(self, k: int) -> None:
@@ -165,12 +165,8 @@ class ModelSchedule(Schedule):
     def choose(self, rates: list[float], ramp: int) -> int:
         """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
         A ramp cut below RAMP_START drafts the shortest length up to RAMP_START that pays, or RAMP_START's
-        where none does, so a failed draft never ends drafting for the reply (RESULTS.md). Unramped, a
-        draft kept whole is followed by one a token longer at least: the estimates past it are only
-        refreshed by drafting there (RESULTS.md, "Fewer constants")."""
+        where none does, so a failed draft never ends drafting for the reply (RESULTS.md)."""
         best = fastest(rates)
-        if self.unramped and best and self.last_kept_whole:
-            best = max(best, min(self.last_kept + 1, len(rates) - 1))
         if best <= ramp:
             return best
         cautious = range(ramp, min(best, max(ramp, RAMP_START)) + 1)
@@ -181,9 +177,16 @@ class ModelSchedule(Schedule):
         rates need not have one peak: on Qwen's CPU curve they fall past 4 rows and rise again)."""
         return AUTO_MAX_K
 
+    def explore(self, k: int, longest: int) -> int:
+        """Unramped, a draft whose own tokens were all kept is followed by one a token longer at least:
+        the estimates past it are refreshed only by drafting there (RESULTS.md, "Fewer constants")."""
+        if self.unramped and k and self.last_kept_whole:
+            return max(k, min(self.last_drafted + 1, longest))
+        return k
+
     def probe_due(self) -> bool:
         if not self.asked_in_reply:
-            return self.idle_replies >= self.backoff() - 1
+            return self.idle_replies >= min(self.backoff(), MAX_REPLIES_BETWEEN_CHECKS) - 1
         return self.idle_steps >= FIRST_PROBE_AFTER * self.backoff()
 
 
@@ -287,6 +290,8 @@ class AutoK:
             recheck = state.schedule.choose(self._rates(state, acceptance, catch_up), ramp) == 0
         if limit > 0 and not k and recheck and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
+        if isinstance(state.schedule, ModelSchedule):  # the rate stays the estimates' choice's
+            return Plan(state.schedule.explore(k, len(rates) - 1), rates[k])
         return Plan(k, rates[k])
 
     def _intake_per_token(self, state: KeyState, owed_prompt: int, available: int) -> float:
@@ -367,7 +372,7 @@ class AutoK:
             return
         state = self._state(segment.key)
         self._judge(state, drafted, accepted, segment.confidences)
-        state.schedule.kept(kept_run, kept_run >= drafted)
+        state.schedule.kept(kept_run, kept_run >= drafted, drafted)
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if segment.plan.probe:
             rates = self._rates(state, state.acceptance.rates(self.max_k))

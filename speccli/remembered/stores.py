@@ -126,6 +126,7 @@ class RememberedStore(SuffixStore):
             return store, f"{path}: cut short mid-token; keeping the {body_bytes // 4:,} whole tokens before the cut"
         return store, None
 
+
 def _read_header(file: BinaryIO) -> dict | None:
     """A store's header (its length in 4 bytes, then JSON), or None where the file starts otherwise."""
     size = int.from_bytes(file.read(4), "little")
