@@ -129,6 +129,10 @@ class Schedule:
     def backoff(self) -> int:
         return 2 ** min(self.failed_probes, 8)
 
+    def explore(self, k: int, longest: int) -> int:
+        """The length drafted where the estimates chose `k` (up to `longest`): `k`."""
+        return k
+
 
 @dataclass
 class ModelSchedule(Schedule):
@@ -290,9 +294,7 @@ class AutoK:
             recheck = state.schedule.choose(self._rates(state, acceptance, catch_up), ramp) == 0
         if limit > 0 and not k and recheck and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
-        if isinstance(state.schedule, ModelSchedule):  # the rate stays the estimates' choice's
-            return Plan(state.schedule.explore(k, len(rates) - 1), rates[k])
-        return Plan(k, rates[k])
+        return Plan(state.schedule.explore(k, len(rates) - 1), rates[k])  # the rate: the estimates' choice's
 
     def _intake_per_token(self, state: KeyState, owed_prompt: int, available: int) -> float:
         """Seconds of taking in `owed_prompt` tokens, spread over the tokens the source's drafts are
