@@ -39,7 +39,8 @@ def files(tmp_path, name: str = "target.gguf"):
     """Stand-ins for a loaded pair: what the file is keyed by (the files' names and sizes, where they run)."""
     (tmp_path / name).write_bytes(b"t" * 10)
     (tmp_path / "draft.gguf").write_bytes(b"d" * 5)
-    return (SimpleNamespace(path=tmp_path / name, placement="CPU", n_seq=1), SimpleNamespace(path=tmp_path / "draft.gguf", placement="CPU"))
+    return (SimpleNamespace(path=tmp_path / name, placement="CPU", n_seq=1, options=SimpleNamespace(n_threads=None)),
+            SimpleNamespace(path=tmp_path / "draft.gguf", placement="CPU"))
 
 
 def lengths_planned(policy: AutoK) -> list[int]:
@@ -89,13 +90,46 @@ def test_a_process_that_recalls_drafts_its_first_reply_as_the_last_process_would
     assert reply_steps(process(), prompts[1]) != second_reply
 
 
-def test_the_file_is_keyed_by_pair_and_regime_and_cold_start_neither_reads_nor_writes(cache, tmp_path, monkeypatch) -> None:
+def test_the_cost_profile_is_kept_and_a_process_that_recalls_it_times_none(cache, tmp_path, monkeypatch) -> None:
+    """The profile the first process timed is the second's, and its first reply times nothing; a file
+    whose profile lacks the draft model's costs is timed again (the control: timing is seen)."""
+    from speccli.core import generator as generator_module
+
+    timed, measure = [], generator_module.measure_costs
+    monkeypatch.setattr(generator_module, "measure_costs", lambda *args: timed.append(args) or measure(*args))
+    target_file, draft_file = files(tmp_path)
+
+    def process() -> Generator:
+        target, draft = stand_in_pair(eog_bias=0.0)
+        return Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, MemoryBoundAutoK())
+
+    first = process()
+    reply_steps(first, [1, 2, 3, 4])
+    assert len(timed) == 1 and first.costs.asked == sorted(AutoK.profiled_sizes)
+    LearntFile(target_file, draft_file, print).keep(first.policy, GREEDY, now=True, costs=first.costs)
+    second = process()
+    LearntFile(target_file, draft_file, print).recall(second.policy, GREEDY, second.costs)
+    reply_steps(second, [1, 2, 3, 4])
+    assert len(timed) == 1 and second.costs.measured == first.costs.measured
+
+    path = learnt_path(target_file, draft_file, GREEDY)
+    saved = json.loads(path.read_text())
+    saved["costs"]["draft_costs"] = {}
+    path.write_text(json.dumps(saved))
+    third = process()
+    LearntFile(target_file, draft_file, print).recall(third.policy, GREEDY, third.costs)
+    reply_steps(third, [1, 2, 3, 4])
+    assert len(timed) == 2 and third.costs.measured.draft_costs
+
+
+def test_the_file_is_keyed_by_pair_regime_and_threads_and_cold_start_neither_reads_nor_writes(cache, tmp_path, monkeypatch) -> None:
     target_file, draft_file = files(tmp_path)
     other_target, _ = files(tmp_path, "other.gguf")
     sampled = SamplingParams(temperature=0.8)
     paths = {learnt_path(target_file, draft_file, GREEDY), learnt_path(target_file, draft_file, sampled),
-             learnt_path(other_target, draft_file, GREEDY), learnt_path(target_file, None, GREEDY)}
-    assert len(paths) == 4 and all(path.parent == cache / "remembered" for path in paths)
+             learnt_path(other_target, draft_file, GREEDY), learnt_path(target_file, None, GREEDY),
+             learnt_path(SimpleNamespace(**{**vars(target_file), "options": SimpleNamespace(n_threads=1)}), draft_file, GREEDY)}
+    assert len(paths) == 5 and all(path.parent == cache / "remembered" for path in paths)
     monkeypatch.setenv(COLD_START, "1")
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
     learn(policy, "model", 8, 8, 3)
@@ -115,6 +149,12 @@ def test_the_file_is_keyed_by_pair_and_regime_and_cold_start_neither_reads_nor_w
                                          "reply_lengths": [], "reply_tokens": 0}}).encode(), "last_kept is 2.5"),
     (b"\xff\xfe", "damaged (not a policy file's JSON)"),
     (b'{"format": 1}', "damaged (KeyError: 'learnt')"),
+    (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
+                 "costs": {"decode_seconds": [[2, 0.1]], "sample_seconds": 0, "draft_costs": {}, "asked": [2]}}).encode(),
+     "the profile has no one-row decode"),
+    (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
+                 "costs": {"decode_seconds": [[1, -0.1]], "sample_seconds": 0, "draft_costs": {}, "asked": [1]}}).encode(),
+     "-0.1 is not seconds"),
 ])
 def test_a_file_that_cannot_serve_is_one_line_and_a_fresh_start(cache, tmp_path, content, why) -> None:
     target_file, draft_file = files(tmp_path)
@@ -182,9 +222,37 @@ def test_a_one_shot_chat_keeps_what_auto_learnt_and_the_next_takes_it_up(cache, 
     assert first.exit_code == 0, first.stderr
     [kept] = (cache / "remembered").glob("*.policy")
     saved = json.loads(kept.read_text())
-    assert saved["regime"] == "sampled" and "model" in saved["learnt"]["keys"]
+    assert saved["regime"] == "sampled" and "model" in saved["learnt"]["keys"] and "model" in saved["costs"]["draft_costs"]
     kept.write_text("{")
     second = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1", "--k", "auto")
     assert second.exit_code == 0 and second.stdout
     assert f"warning: {kept}: damaged (not a policy file's JSON); `auto` starts from its priors" in second.stderr.splitlines()
     assert json.loads(kept.read_text())["format"] == 1
+
+
+def test_a_restarted_server_takes_up_the_profile_and_times_none(cache, tmp_path, monkeypatch) -> None:
+    """Through a real server with two slots: the first process times the profile and keeps it as it
+    stops; the next one answers without timing (the control: the first one's timing is seen)."""
+    from contextlib import ExitStack
+
+    from speccli.core import generator as generator_module
+    from speccli.llama.model import LoadOptions, Model
+    from speccli.server.launch import ServeSettings, build_service, serving_in_thread
+    from tests.test_server import MODEL, client
+    from tests.tiny_gguf import write_related_pair
+
+    timed, measure = [], generator_module.measure_costs
+    monkeypatch.setattr(generator_module, "measure_costs", lambda *args: timed.append(args) or measure(*args))
+    paths = write_related_pair(tmp_path, target_layers=2, draft_layers=1, eps=0.1)
+    for process in range(2):
+        with ExitStack() as stack:
+            options = LoadOptions(n_ctx=512, n_threads=1, n_seq=2)
+            target = stack.enter_context(Model(paths[0], options))
+            draft = stack.enter_context(Model(paths[1], options))
+            service = build_service(MODEL, target, draft, ServeSettings(port=0, spec="model", parallel=2))
+            url = stack.enter_context(serving_in_thread(service))
+            reply = client(url).completions.create(model=MODEL, prompt="tell me about the sea", max_tokens=8, temperature=0)
+            assert reply.choices[0].text
+        assert len(timed) == 1, process  # timed by the first process only
+    [kept] = (cache / "remembered").glob("*.policy")
+    assert "model" in json.loads(kept.read_text())["costs"]["draft_costs"]

@@ -137,7 +137,7 @@ def run_chat(
                     raise SpeccliError(f"{failed} piped line{'s' if failed > 1 else ''} failed (each said why above)")
         finally:
             store.close()  # what this session added: written at the end whatever ended it
-            session.learnt.keep(session.generator.policy, session.generator.sampling, now=True)
+            session.learnt.keep(session.generator.policy, session.generator.sampling, now=True, costs=session.costs)
 
 
 def _require_stdin(prompt: str | None) -> None:

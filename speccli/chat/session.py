@@ -86,7 +86,7 @@ class ChatSession:
         self.generator = Generator(target, drafter, sampling, make_policy(k), seed, self.costs)
         # What `auto` learnt about this pair in earlier sessions: a first reply drafts as the last ended.
         self.learnt = LearntFile(target, draft, display.warning)
-        self.learnt.recall(self.generator.policy, sampling)
+        self.learnt.recall(self.generator.policy, sampling, self.costs)
         self.display = display
         self.max_tokens = max_tokens
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
@@ -208,7 +208,7 @@ class ChatSession:
         }
         self.display.reply_done(record, run, self.target_token_seconds)
         self.store.persist()
-        self.learnt.keep(self.generator.policy, self.generator.sampling)
+        self.learnt.keep(self.generator.policy, self.generator.sampling, costs=self.costs)
         return reply_text
 
     def _prompt_that_fits(self, user_text: str) -> Prompt:
@@ -274,7 +274,7 @@ class ChatSession:
             self.display.notice("(conversation and earlier replies forgotten)")
         elif name == "/k":
             self.generator.policy = make_policy(parse_k(argument, "/k"))
-            self.learnt.recall(self.generator.policy, self.generator.sampling)
+            self.learnt.recall(self.generator.policy, self.generator.sampling, self.costs)
             if self.generator.policy.needs_costs:  # timed again only for sizes not yet timed
                 self._profile(PROFILED_SIZES)
             self.display.notice(f"(k = {self.generator.policy.name})")

@@ -253,11 +253,28 @@ class PairCosts:
         self.target, self.drafter, self.measured = target, drafter, given
         self._asked: set[int] | None = set() if given is None else None  # None: given, never timed here
 
+    def due(self, sizes: Sequence[int]) -> bool:
+        """Would asking for these sizes time the profile?"""
+        return self._asked is not None and (self.measured is None or not self._asked.issuperset(sizes))
+
     def profile(self, context: Sequence[int], sizes: Sequence[int], sampling: SamplingParams) -> CostProfile:
-        if self._asked is not None and (self.measured is None or not self._asked.issuperset(sizes)):
+        if self.due(sizes):
             self._asked.update(sizes)  # a size that does not fit the context is asked once, not timed
             self.measured = measure_costs(self.target, self.drafter, context, sorted(self._asked), sampling)
         return self.measured
+
+    @property
+    def asked(self) -> list[int]:
+        """The verify sizes the profile was asked for (some may not have fitted): what a later process
+        may ask for without timing it again."""
+        return sorted(self._asked or ())
+
+    def remember(self, profile: CostProfile, asked: Sequence[int]) -> None:
+        """Take up the profile an earlier process of this pair timed on this machine for `asked`
+        (speccli/remembered): timing it holds up a process's first reply by seconds where a target
+        step is slow (RESULTS.md), and each step's own timing still moves the curve's level."""
+        if self._asked is not None and self.measured is None:
+            self.measured, self._asked = profile, set(asked)
 
 
 def measure_costs(

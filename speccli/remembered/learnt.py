@@ -3,8 +3,9 @@ after a `serve` restart drafts as the last process left off, not from the priors
 
 One small JSON file per pair, sampling regime (greedy or sampled) and machine, in speccli's cache beside
 the stores of earlier replies (`speccli remembered` lists both, `--clear` deletes both). It holds the
-policy's estimates (acceptance by source and kind of match, each key's schedule and drafting cost), no
-text. The verify curve is profiled again by each process. A file that cannot serve (damaged, another
+policy's estimates (acceptance by source and kind of match, each key's schedule and drafting cost) and
+the pair's cost profile as timed (so a process does not time it again before its first reply), no text.
+A file that cannot serve (damaged, another
 format, foreign) is one warning line and a fresh start; a file that cannot be written is said once.
 `SPECCLI_COLD_START=1` turns it off (neither read nor written): `auto` then starts from its priors in
 every process, whatever earlier runs left (tests/conftest.py sets it).
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from speccli.core.sampling import SamplingParams
+from speccli.core.seam import CostProfile, DraftCosts
 from speccli.drafting.acceptance import Acceptance
 from speccli.drafting.costs import DraftCost
 from speccli.drafting.policy import REPLY_LENGTHS_KEPT, AutoK, KeyState, LookupSchedule, ModelSchedule
@@ -32,6 +34,7 @@ from speccli.util.files import build_atomically, open_regular, private_folder
 from speccli.util.format import one_line
 
 if TYPE_CHECKING:
+    from speccli.core.generator import PairCosts
     from speccli.llama.model import Model
 
 FORMAT = 1
@@ -46,6 +49,7 @@ def learnt_path(target: Model, draft: Model | None, sampling: SamplingParams) ->
         "placement": [target.placement, draft and draft.placement],
         # serve's slots share each decode: what a draft costs there is not what it costs alone
         **({"slots": target.n_seq} if target.n_seq > 1 else {}),
+        **({"threads": target.options.n_threads} if target.options.n_threads else {}),  # None: every core
         "regime": regime(sampling), "machine": [platform.node(), platform.machine(), os.cpu_count()],
     }, sort_keys=True)
     return stores_dir() / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.policy"
@@ -73,20 +77,25 @@ class LearntFile:
         self._kept_at = time.monotonic()
         self._started_ns = time.time_ns()
 
-    def recall(self, policy: object, sampling: SamplingParams) -> None:
+    def recall(self, policy: object, sampling: SamplingParams, costs: PairCosts | None = None) -> None:
+        """Give `policy` what the file holds, and `costs` the profile timed with it (with the draft
+        model's costs where one is loaded), so that the first reply neither starts from the priors
+        nor waits for a profile."""
         if isinstance(policy, AutoK) and self.active:
-            problem = _read_into(policy, learnt_path(self.target, self.draft, sampling))
+            problem = _read_into(policy, learnt_path(self.target, self.draft, sampling), costs, self.draft is not None)
             if problem is not None:
                 self.warn(problem)
 
-    def keep(self, policy: object, sampling: SamplingParams, now: bool = False) -> None:
+    def keep(self, policy: object, sampling: SamplingParams, now: bool = False, costs: PairCosts | None = None) -> None:
         if not (isinstance(policy, AutoK) and self.active and (now or time.monotonic() - self._kept_at >= SAVE_EVERY_SECONDS)):
             return
         if _cleared_since(self._started_ns):  # what it learnt before `remembered --clear` is never written back
             self.active = False
             return
         path = learnt_path(self.target, self.draft, sampling)
-        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy_state(policy)})
+        profile = {} if costs is None or costs.measured is None else {"costs": costs_state(costs.measured, costs.asked)}
+        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy_state(policy),
+                           **profile})
         try:
             private_folder(path.parent)
             build_atomically(path, lambda partial: partial.write_text(text))
@@ -109,9 +118,9 @@ def _cleared_since(started_ns: int) -> bool:
         return False
 
 
-def _read_into(policy: AutoK, path: Path) -> str | None:
-    """Give `policy` what the file at `path` holds; a line saying why not where it cannot serve (none
-    where there is no file yet)."""
+def _read_into(policy: AutoK, path: Path, costs: PairCosts | None, with_draft: bool) -> str | None:
+    """Give `policy` what the file at `path` holds, and `costs` its profile (one with draft costs
+    `with_draft`); a line saying why not where it cannot serve (none where there is no file yet)."""
     try:
         data = _read_regular(path)
     except FileNotFoundError:
@@ -127,10 +136,13 @@ def _read_into(policy: AutoK, path: Path) -> str | None:
     try:
         if not isinstance(saved, dict) or saved.get("format") != FORMAT:
             raise ValueError("not a speccli policy file of this version")
+        profile = recall_costs(saved["costs"]) if "costs" in saved else None
         recall_state(policy, saved["learnt"])
     except (ValueError, KeyError, TypeError) as error:
         why = error if isinstance(error, ValueError) else f"damaged ({type(error).__name__}: {error})"
         return f"warning: {path}: {why}; `auto` starts from its priors"
+    if costs is not None and profile is not None and (bool(profile[0].draft_costs) or not with_draft):
+        costs.remember(*profile)
     return None
 
 
@@ -156,7 +168,7 @@ def describe(path: Path) -> str:
 
 def policy_state(policy: AutoK) -> dict[str, object]:
     """What carries to another process: each key's acceptance, schedule and drafting cost, and the
-    replies' lengths. The verify curve does not: each process profiles it."""
+    replies' lengths (the verify curve comes from the profile, `costs_state`)."""
     return {
         "keys": {key: {"model": isinstance(state.schedule, ModelSchedule), "schedule": vars(state.schedule),
                        "acceptance": vars(state.acceptance), "cost": vars(state.cost)}
@@ -184,6 +196,39 @@ def recall_state(policy: AutoK, learnt: dict[str, object]) -> None:
     policy.keys, policy.reply_lengths, policy.reply_tokens = keys, list(lengths)[-REPLY_LENGTHS_KEPT:], tokens
     if policy.verify.decode_seconds:
         policy.price_ramps()
+
+
+def costs_state(profile: CostProfile, asked: list[int]) -> dict[str, object]:
+    """The pair's cost profile as JSON (sizes as [n, seconds] pairs), with the sizes it was asked for."""
+    return {"decode_seconds": sorted(profile.decode_seconds.items()), "sample_seconds": profile.sample_seconds,
+            "draft_costs": {key: {"token_seconds": draft.token_seconds, "catch_up_seconds": sorted(draft.catch_up_seconds.items())}
+                            for key, draft in profile.draft_costs.items()},
+            "asked": asked}
+
+
+def recall_costs(saved: object) -> tuple[CostProfile, list[int]]:
+    """What `costs_state` gave, read back from JSON; ValueError where it is not that."""
+    def seconds(value: object) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{value!r} is not seconds")
+        return float(value)
+
+    def by_size(pairs: object) -> dict[int, float]:
+        if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+                                                  and pair[0] > 0 for pair in pairs):
+            raise ValueError(f"{pairs!r} is not timings by size")
+        return {n: seconds(value) for n, value in pairs}
+
+    try:
+        decode = by_size(saved["decode_seconds"])
+        if 1 not in decode:
+            raise ValueError("the profile has no one-row decode")
+        drafts = {str(key): DraftCosts(seconds(draft["token_seconds"]), by_size(draft["catch_up_seconds"]))
+                  for key, draft in saved["draft_costs"].items()}
+        asked = [n for n in saved["asked"] if type(n) is int and n > 0]
+        return CostProfile(decode, drafts, seconds(saved["sample_seconds"])), asked
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"not a cost profile ({type(error).__name__}: {error})") from None
 
 
 def _restore(part: object, values: dict[str, object]) -> None:

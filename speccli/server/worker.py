@@ -193,7 +193,7 @@ class Worker:
         if self.learnt is not None:
             for slot in self.slots:
                 for generator in slot.generators.values():
-                    self.learnt.keep(generator.policy, generator.sampling, now=True)
+                    self.learnt.keep(generator.policy, generator.sampling, now=True, costs=generator.costs)
 
     @property
     def stopping(self) -> bool:
@@ -313,7 +313,7 @@ class Worker:
                 self.costs = SlotCosts(self.target, self.draft, self.rendezvous)
             generator = Generator(slot.target, drafter, SamplingParams(), policy, costs=self.costs)
             if self.learnt is not None:
-                self.learnt.recall(policy, sampling)
+                self.learnt.recall(policy, sampling, generator.costs)
             slot.generators[speculation] = generator
         if slot.active != speculation:
             # Another configuration's generator moved the caches: this one's record of them is stale.
@@ -351,7 +351,7 @@ class Worker:
                     job.emit(event)
                     self.store.persist()
                     if self.learnt is not None:
-                        self.learnt.keep(generator.policy, job.sampling)
+                        self.learnt.keep(generator.policy, job.sampling, costs=generator.costs)
                     return
         self.metrics.record(generator.reply_stats, "cancelled")  # no DoneEvent: cancelled in its prefill
 
@@ -365,6 +365,9 @@ class SlotCosts(PairCosts):
         self.models, self.rendezvous = (target, draft), rendezvous
 
     def profile(self, context, sizes, sampling):
+        if not self.due(sizes):  # timed already, or remembered: no need to stop the other slots
+            return self.measured
+
         def timed():
             target, draft = self.models
             emptiest = min(range(target.n_seq), key=lambda i: target.sequence(i).n_past)
