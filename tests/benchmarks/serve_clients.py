@@ -31,6 +31,8 @@ from pathlib import Path
 
 import openai
 
+from speccli.drafting.registry import uses_draft_model
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_workload import ROOT, Prompts, Server, free_port, json_workload  # noqa: E402
 
@@ -62,7 +64,8 @@ def speccli_server(args, configuration: str, slots: int) -> tuple[Server, dict]:
     extra = {"speculative": {"enabled": False}} if spec == "off" else {}
     spec_args = [] if spec in ("default", "off") else ["--spec", spec]
     port = free_port()
-    draft = ["--draft", str(args.draft), "--ngl-draft", str(args.ngl)] if args.draft else []
+    drafts = spec in ("default", "off") or uses_draft_model(spec)  # a lookup alone is refused a draft model
+    draft = ["--draft", str(args.draft), "--ngl-draft", str(args.ngl)] if args.draft and drafts else []
     return Server([str(ROOT / ".venv/bin/speccli"), "serve", "--target", str(args.target), "--ngl", str(args.ngl), *draft, *spec_args,
                    "--ctx", str(args.ctx * slots), "--parallel", str(slots), "--threads", str(args.threads),
                    "--queue", "64", "--port", str(port)], port,
