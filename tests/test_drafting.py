@@ -476,11 +476,6 @@ def test_the_planner_passes_over_a_lookup_draft_the_model_is_expected_to_beat() 
     assert propose(planner, request([1], best_rate=lambda key, available, catch_up: rates[key])).source == "ngram"
 
 
-def realized_steps(planner: Planner, source: str | None, tokens: int, seconds: float, steps: int = 12) -> None:
-    for _ in range(steps):
-        planner.observe(Draft(), StepEvent(tokens - 1, tokens - 1, 0.0, seconds, 0.0, source), [0] * tokens, FixedK(1))
-
-
 def test_the_planner_hands_the_lookup_proposal_it_passed_over_on_to_be_judged() -> None:
     planner = Planner(NgramLookup(), ScriptedModel([6, 7]))
     context = [1, 2, 3, 4, 5, 1, 2]
@@ -496,52 +491,13 @@ def test_the_planner_hands_the_lookup_proposal_it_passed_over_on_to_be_judged() 
     assert drafted.tokens == [3, 4, 5, 1, 2] and drafted.judged is None
 
 
-def test_the_planner_passes_over_a_model_whose_steps_yielded_no_more_than_the_lookups() -> None:
-    """Copying text: the lookup's steps (plain ones included) yield 60 tokens/s, the model's 36. Where
-    the lookup has a match, the model is not asked, even where its one-step estimate beats the lookup's
-    draft or the lookup drafts none of it. Where the lookup has none, a plain step is the alternative:
-    the model's estimate weighs it."""
-    lookup, model = ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7])
-    planner = Planner(lookup, model)
-    declines = lambda key, available, catch_up: 0 if key.startswith("ngram") else available  # noqa: E731
-    assert propose(planner, request([1], length_for=declines, best_rate=estimates)).source == "model"  # nothing realized yet
-    realized_steps(planner, "model", 9, 0.25)  # 36 tokens/s
-    realized_steps(planner, "ngram", 6, 0.1)  # 60 tokens/s
-    plain = propose(planner, request([1], length_for=declines, best_rate=estimates))
-    assert plain.tokens == [] and plain.judged.tokens == [4, 5]  # a plain step; the match is judged all the same
-    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"
-    lookup.everywhere = None
-    assert propose(planner, request([1], best_rate=estimates)).source == "model"  # no match: no copied tokens to take
-    # The copying stops: plain steps (no source) count for the lookup's stretch, and its rate falls.
-    lookup.everywhere = [4, 5]
-    realized_steps(planner, None, 1, 0.04, steps=30)  # 25 tokens/s
-    assert propose(planner, request([1], length_for=declines, best_rate=estimates)).source == "model"
-    assert len(lookup.kept_steps) == 54  # every step's kept tokens reach the lookup (the suffix store learns them)
-
-
-def test_the_planner_counts_a_taken_over_step_for_the_source_whose_token_failed() -> None:
-    """The model drafts 2 tokens, the lookup takes over with 8: where the model's tokens were kept and
-    the lookup's failed, the step's poor yield is the lookup's, and does not pass the model over; where
-    the model's own token failed, it is the model's."""
-    planner = Planner(ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7]))
-    realized_steps(planner, "ngram", 6, 0.1)  # 60 tokens/s
-    for _ in range(12):  # 3 tokens in 0.25 s: 12 tokens/s
-        planner.observe(Draft(), StepEvent(10, 2, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 3, FixedK(1))
-    assert propose(planner, request([1], best_rate=estimates)).source == "model"
-    for _ in range(12):  # its second token failed
-        planner.observe(Draft(), StepEvent(10, 1, 0.0, 0.25, 0.0, "model", continuation=("ngram", 8)), [0] * 2, FixedK(1))
-    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"  # passed over: the lookup drafts
-
-
-def test_the_planner_weighs_each_prompt_by_its_own_steps() -> None:
-    """A new prompt (a chat turn, the next bench prompt): the last one's stretches say nothing of it,
-    so its sources are weighed by their estimates again until its own steps are realized."""
-    planner = Planner(ScriptedLookup(everywhere=[4, 5]), ScriptedModel([6, 7]))
-    realized_steps(planner, "model", 9, 0.25)
-    realized_steps(planner, "ngram", 6, 0.1)
-    assert propose(planner, request([1], best_rate=estimates)).source == "ngram"  # the model passed over
-    planner.sync([1, 2, 3])
-    assert propose(planner, request([1, 2, 3], best_rate=estimates)).source == "model"
+def test_every_steps_kept_tokens_reach_the_lookup() -> None:
+    """The suffix store learns every step's kept tokens, whichever source drafted them, or none."""
+    lookup = ScriptedLookup(everywhere=[4, 5])
+    planner = Planner(lookup, ScriptedModel([6, 7]))
+    for source, tokens in (("model", 3), ("ngram", 6), (None, 1)):
+        planner.observe(Draft(), StepEvent(tokens - 1, tokens - 1, 0.0, 0.1, 0.0, source), [0] * tokens, FixedK(1))
+    assert lookup.kept_steps == [[0] * 3, [0] * 6, [0]]
 
 
 def test_the_planner_lets_the_lookup_take_a_model_draft_over_only_on_the_estimates() -> None:
@@ -562,11 +518,9 @@ def test_the_planner_lets_the_lookup_take_a_model_draft_over_only_on_the_estimat
     assert propose(planner, request(context, length_for=lengths)).tokens == [7, 8, 9]
 
 
-def test_the_planner_under_a_fixed_k_drafts_from_the_first_source_that_proposes_whatever_was_realized() -> None:
+def test_the_planner_under_a_fixed_k_drafts_from_the_first_source_that_proposes() -> None:
     lookup, model = ScriptedLookup(), ScriptedModel([6, 7])
     planner = Planner(lookup, model)
-    realized_steps(planner, "model", 2, 0.25)
-    realized_steps(planner, "ngram", 6, 0.1)
     assert propose(planner, request([1])).source == "model"  # no match: the model
     lookup.everywhere = [4, 5]
     assert propose(planner, request([1])).tokens == [4, 5]  # a match: the lookup's, all of it

@@ -6,16 +6,14 @@ A step, in the order the planner asks (docs/drafting.md walks through it):
    kind. The K policy plans a length for that kind; a plan of none leaves the match to be judged
    against what the step yields (`Draft.judged`), so the lookup's estimates follow the text for free.
 2. With a draft model as well, the lookup's draft stands where the model is not expected to do better
-   (`Plan.rate`, the model's catch-up and owed prompt priced in), and, where the lookup has a proposal
-   at all, where the model's own steps have yielded no more tokens per second than the steps before
-   it (`RealizedRate`; a copy's tokens are the lookup's a step later, almost for free).
+   (`Plan.rate`, the model's catch-up and owed prompt priced in).
 3. Otherwise the draft model drafts: the policy plans its length; the model takes in what it lacks,
    then gives one token at a time. After each, the policy may stop it on its confidence
    (`KPolicy.keep_drafting`), and the lookup is asked to continue from there: a continuation expected
    to pay at least as well as more of the model's tokens takes the rest of the draft over (where a
    reply starts to copy, the model's first tokens lead the lookup into the copied text).
-4. After the target's decode, `observe` tells the policy what was drafted and kept, the lookup what
-   was kept (the suffix store), and the realized rates which source the step counts for.
+4. After the target's decode, `observe` tells the policy what was drafted and kept, and the lookup what
+   was kept (the suffix store).
 
 Under a fixed K (no estimates, `Plan.rate` None) the same loop runs: the first source that proposes
 drafts all K tokens, nothing stops early and nothing takes over. Sources never see the policy: a lookup
@@ -24,7 +22,7 @@ replayed with it removed: tests/benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -33,7 +31,6 @@ from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.seam import Draft, DraftCosts, KPolicy, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import RECENCY
 from speccli.drafting.model import Intake, NextToken
 from speccli.drafting.ngram import JUDGED_TOKENS, Match
 
@@ -71,24 +68,6 @@ class DraftModel(Protocol):
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]: ...
 
 
-@dataclass
-class RealizedRate:
-    """Tokens and seconds per step, the earlier steps weighed by RECENCY (the estimates' memory): their
-    ratio is the tokens per second the steps actually yielded (a ratio of means, not a mean of ratios)."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        weight = 1 - RECENCY if self.seconds else 1.0
-        self.tokens += weight * (tokens - self.tokens)
-        self.seconds += weight * (seconds - self.seconds)
-
-    @property
-    def per_second(self) -> float | None:
-        return self.tokens / self.seconds if self.seconds else None
-
-
 class Planner:
     """Drafts each step from a lookup, a draft model, or a lookup then a draft model (cheapest first)."""
 
@@ -98,7 +77,6 @@ class Planner:
         self.lookup, self.model = lookup, model
         self.name = "+".join(source.name for source in (lookup, model) if source is not None)
         self._constraint: Constraint | None = None  # the grammar's state during a step's drafting, if any
-        self._new_prompt()
 
     # --- a step -------------------------------------------------------------------------------------
 
@@ -132,16 +110,13 @@ class Planner:
         drafted, judged = self._offer(self._match(context, limit), policy)
         if self.model is None:
             return Draft((drafted,)) if drafted else Draft(judged=judged)
-        # 2. Which source drafts: the lookup's draft stands unless the model promises (and has done) better.
+        # 2. Which source drafts: the lookup's draft stands unless the model promises better.
         model_rate = policy.plan(self.model.name, limit, self.model.catch_up_tokens(context),
                                  self.model.owed_prompt_tokens()).rate
-        proposal = drafted or judged
-        if model_rate is not None and proposal is not None and self._model_did_no_better():
-            return Draft((drafted,)) if drafted else Draft(judged=judged)  # even a plain step: this stretch did best so
         if drafted and not _promises_more(model_rate, drafted, policy):
             return Draft((drafted,))
         # 3. The draft model drafts; the lookup's proposal, passed over, is judged all the same.
-        return replace(self._model_draft(context, limit, sampling, rng, policy), judged=proposal)
+        return replace(self._model_draft(context, limit, sampling, rng, policy), judged=drafted or judged)
 
     def _match(self, context: Sequence[int], limit: int) -> Match | None:
         """The lookup's match, cut at the first token the grammar forbids (the target's p is 0 there)."""
@@ -234,15 +209,10 @@ class Planner:
             return segment
         return None
 
-    def _model_did_no_better(self) -> bool:
-        """Have the model's steps yielded no more tokens per second than the lookup's? Not until both have steps."""
-        its, before = self._realized[self.model.name].per_second, self._realized[self.lookup.name].per_second
-        return its is not None and before is not None and its <= before
-
     # --- learning ---------------------------------------------------------------------------------
 
     def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
-        """The one place a step is learnt from: the policy's estimates, the lookup's store, the realized rates.
+        """The one place a step is learnt from: the policy's estimates and the lookup's store.
         The grammar's forced tokens are no source's: the sources' part of the step is learnt from where
         the target judged it (all the forced tokens kept), and a step with none counts as a plain one;
         the forced rows stay in `forced`, as verifying them cost (the policy's verify curve)."""
@@ -257,25 +227,13 @@ class Planner:
         policy.observe(draft, step, yielded)
         if self.lookup is not None:
             self.lookup.kept(kept)
-        if self.lookup is not None and self.model is not None:
-            counted = self.model.name if step.source == self.model.name else self.lookup.name
-            if step.continuation is not None and step.drafted - step.continuation[1] <= step.accepted < step.drafted:
-                # The model's tokens were kept, the take-over's failed: that poor yield is not the model's
-                # (counted as its own, it passed the model over: RESULTS.md, "A failed take-over").
-                counted = self.lookup.name
-            self._realized[counted].add(step.accepted + 1, step.draft_seconds + step.target_seconds + step.other_seconds)
 
     # --- the sources' caches ------------------------------------------------------------------------
 
     def _sources(self) -> list[Lookup | DraftModel]:
         return [source for source in (self.lookup, self.model) if source is not None]
 
-    def _new_prompt(self) -> None:
-        # Realized rates are kept per prompt: a stretch that copied the last reply says nothing of this one.
-        self._realized = {source.name: RealizedRate() for source in self._sources()}
-
     def sync(self, context: Sequence[int]) -> None:
-        self._new_prompt()
         for source in self._sources():
             source.sync(context)
 
