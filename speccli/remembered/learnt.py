@@ -5,8 +5,8 @@ One small JSON file per pair, sampling regime (greedy or sampled) and machine, i
 the stores of earlier replies (`speccli remembered` lists both, `--clear` deletes both). It holds the
 policy's estimates (acceptance by source and kind of match, each key's schedule and drafting cost) and
 the pair's cost profile as timed (so a process does not time it again before its first reply), no text.
-A file that cannot serve (damaged, another
-format, foreign) is one warning line and a fresh start; a file that cannot be written is said once.
+A file that cannot serve (damaged, another format, foreign) is one warning line and a fresh start; a
+file that cannot be written is said once.
 `SPECCLI_COLD_START=1` turns it off (neither read nor written): `auto` then starts from its priors in
 every process, whatever earlier runs left (tests/conftest.py sets it).
 """
