@@ -122,6 +122,24 @@ def test_the_cost_profile_is_kept_and_a_process_that_recalls_it_times_none(cache
     assert len(timed) == 2 and third.costs.measured.draft_costs
 
 
+def test_a_remembered_profile_stands_for_one_timed_for_fewer_sizes(monkeypatch) -> None:
+    """chat at a fixed K times one-row costs only; `/k auto` then takes up the file's profile rather
+    than timing the sizes `auto` asks for. One timed for more sizes than the file's is kept."""
+    from speccli.core import generator as generator_module
+    from speccli.core.generator import PairCosts
+
+    timed = []
+    monkeypatch.setattr(generator_module, "measure_costs", lambda *args: timed.append(args[3]) or PROFILE)
+    fixed_k = PairCosts(None, None)
+    fixed_k.profile([1], (), GREEDY)
+    fixed_k.remember(PROFILE, [1, 2, 4])
+    assert fixed_k.profile([1], (1, 2, 4), GREEDY) is PROFILE and timed == [[]]
+    wider = PairCosts(None, None)
+    wider.profile([1], (1, 2, 4, 8), GREEDY)
+    wider.remember(CostProfile({1: 9.0}, {}), [1, 2])
+    assert wider.measured is PROFILE and wider.asked == [1, 2, 4, 8]
+
+
 def test_the_file_is_keyed_by_pair_regime_and_threads_and_cold_start_neither_reads_nor_writes(cache, tmp_path, monkeypatch) -> None:
     target_file, draft_file = files(tmp_path)
     other_target, _ = files(tmp_path, "other.gguf")
