@@ -3,8 +3,9 @@ cost profile timed by the process against taken up from what an earlier process 
 
     flock /tmp/ggml.lock .venv/bin/python tests/benchmarks/one_shot.py qwen2.5-coder-1.5b [--rounds 3] [-n 128]
 
-Both with what `auto` learnt warm (a first run writes it); "timed" strips the profile from the pair's
-files in speccli's cache first, so that process times it and writes it back. Rounds alternate; it
+Both with what `auto` learnt warm (a first run writes it); "timed" first strips the profile from every
+learnt file in speccli's cache (each pair times it again once), so that process times it and writes it
+back. Rounds alternate; it
 prints each run's wall seconds (load, prompt, reply, exit) and the medians.
 """
 from __future__ import annotations
