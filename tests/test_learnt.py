@@ -1,6 +1,7 @@
 """What `--k auto` learnt, kept between processes (speccli/remembered/learnt.py): a policy that recalls it
-drafts as the one that learnt it would have gone on drafting; a file that cannot serve is one line
-and a fresh start; `speccli remembered` lists and clears it."""
+drafts as the one that learnt it would have gone on drafting, and a process (a chat, a restarted
+server) that takes up the pair's cost profile times none; a file that cannot serve is one line and a
+fresh start; `speccli remembered` lists and clears it."""
 from __future__ import annotations
 
 import json
