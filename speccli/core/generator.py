@@ -272,7 +272,7 @@ class PairCosts:
     def remember(self, profile: CostProfile, asked: Sequence[int]) -> None:
         """Take up the profile an earlier process of this pair timed on this machine for `asked`
         (speccli/remembered): timing it holds up a process's first reply by seconds where a target
-        step is slow (RESULTS.md), and each step's own timing still moves the curve's level."""
+        step is slow (docs/results.md), and each step's own timing still moves the curve's level."""
         if self._asked is not None and self._asked <= set(asked):  # it covers all this process asked
             self.measured, self._asked = profile, set(asked)
 

@@ -209,12 +209,12 @@ def costs_state(profile: CostProfile, asked: list[int]) -> dict[str, object]:
 def recall_costs(saved: object) -> tuple[CostProfile, list[int]]:
     """What `costs_state` gave, read back from JSON; ValueError where it is not that."""
     def seconds(value: object) -> float:
-        if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        if not _number(value, float):
             raise ValueError(f"{value!r} is not seconds")
         return float(value)
 
     def by_size(pairs: object) -> dict[int, float]:
-        if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+        if not isinstance(pairs, list) or not all(isinstance(pair, list) and len(pair) == 2 and _number(pair[0], int)
                                                   and pair[0] > 0 for pair in pairs):
             raise ValueError(f"{pairs!r} is not timings by size")
         return {n: seconds(value) for n, value in pairs}
@@ -225,10 +225,16 @@ def recall_costs(saved: object) -> tuple[CostProfile, list[int]]:
             raise ValueError("the profile has no one-row decode")
         drafts = {str(key): DraftCosts(seconds(draft["token_seconds"]), by_size(draft["catch_up_seconds"]))
                   for key, draft in saved["draft_costs"].items()}
-        asked = [n for n in saved["asked"] if type(n) is int and n > 0]
+        asked = [n for n in saved["asked"] if _number(n, int) and n > 0]
         return CostProfile(decode, drafts, seconds(saved["sample_seconds"])), asked
     except (KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"not a cost profile ({type(error).__name__}: {error})") from None
+
+
+def _number(value: object, kind: type) -> bool:
+    """Is `value` (read back from JSON) a finite, non-negative number of this kind (a float may be written
+    as an int; a bool is neither)?"""
+    return type(value) in ((int, float) if kind is float else (kind,)) and math.isfinite(value) and value >= 0
 
 
 def _restore(part: object, values: dict[str, object]) -> None:
@@ -239,21 +245,18 @@ def _restore(part: object, values: dict[str, object]) -> None:
     if set(values) - set(kinds):
         raise ValueError(f"unknown fields {sorted(set(values) - set(kinds))}")
 
-    def number(value: object, kind: type) -> bool:
-        return type(value) in ((int, float) if kind is float else (kind,)) and math.isfinite(value) and value >= 0
-
     for name, value in values.items():
         kind = kinds[name]
         if value is None and "None" in kind:
             pass
         elif kind.startswith("list"):
-            if not isinstance(value, list) or not all(number(v, float) for v in value):
+            if not isinstance(value, list) or not all(_number(v, float) for v in value):
                 raise ValueError(f"{name} is not a list of counts")
             value = [float(v) for v in value]
         elif kind == "bool":
             if type(value) is not bool:
                 raise ValueError(f"{name} is {value!r}")
-        elif not number(value, float if "float" in kind else int):
+        elif not _number(value, float if "float" in kind else int):
             raise ValueError(f"{name} is {value!r}")
         elif "float" in kind:
             value = float(value)
