@@ -23,7 +23,7 @@ from speccli.drafting.policy import FixedK
 from speccli.llama.model import LoadOptions, Model
 from speccli.server.launch import ServeSettings, build_service, serving_in_thread
 from speccli.server.slots import PROMPT_CHUNK, GatedSequence, Rendezvous
-from tests.tiny_gguf import write_related_pair
+from tests.tiny_gguf import TinyConfig, write_related_pair
 from tests.test_server import MODEL, client, get, metric
 from tests.token_distribution import chi_square_p_value
 from tests.two_token_distribution import exact_two_token_distribution
@@ -207,9 +207,12 @@ def test_a_prompt_goes_to_the_slot_holding_its_start_and_a_client_leaving_distur
     """Two slots: two conversations, each followed up, find their earlier turns in their own slot's cache
     (idle slots that hold nothing are taken least recently used first). A stream whose client leaves
     mid-reply frees its slot; the reply beside it goes on to the end, equal to its reply alone."""
-    paths = write_related_pair(tmp_path, target_layers=4, draft_layers=2, eps=0.05)
+    paths = write_related_pair(tmp_path, target_layers=4, draft_layers=2, eps=0.05,
+                               config=TinyConfig(context_length=2048))
     with ExitStack() as stack:
-        options = LoadOptions(n_ctx=512, n_threads=1, n_seq=2)
+        # 2,048 tokens a slot: room the stream its client leaves cannot fill before the client is gone
+        # (at about 1,100 tokens a second here, a 200-token reply could end first and count as completed)
+        options = LoadOptions(n_ctx=4096, n_threads=1, n_seq=2)
         target = stack.enter_context(Model(paths[0], options))
         draft = stack.enter_context(Model(paths[1], options))
         service = build_service(MODEL, target, draft, ServeSettings(port=0, spec="model", k=3, parallel=2))
@@ -223,7 +226,7 @@ def test_a_prompt_goes_to_the_slot_holding_its_start_and_a_client_leaving_distur
         assert min(cached) >= 5
 
         alone = c.completions.create(model=MODEL, prompt=second, max_tokens=60, temperature=0).choices[0].text
-        left = c.completions.create(model=MODEL, prompt=first, max_tokens=200, temperature=0.9, stream=True)
+        left = c.completions.create(model=MODEL, prompt=first, max_tokens=2000, temperature=0.9, stream=True)
         next(iter(left))
         with ThreadPoolExecutor(1) as pool:
             beside = pool.submit(lambda: c.completions.create(model=MODEL, prompt=second, max_tokens=60, temperature=0))
