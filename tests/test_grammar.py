@@ -10,7 +10,8 @@ whose every row is known without decoding. Proofs, each through `Generator` and 
   draft model at K = 4, and lookup + model under `auto`, with the grammar's forced
   tokens drafted first, under top-k so that the order of mask and filters matters;
 - broken engines fail the same test (p < 1e-6, or the reply cannot be generated at all): the mask
-  applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens;
+  applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens, a
+  step's masks kept into the next, a masked row written over the last without clearing it;
 - greedy replies under the grammar are the target alone's, draft source by draft source;
 - 1,000 sampled replies under a JSON schema, every one that ended by itself valid (jsonschema).
 """
@@ -199,8 +200,8 @@ def mask_after_the_filters(sampling: SamplingParams = SETTINGS):
     real = ConstrainedRows.__getitem__
 
     def broken(self, index):
+        raw = self._logits[index].copy()  # before the mask, which may write into the row itself
         masked = real(self, index).copy()
-        raw = self._logits[index]
         survivors = distribution(raw, sampling).dense() > 0
         if np.isfinite(masked[survivors]).any():
             masked[~survivors] = -np.inf
@@ -233,7 +234,40 @@ def no_rollback():
         yield
 
 
-@pytest.mark.parametrize("broken", [mask_after_the_filters, mask_on_the_draft_only, no_rollback])
+@contextmanager
+def masks_kept_into_the_next_step():
+    """A step's masks, each computed once for the draft's row and the target's, kept past the verdict:
+    the next step reads the last one's (vLLM's stale-mask bug)."""
+    real = Constraint.settle
+
+    def broken(self, kept):
+        stale = dict(self._step_masks)
+        real(self, kept)
+        self._step_masks.update(stale)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Constraint, "settle", broken)
+        yield
+
+
+@contextmanager
+def rows_not_cleared():
+    """A masked row written over the last one without setting the ids that one allowed back to -inf."""
+    real = Constraint.masked
+
+    def broken(self, logits, out):
+        row = real(self, logits, out)
+        for address, (owner, length, _) in self._written.items():
+            self._written[address] = (owner, length, np.empty(0, dtype=np.int64))
+        return row
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Constraint, "masked", broken)
+        yield
+
+
+@pytest.mark.parametrize("broken", [mask_after_the_filters, mask_on_the_draft_only, no_rollback,
+                                    masks_kept_into_the_next_step, rows_not_cleared])
 def test_a_broken_grammar_engine_fails_the_law(pair, grammar, broken) -> None:
     target, draft = pair
     drafter, policy = drafters(draft)["model K=4"]
@@ -241,6 +275,32 @@ def test_a_broken_grammar_engine_fails_the_law(pair, grammar, broken) -> None:
     with broken():
         p = min(law_p_value(generator, target.tokenizer.tokenize(text), grammar, target) for text in PROMPTS)
     assert p < 1e-6, f"{broken.__name__}: p = {p:.2e}"
+
+
+def test_a_steps_mask_is_computed_once_for_each_position(pair, grammar) -> None:
+    """The draft model's row and the target's row at one place in a step's draft share llguidance's mask
+    (most of what a row under a grammar costs the host): no state's mask is computed twice in a step."""
+    target, draft = pair
+    computed, steps = [], [0]
+    real_fill, real_settle = Constraint._fill, Constraint.settle
+
+    def fill(self):
+        computed.append((self, steps[0], tuple(self._path)))  # the constraint kept: its id is not reused
+        return real_fill(self)
+
+    def settle(self, kept):
+        steps[0] += 1
+        real_settle(self, kept)
+
+    generator = Generator(target, Planner(model=ModelDrafter(draft)), SETTINGS, FixedK(4), seed=3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Constraint, "_fill", fill)
+        patch.setattr(Constraint, "settle", settle)
+        for _ in range(20):
+            list(generator.generate(target.tokenizer.tokenize("ab"), GenerationLimits(12, grammar=grammar)))
+    keys = [(id(constraint), step, path) for constraint, step, path in computed]
+    assert steps[0] > 20 and len(keys) == len(set(keys))
+    assert any(len(path) >= 2 for _, _, path in computed)  # drafts of several tokens were read
 
 
 # --- greedy ------------------------------------------------------------------------------------------

@@ -111,7 +111,12 @@ class Grammar:
 
 class Constraint:
     """The grammar's state along one reply: pushed a token at a time as tokens are drafted or kept,
-    popped back after a rejection."""
+    popped back after a rejection.
+
+    Within a step a position's mask is computed once: the draft model's row and the target's row at the
+    same place in the draft are read at the same state (the tokens pushed since the step began), and
+    llguidance's mask is most of a row's cost. `settle` forgets them: a mask kept into the next step
+    would be another state's (vLLM's stale-mask bug under speculation)."""
 
     def __init__(self, matcher: Any, n_vocab: int, ends: Sequence[int], positions: MaskPositions) -> None:
         self._matcher, self.n_vocab, self._positions = matcher, n_vocab, positions
@@ -120,7 +125,14 @@ class Constraint:
         self._end_words, self._end_bits = ends >> 5, np.left_shift(np.uint32(1), (ends & 31).astype(np.uint32))
         self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)  # llguidance's mask: bit t of word t // 32
         self._words = self._bits[0].view(np.uint32)
-        self.depth = 0  # tokens pushed since the last `settle`
+        self._path: list[int] = []  # the tokens pushed since the last `settle`
+        self._step_masks: dict[tuple[int, ...], tuple[bool, np.ndarray]] = {}  # by path: `MaskPositions.of`'s
+        self._written: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}  # `masked`'s rows of -inf, by address
+
+    @property
+    def depth(self) -> int:
+        """Tokens pushed since the last `settle`."""
+        return len(self._path)
 
     def _fill(self) -> np.ndarray:
         """The mask of what may come next, as words of 32 tokens."""
@@ -139,27 +151,39 @@ class Constraint:
         return np.unpackbits(self._fill().view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
 
     def masked(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """`logits` with every token the grammar forbids next at -inf, written into `out` (a row of at
-        least len(logits)). A draft's row may be wider or narrower than the grammar's vocabulary: ids
-        past it are forbidden. A grammar that allows nothing here is an error, not a hang.
+        """`logits` with every token the grammar forbids next at -inf. A draft's row may be wider or
+        narrower than the grammar's vocabulary: ids past it are forbidden. A grammar that allows nothing
+        here is an error, not a hang.
 
-        Where few tokens are allowed (JSON's structure) they are written into a row of -inf; where most
-        are (inside a string) the row is copied and the few others set to -inf. Which ids those are is
-        kept by the mask's bits (`MaskPositions`): masks repeat (every string's inside, every key), and
-        finding the ids of a scattered mask costs more than the rest of a row's work."""
-        few, ids = self._positions.of(self._fill(), self.n_vocab)
+        Where few tokens are allowed (JSON's structure) they are written into `out`, a row of at least
+        len(logits) that only masks are written into, the rest -inf: where this constraint wrote into it
+        before, only the ids it wrote then are set back to -inf (filling a row of 262,144 costs more than
+        the mask). Where most are allowed (inside a string) the few others are set to -inf in `logits`
+        itself: a decode's row, read by nothing else, saves copying it. Which ids those are is kept by
+        the mask's bits (`MaskPositions`): masks repeat (every string's inside, every key), and finding
+        the ids of a scattered mask costs more than the rest of a row's work."""
+        path = tuple(self._path)
+        found = self._step_masks.get(path)
+        if found is None:
+            found = self._step_masks[path] = self._positions.of(self._fill(), self.n_vocab)
+        few, ids = found
         if few and not len(ids):
             raise GrammarError(self.dead_end())
         shared = min(len(logits), self.n_vocab)
+        ids = ids[ids < shared] if shared < self.n_vocab else ids
+        if not few:
+            logits[shared:] = -np.inf
+            logits[ids] = -np.inf
+            return logits
         row = out[: len(logits)]
-        if few:
-            ids = ids[ids < shared] if shared < self.n_vocab else ids
-            row.fill(-np.inf)
-            row[ids] = logits[ids]
+        owner = out if out.base is None else out.base  # held, so that its address names it
+        written = self._written.get(row.ctypes.data)
+        if written is not None and written[0] is owner and written[1] == len(row):
+            row[written[2]] = -np.inf
         else:
-            np.copyto(row[:shared], logits[:shared])
-            row[shared:] = -np.inf
-            row[ids[ids < shared] if shared < self.n_vocab else ids] = -np.inf
+            row.fill(-np.inf)
+        row[ids] = logits[ids]
+        self._written[row.ctypes.data] = (owner, len(row), ids)
         return row
 
     def dead_end(self) -> str:
@@ -185,18 +209,19 @@ class Constraint:
                 break  # nothing but the end of generation may follow, and the reply ends with it
             if not self._matcher.consume_token(token):
                 raise GrammarError(self.dead_end())
-            self.depth += 1
+            self._path.append(token)
 
     def pop(self, count: int) -> None:
         if count:
             self._matcher.rollback(count)
-            self.depth -= count
+            del self._path[-count:]
 
     def settle(self, kept: Sequence[int]) -> None:
         """The step's verdict: back to where the step began, then forward by what it kept."""
         self.pop(self.depth)
         self.push(kept)
-        self.depth = 0
+        self._path.clear()
+        self._step_masks.clear()
 
 
 class ConstrainedRows:

@@ -5,14 +5,21 @@ token through `core/constraint.py` as the engine reads them, and each row's cost
 
 - `llguidance's mask`: llguidance computing which tokens may come next, as bits;
 - `mask`: that, as a row of bools (`Constraint.allowed`);
-- `masked row`: that plus writing the row with every forbidden token at -inf (`Constraint.masked`);
+- `masked row`: that plus writing the row with every forbidden token at -inf (`Constraint.masked`, into
+  the logits themselves where it allows most: a fresh copy of them is given to each call, untimed);
 - `forced`: asking which tokens the grammar forces (the planner does once a step);
 - `filters after`: chat's filters (top-k 40, top-p 0.95, min-p 0.05, T 0.8) on the masked row, against the same on
   the raw row, since masking changes what they cost.
 
 Also the one-time costs: reading the vocabulary for llguidance, and compiling the schema.
 
-    .venv/bin/python tests/benchmarks/grammar_mask.py QWEN.gguf GEMMA.gguf
+`masked row` is timed first at each state, as the engine computes it: a second mask at the same state
+costs a fraction of the first (its paths through llguidance's token trie are in the cache). Between rows
+the caches hold what the last row left there, as on a GPU host; on a CPU host a decode streams the
+model's weights through them between rows: `--traffic MB` reads that many megabytes between rows (a
+model's size: its rows then cost what they cost inside the engine there).
+
+    .venv/bin/python tests/benchmarks/grammar_mask.py QWEN.gguf GEMMA.gguf [--traffic 1000]
 """
 from __future__ import annotations
 
@@ -50,7 +57,9 @@ def micro(seconds: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("--traffic", type=int, default=0, help="megabytes read between rows, as a CPU decode does")
     args = parser.parse_args()
+    traffic = np.ones(args.traffic * 2**18, dtype=np.float32)
     rng = np.random.default_rng(0)
     for path in args.models:
         tokenizer = load_vocab_only(path)
@@ -58,38 +67,42 @@ def main() -> None:
         vocabulary = tokenizer.grammar_vocabulary()
         built = time.perf_counter() - started
         for label, schema in (("extract.schema.json", SCHEMA), ("its strings at most 60 characters", BOUNDED)):
-            measure(tokenizer, vocabulary, built, label, schema, rng)
+            measure(tokenizer, vocabulary, built, label, schema, rng, traffic)
         tokenizer.close()
 
 
-def measure(tokenizer, vocabulary, built: float, label: str, schema: dict, rng: np.random.Generator) -> None:
+def measure(tokenizer, vocabulary, built: float, label: str, schema: dict, rng: np.random.Generator,
+            traffic: np.ndarray) -> None:
     """Walk REPLIES under `schema`, five times, timing each row's costs; print their medians and p90s."""
     started = time.perf_counter()
     grammar = Grammar(GrammarSpec.json_schema(schema), vocabulary, tokenizer.n_vocab)
     constraint = grammar.start()
     compiled = time.perf_counter() - started
-    logits = rng.normal(0, 3, size=tokenizer.n_vocab).astype(np.float32)
-    out = np.empty_like(logits)
-    costs: dict[str, list[float]] = {"llguidance's mask": [], "mask": [], "masked row": [], "forced": [], "filters after": [],
+    raw = rng.normal(0, 3, size=tokenizer.n_vocab).astype(np.float32)
+    logits, out = np.empty_like(raw), np.empty_like(raw)
+    costs: dict[str, list[float]] = {"masked row": [], "llguidance's mask": [], "mask": [], "forced": [], "filters after": [],
                                      "filters, no grammar": []}
     for _ in range(5):
         for reply in REPLIES:
             constraint = grammar.start()
             for token in tokenizer.tokenize(json.dumps(reply), add_special=False):
-                for name, work in (("llguidance's mask", lambda: fill_next_token_bitmask(constraint._matcher, constraint._bits)),
-                                   ("mask", constraint.allowed), ("masked row", lambda: constraint.masked(logits, out)),
-                                   ("forced", lambda: constraint.forced(64))):
+                np.copyto(logits, raw)
+                traffic.sum()
+                for name, work in (("masked row", lambda: constraint.masked(logits, out)),
+                                   ("llguidance's mask", lambda: fill_next_token_bitmask(constraint._matcher, constraint._bits)),
+                                   ("mask", constraint.allowed), ("forced", lambda: constraint.forced(64))):
                     began = time.perf_counter()
                     work()
                     costs[name].append(time.perf_counter() - began)
+                np.copyto(logits, raw)
                 row = constraint.masked(logits, out)
-                for name, source in (("filters after", row), ("filters, no grammar", logits)):
+                for name, source in (("filters after", row), ("filters, no grammar", raw)):
                     began = time.perf_counter()
                     distribution(source, CHAT)
                     costs[name].append(time.perf_counter() - began)
                 constraint.push([token])
     print(f"{tokenizer.path.name}: {tokenizer.n_vocab:,} tokens · vocabulary read for llguidance in {built:.2f} s · "
-          f"{label}: compiled in {compiled * 1e3:.1f} ms · {len(costs['mask'])} rows")
+          f"{label}: compiled in {compiled * 1e3:.1f} ms · {len(costs['mask'])} rows · {traffic.nbytes >> 20} MB read between rows")
     for name, seconds in costs.items():
         print(f"  {name:20s} {micro(seconds)}")
 
