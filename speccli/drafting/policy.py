@@ -65,9 +65,10 @@ LOOKUP_REPLY_PRIOR = 0.5
 RAMP_FREE_GAIN = 1.25
 LONG_RECENCY = 0.95
 # The prompt a draft model takes in at its first draft of a reply is spread (`_intake_per_token`) by the
-# lengths of the last REPLY_LENGTHS_KEPT replies and the model's share of a reply's tokens, which each
-# reply moves as the estimates' memory, RECENCY, says (RESULTS.md, "The prompt's intake priced").
-REPLY_LENGTHS_KEPT = 16
+# lengths of the last replies and the model's share of a reply's tokens, both over the estimates' memory,
+# RECENCY: the last 10 replies, and each reply moving the share by 1 - RECENCY (RESULTS.md, "The
+# prompt's intake priced"; 2 to 32 replies replay alike).
+REPLY_LENGTHS_KEPT = round(1 / (1 - RECENCY))
 
 
 class FixedK:
