@@ -19,9 +19,9 @@ from speccli.drafting.planner import Planner
 from speccli.drafting.model import CATCH_UP_SIZES, Intake, ModelDrafter, NextToken
 from speccli.drafting.ngram import Match, NgramLookup
 from speccli.drafting.policy import (
-    FIRST_PROBE_AFTER, LONG_RECENCY, MAX_REPLIES_BETWEEN_CHECKS, RAMP_START, REPLY_LENGTHS_KEPT, AutoK, FixedK,
+    FIRST_PROBE_AFTER, LONG_RECENCY, RAMP_START, AutoK, FixedK,
 )
-from speccli.drafting.acceptance import RECENCY
+from speccli.drafting.acceptance import MEMORY, RECENCY
 from speccli.drafting.costs import TIMING_WEIGHT, VerifyCosts
 from speccli.drafting.specs import make_drafter
 from speccli.errors import SpeccliError, WrongTypeError
@@ -902,7 +902,7 @@ def test_auto_spreads_a_draft_models_prompt_over_what_its_drafts_are_expected_to
     learn(policy, "model", 8, 8, 12, token_cost=0.5)
     owing, holding = policy.plan("model", 127, owed_prompt=80), policy.plan("model", 127)
     assert owing.k > 0 and owing.rate < holding.rate
-    for _ in range(REPLY_LENGTHS_KEPT):
+    for _ in range(MEMORY):
         reply_of(policy, [("model", 7)])  # 8 tokens each
     policy.begin_reply()
     assert policy.plan("model", 127, owed_prompt=80).k == 0 and policy.plan("model", 127).k > 0
@@ -932,7 +932,7 @@ def test_a_draft_model_is_re_checked_only_where_its_share_of_the_prompt_it_lacks
     learn(pays, "model", 8, 6, 12, token_cost=0.5)
     learn(fails, "model", 4, 0, 30, token_cost=0.5)
     for policy in (pays, fails):
-        for _ in range(REPLY_LENGTHS_KEPT):
+        for _ in range(MEMORY):
             reply_of(policy, [("ngram:1-2", 15)])  # 16 tokens each
         policy.begin_reply()
     assert fails.plan("model", 63, owed_prompt=5).probe and not fails.plan("model", 63, owed_prompt=80).probe
@@ -982,7 +982,7 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
     expensive = probes(1 / 6)
     assert {index for _, index in expensive} == {0}, expensive
     gaps = np.diff([reply for reply, _ in expensive]).tolist()
-    assert gaps[:2] == [2, 4] and set(gaps[2:]) == {MAX_REPLIES_BETWEEN_CHECKS}, expensive  # ever rarer, up to a bound
+    assert gaps[:3] == [2, 4, 8] and set(gaps[3:]) == {MEMORY}, expensive  # ever rarer, up to a bound
     cheap = probes(0.01)
     mid_reply = [index for _, index in cheap if index]
     # After the first ask's re-check failed: 32 idle steps (FIRST_PROBE_AFTER, doubled once), then 64.

@@ -15,6 +15,10 @@ PRIOR_WEIGHT = 2.0  # in judged drafts
 # Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
 RECENCY = 0.9
+# The same memory counted in replies: the replies whose lengths spread a draft model's prompt intake
+# (`AutoK._intake_per_token`), and the most replies between re-checks of a draft model ruled out.
+# Replayed, 2 to 32 replies alike for the first and 8 to unbounded for the second (RESULTS.md).
+MEMORY = round(1 / (1 - RECENCY))
 # A draft model's top probability below UNSURE_BELOW marks its token unsure (llama.cpp's p_min). A
 # quantized copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often
 # does not: a key stops at unsure tokens only while their measured rate (from PRIOR_ACCEPTANCE, as every

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import PRIOR_ACCEPTANCE, RECENCY, UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
+from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, RECENCY, UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -46,7 +46,6 @@ RAMP_START = 4
 # RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
 FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
-MAX_REPLIES_BETWEEN_CHECKS = 8  # a draft model ruled out is re-checked every 1, 2, 4, 8 replies (RESULTS.md)
 PROBE_LENGTH = 2
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
 # a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
@@ -64,11 +63,6 @@ LOOKUP_REPLY_PRIOR = 0.5
 # failed drafts (RESULTS.md, "At the H200's costs" and "The planner (2026-12-05)").
 RAMP_FREE_GAIN = 1.25
 LONG_RECENCY = 0.95
-# The prompt a draft model takes in at its first draft of a reply is spread (`_intake_per_token`) by the
-# lengths of the last replies and the model's share of a reply's tokens, both over the estimates' memory,
-# RECENCY: the last 10 replies, and each reply moving the share by 1 - RECENCY (RESULTS.md, "The
-# prompt's intake priced"; 2 to 32 replies replay alike).
-REPLY_LENGTHS_KEPT = round(1 / (1 - RECENCY))
 
 
 class FixedK:
@@ -191,7 +185,7 @@ class ModelSchedule(Schedule):
 
     def probe_due(self) -> bool:
         if not self.asked_in_reply:
-            return self.idle_replies >= min(self.backoff(), MAX_REPLIES_BETWEEN_CHECKS) - 1
+            return self.idle_replies >= min(self.backoff(), MEMORY) - 1
         return self.idle_steps >= FIRST_PROBE_AFTER * self.backoff()
 
 
@@ -248,7 +242,7 @@ class AutoK:
         # A lookup's longest draft after its drafts kept m tokens whole, by m (0: the reply's start);
         # priced once per reply from the verify curve (`price_ramps`).
         self.lookup_ramps: list[int] = [RAMP_START]
-        self.reply_lengths: list[int] = []  # tokens of the last REPLY_LENGTHS_KEPT replies
+        self.reply_lengths: list[int] = []  # tokens of the last MEMORY replies
         self.reply_tokens = 0  # of the reply under way
 
     @property
@@ -264,7 +258,7 @@ class AutoK:
 
     def begin_reply(self) -> None:
         if self.reply_tokens:
-            self.reply_lengths = [*self.reply_lengths, self.reply_tokens][-REPLY_LENGTHS_KEPT:]
+            self.reply_lengths = [*self.reply_lengths, self.reply_tokens][-MEMORY:]
         self.reply_tokens = 0
         self.reply = ReplyDrafting()
         self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
@@ -299,7 +293,7 @@ class AutoK:
 
     def _intake_per_token(self, state: KeyState, owed_prompt: int, available: int) -> float:
         """Seconds of taking in `owed_prompt` tokens, spread over the tokens the source's drafts are
-        expected to yield in the rest of the reply (see REPLY_LENGTHS_KEPT): the mean of what the replies
+        expected to yield in the rest of the reply: the mean of what the last MEMORY replies
         before it still had at this length, where some went on past it, else all the reply may have."""
         done = self.reply_tokens
         longer = [length - done for length in self.reply_lengths if length > done]

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Callable
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
-from speccli.drafting.acceptance import Acceptance
 from speccli.drafting.costs import DraftCost
-from speccli.drafting.policy import REPLY_LENGTHS_KEPT, AutoK, KeyState, LookupSchedule, ModelSchedule
+from speccli.drafting.acceptance import MEMORY, Acceptance
+from speccli.drafting.policy import AutoK, KeyState, LookupSchedule, ModelSchedule
 from speccli.errors import SpeccliError
 from speccli.remembered.stores import SAVE_EVERY_SECONDS, stores_dir
 from speccli.util.cache import speccli_cache_dir
@@ -193,7 +193,7 @@ def recall_state(policy: AutoK, learnt: dict[str, object]) -> None:
             raise ValueError("reply lengths are not counts")
     except (KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"not a policy's learnt state ({type(error).__name__}: {error})") from None
-    policy.keys, policy.reply_lengths, policy.reply_tokens = keys, list(lengths)[-REPLY_LENGTHS_KEPT:], tokens
+    policy.keys, policy.reply_lengths, policy.reply_tokens = keys, list(lengths)[-MEMORY:], tokens
     if policy.verify.decode_seconds:
         policy.price_ramps()
 
