@@ -355,7 +355,7 @@ def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_
     acceptance.unsure_judged = 20.0  # unsure tokens of this draft were all rejected
     plan = policy.plan("model", 8)
     assert plan.k > 2
-    assert policy.keep_drafting("model", plan, lambda: 0.9) and not policy.keep_drafting("model", plan, lambda: 0.5)
+    assert policy.keep_drafting("model", plan, lambda: 0.9) and not policy.keep_drafting("model", plan, lambda: 0.4)
     stopped_after_two = drafted_by("model", 2, plan, confidences=(0.9, 0.9), withheld=True)
     observe(policy, stopped_after_two, step(2, 2, 0.015, policy.verify(3)))  # both kept
     assert acceptance.judged_at == [1, 1, 1] and acceptance.kept_at == [1, 1, 0]

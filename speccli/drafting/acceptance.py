@@ -19,13 +19,13 @@ RECENCY = 0.9
 # (`AutoK._intake_per_token`), and the most replies between re-checks of a draft model ruled out.
 # Replayed, 2 to 32 replies alike for the first and 8 to unbounded for the second (RESULTS.md).
 MEMORY = round(1 / (1 - RECENCY))
-# A draft model's top probability below UNSURE_BELOW marks its token unsure (llama.cpp's p_min). A
-# quantized copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often
-# does not: a key stops at unsure tokens only while their measured rate (from PRIOR_ACCEPTANCE, as every
-# estimate here) is below UNSURE_STOP_BELOW and tokens kept at that rate would not pay at the measured
-# costs (on a GPU they do; RESULTS.md, "The redesigned policy").
-UNSURE_BELOW = 0.75
-UNSURE_STOP_BELOW = 0.5
+# Even odds, twice. A draft model's token is unsure where its top probability is below UNSURE (as
+# llama.cpp's p_min marks one, at 0.75 by default: 0.5 to 0.9 replay alike, RESULTS.md). A quantized
+# copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often does not: a
+# key stops at unsure tokens only while their measured rate (from PRIOR_ACCEPTANCE, as every estimate
+# here) is below UNSURE, kept less often than not, and tokens kept at that rate would not pay at the
+# measured costs (on a GPU they do; RESULTS.md, "The redesigned policy").
+UNSURE = 0.5
 
 
 def shrunk(kept: float, judged: float, prior: float) -> float:
@@ -56,7 +56,7 @@ class Acceptance:
             self.judged_at[position] += 1
             self.kept_at[position] += position < accepted
         for position, confidence in enumerate(confidences[:judged]):  # a withheld token has none
-            if confidence < UNSURE_BELOW:
+            if confidence < UNSURE:
                 self.unsure_judged += 1
                 self.unsure_kept += position < accepted
 

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, RECENCY, UNSURE_BELOW, UNSURE_STOP_BELOW, Acceptance
+from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, RECENCY, UNSURE, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -311,11 +311,11 @@ class AutoK:
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
         # A re-check is there to measure the key: it does not stop on the draft's own doubts.
-        if plan.probe or key not in self.keys or confidence() >= UNSURE_BELOW:
+        if plan.probe or key not in self.keys or confidence() >= UNSURE:
             return True
         state = self.keys[key]
         unsure = state.acceptance.unsure_rate()
-        return unsure >= UNSURE_STOP_BELOW or self._could_pay(state, max(plan.k, 1), unsure)
+        return unsure >= UNSURE or self._could_pay(state, max(plan.k, 1), unsure)
 
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         # every row verified, and those of the slots beside it in the same decode
