@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Callable
 
 from speccli.core.sampling import SamplingParams
 from speccli.core.seam import CostProfile, DraftCosts
-from speccli.drafting.costs import DraftCost
 from speccli.drafting.acceptance import MEMORY, Acceptance
+from speccli.drafting.costs import DraftCost
 from speccli.drafting.policy import AutoK, KeyState, LookupSchedule, ModelSchedule
 from speccli.errors import SpeccliError
 from speccli.remembered.stores import SAVE_EVERY_SECONDS, stores_dir
