@@ -12,7 +12,8 @@ whose every row is known without decoding. Proofs, each through `Generator` and 
 - broken engines fail the same test (p < 1e-6, or the reply cannot be generated at all): the mask
   applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens, a
   step's masks kept into the next, a masked row written over the last without clearing it;
-- greedy replies under the grammar are the target alone's, draft source by draft source;
+- greedy replies under the grammar are the target alone's, draft source by draft source, and the law's
+  (an argmax over the wrong allowed id fails it);
 - 1,000 sampled replies under a JSON schema, every one that ended by itself valid (jsonschema).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 
 from speccli.core.constraint import ConstrainedRows, Constraint, Grammar, GrammarError, GrammarSpec, check_grammar
 from speccli.core.generator import GenerationLimits, Generator
-from speccli.core.sampling import SamplingParams, distribution, probabilities
+from speccli.core.sampling import SamplingParams, distribution, greedy_token, probabilities
 from speccli.core.stats import FORCED, DoneEvent, StepEvent, TokenEvent
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.ngram import NgramLookup
@@ -305,7 +306,20 @@ def test_a_steps_mask_is_computed_once_for_each_position(pair, grammar) -> None:
 
 # --- greedy ------------------------------------------------------------------------------------------
 
+def law_greedy_reply(target, prompt: list[int], length: int) -> list[int]:
+    """The law's greedy reply, written without the engine: each token the argmax of the law's row."""
+    reply: tuple[int, ...] = ()
+    while len(reply) < length:
+        token = int(np.argmax(law_row(target, prompt, reply, SamplingParams(temperature=0))))
+        if token == EOG:
+            break
+        reply += (token,)
+    return list(reply)
+
+
 def test_greedy_replies_under_the_grammar_are_the_target_alones(pair, grammar) -> None:
+    """Every source's greedy reply equals the target alone's, and that is the law's (a broken argmax
+    under the mask fails the second: `test_a_broken_greedy_argmax_fails_the_law`)."""
     target, draft = pair
     greedy = SamplingParams(temperature=0)
     for text in ["ab", "e", "cdab", "eeee", "abcdab"]:
@@ -316,8 +330,28 @@ def test_greedy_replies_under_the_grammar_are_the_target_alones(pair, grammar) -
             replies[name] = [event.token for event in generator.generate(prompt, GenerationLimits(24, grammar=grammar))
                              if isinstance(event, TokenEvent)]
         assert len(set(map(tuple, replies.values()))) == 1, (text, replies)
-        assert VIABLE.fullmatch(target.tokenizer.detokenize(replies["target alone"]).decode()) or \
-            LANGUAGE.fullmatch(target.tokenizer.detokenize(replies["target alone"]).decode())
+        assert replies["target alone"] == law_greedy_reply(target, prompt, 24), text
+
+
+def test_a_broken_greedy_argmax_fails_the_law(pair, grammar) -> None:
+    """The argmax over the allowed ids alone, taken as the last allowed id: the target alone's reply
+    parts from the law's."""
+    target, _ = pair
+
+    def last_allowed(self, logits):
+        few, ids = self._mask(len(logits))
+        return int(ids[-1]) if few else greedy_token(self.masked(logits, logits))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Constraint, "greedy_token", last_allowed)
+        parted = []
+        for text in ["ab", "e", "cdab"]:
+            prompt = target.tokenizer.tokenize(text)
+            generator = Generator(target, None, SamplingParams(temperature=0))
+            reply = [event.token for event in generator.generate(prompt, GenerationLimits(24, grammar=grammar))
+                     if isinstance(event, TokenEvent)]
+            parted.append(reply != law_greedy_reply(target, prompt, 24))
+    assert any(parted)
 
 
 # --- JSON --------------------------------------------------------------------------------------------

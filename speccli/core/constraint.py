@@ -28,7 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from speccli.errors import SpeccliError
+from speccli.core.sampling import greedy_token
+from speccli.errors import NonFiniteLogitsError, SpeccliError
 
 # JSON's whitespace as llama.cpp's schema grammars allow it (its SPACE_RULE): between any two tokens,
 # nothing, a space, or one or two newlines and an indent of up to 20, so a schema means the same language
@@ -162,15 +163,8 @@ class Constraint:
         itself: a decode's row, read by nothing else, saves copying it. Which ids those are is kept by
         the mask's bits (`MaskPositions`): masks repeat (every string's inside, every key), and finding
         the ids of a scattered mask costs more than the rest of a row's work."""
-        path = tuple(self._path)
-        found = self._step_masks.get(path)
-        if found is None:
-            found = self._step_masks[path] = self._positions.of(self._fill(), self.n_vocab)
-        few, ids = found
-        if few and not len(ids):
-            raise GrammarError(self.dead_end())
+        few, ids = self._mask(len(logits))
         shared = min(len(logits), self.n_vocab)
-        ids = ids[ids < shared] if shared < self.n_vocab else ids
         if not few:
             logits[shared:] = -np.inf
             logits[ids] = -np.inf
@@ -185,6 +179,28 @@ class Constraint:
         row[ids] = logits[ids]
         self._written[row.ctypes.data] = (owner, len(row), ids)
         return row
+
+    def greedy_token(self, logits: np.ndarray) -> int:
+        """The masked row's most likely token, as `sampling.greedy_token` reads it (the first on a tie).
+        Where few tokens are allowed only they are read: the rest of the row is neither written nor
+        scanned (100-160 µs at 262,144 tokens after a decode)."""
+        few, ids = self._mask(len(logits))
+        if not few:
+            return greedy_token(self.masked(logits, logits))
+        if not len(ids):  # a draft's row narrower than what the grammar allows: nothing finite in it
+            raise NonFiniteLogitsError
+        return int(ids[greedy_token(logits[ids])])
+
+    def _mask(self, width: int) -> tuple[bool, np.ndarray]:
+        """Whether few tokens are allowed next, and which (else which are forbidden), ids below `width`."""
+        path = tuple(self._path)
+        found = self._step_masks.get(path)
+        if found is None:
+            found = self._step_masks[path] = self._positions.of(self._fill(), self.n_vocab)
+        few, ids = found
+        if few and not len(ids):
+            raise GrammarError(self.dead_end())
+        return few, ids[ids < width] if width < self.n_vocab else ids
 
     def dead_end(self) -> str:
         error = self._matcher.get_error()
@@ -238,6 +254,15 @@ class ConstrainedRows:
         return len(self._logits)
 
     def __getitem__(self, index: int) -> np.ndarray:
+        self._advance(index)
+        return self._constraint.masked(self._logits[index], self._out)
+
+    def greedy_token(self, index: int) -> int:
+        """Row `index`'s most likely token under the mask (`Constraint.greedy_token`)."""
+        self._advance(index)
+        return self._constraint.greedy_token(self._logits[index])
+
+    def _advance(self, index: int) -> None:
         if not 0 <= index < len(self._logits):
             raise IndexError(index)
         if index < self._row:
@@ -245,7 +270,6 @@ class ConstrainedRows:
         constraint = self._constraint
         constraint.push(self._drafted[constraint.depth : index])
         self._row = index
-        return constraint.masked(self._logits[index], self._out)
 
 
 class MaskPositions:

@@ -232,11 +232,13 @@ class Generator:
     def _verify(self, proposed: list[int], q: list[Distribution | None] | None, target_logits: np.ndarray) -> DraftVerdict:
         """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with
         certainty). Under a grammar each row is read through its mask (core/constraint.py)."""
+        argmax = None
         if self._constraint is not None:
             out = self._masked_row.take(1, target_logits.shape[1])[0]
             target_logits = ConstrainedRows(target_logits, self._constraint, proposed, out)
+            argmax = target_logits.greedy_token
         if self.sampling.greedy:
-            return verify_greedy(proposed, target_logits)
+            return verify_greedy(proposed, target_logits, argmax)
         p = RowDistributions(target_logits, self.sampling, self._target_row)
         if not proposed:
             return DraftVerdict(0, sample(p[0], self.rng))

@@ -28,7 +28,7 @@ token, given the tokens before it), is verified position by position by the same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -103,11 +103,13 @@ def without_token(p: Distribution, token: int) -> Distribution:
     return Distribution(p.ids, residual, p.size, mass) if mass > 0 else p
 
 
-def verify_greedy(drafted: Sequence[int], target_logits: np.ndarray) -> DraftVerdict:
+def verify_greedy(drafted: Sequence[int], target_logits: np.ndarray,
+                  argmax: Callable[[int], int] | None = None) -> DraftVerdict:
     """Keep drafts while they equal the target's argmax; then emit the target's argmax. Rows after the
-    first mismatch are never read."""
-    for i, row in enumerate(target_logits):
-        choice = greedy_token(row)
+    first mismatch are never read. `argmax(i)`, where given, is row i's (a grammar's, over what it allows)."""
+    argmax = argmax or (lambda i: greedy_token(target_logits[i]))
+    for i in range(len(target_logits)):
+        choice = argmax(i)
         if i == len(drafted) or drafted[i] != choice:
             return DraftVerdict(i, choice)
     raise ValueError(f"{len(drafted)} drafts need {len(drafted) + 1} rows of logits, got {len(target_logits)}")
