@@ -313,8 +313,8 @@ def test_sampling_run_and_plain_text_prompts(pair_args, tmp_path, schema) -> Non
 
 
 def test_greedy_check_catches_a_diverging_engine(pair_args, tmp_path, schema, monkeypatch) -> None:
-    def wrong_after_drafts(drafted, target_logits):
-        verdict = verify_greedy(drafted, target_logits)
+    def wrong_after_drafts(drafted, target_logits, argmax=None):
+        verdict = verify_greedy(drafted, target_logits, argmax)
         if not len(drafted):  # the target alone: untouched
             return verdict
         # emit a token the target did not choose, where it clearly prefers its own

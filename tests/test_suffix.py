@@ -457,7 +457,7 @@ def test_greedy_replies_drafted_from_earlier_ones_equal_the_target_alones(greedy
 def test_a_verifier_that_keeps_every_remembered_draft_is_detected(greedy_pair, monkeypatch) -> None:
     target, draft = greedy_pair
     monkeypatch.setattr(generator_module, "verify_greedy",
-                        lambda proposed, logits: DraftVerdict(len(proposed), int(np.argmax(logits[len(proposed)]))))
+                        lambda proposed, logits, argmax=None: DraftVerdict(len(proposed), int(np.argmax(logits[len(proposed)]))))
     with pytest.raises(AssertionError):
         check_greedy_equality(target, make_drafter("suffix", draft, target), FixedK(6), max_tokens=24,
                               min_draft_share=0.0, prompts=PROMPTS[:8] * 2)
