@@ -11,7 +11,7 @@ whose every row is known without decoding. Proofs, each through `Generator` and 
   tokens drafted first, under top-k so that the order of mask and filters matters;
 - broken engines fail the same test (p < 1e-6, or the reply cannot be generated at all): the mask
   applied after the filters, the mask on the draft's rows only, no rollback of the draft's tokens, a
-  step's masks kept into the next, a masked row written over the last without clearing it;
+  step's masks kept into the next;
 - greedy replies under the grammar are the target alone's, draft source by draft source, and the law's
   (an argmax over the wrong allowed id fails it);
 - 1,000 sampled replies under a JSON schema, every one that ended by itself valid (jsonschema).
@@ -146,8 +146,7 @@ def test_a_row_read_through_the_grammar_is_the_laws_row(pair, grammar, sampling)
         constraint.push(reply)
         constraint.settle(reply)
         logits = target.next_logits([*prompt, *reply])[None]
-        rows = ConstrainedRows(logits, constraint, [], np.empty(target.n_vocab, dtype=np.float32))
-        engine = distribution(rows[0], sampling).dense().astype(np.float64)
+        engine = ConstrainedRows(logits, constraint, []).distribution(0, sampling).dense().astype(np.float64)
         np.testing.assert_allclose(engine, law_row(target, prompt, tuple(reply), sampling), atol=1e-12, err_msg=reply_text)
 
 
@@ -194,36 +193,46 @@ def test_the_grammars_forced_tokens_are_drafted_and_kept(pair, grammar) -> None:
     assert forced and all(part.accepted == part.drafted for part in forced)
 
 
+def whole_row(ids: np.ndarray | None, values: np.ndarray, vocab: int) -> np.ndarray:
+    """A row read through the grammar (`ConstrainedRows.read`) as the whole row of the vocabulary."""
+    if ids is None:
+        return values.copy()
+    row = np.full(vocab, -np.inf, dtype=np.float32)
+    row[ids] = values
+    return row
+
+
 @contextmanager
 def mask_after_the_filters(sampling: SamplingParams = SETTINGS):
     """The filters (`sampling`'s) on the raw row, then the grammar among what survived (all of the
     grammar's tokens where nothing did)."""
-    real = ConstrainedRows.__getitem__
+    real = ConstrainedRows.read
 
     def broken(self, index):
         raw = self._logits[index].copy()  # before the mask, which may write into the row itself
-        masked = real(self, index).copy()
+        masked = whole_row(*real(self, index), len(raw))
         survivors = distribution(raw, sampling).dense() > 0
         if np.isfinite(masked[survivors]).any():
             masked[~survivors] = -np.inf
-        return masked
+        return None, masked
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ConstrainedRows, "__getitem__", broken)
+        patch.setattr(ConstrainedRows, "read", broken)
         yield
 
 
 @contextmanager
 def mask_on_the_draft_only():
     """The target's rows read unmasked (the state still advanced), the draft's masked."""
-    real = ConstrainedRows.__getitem__
+    real = ConstrainedRows.read
 
     def broken(self, index):
+        raw = self._logits[index].copy()
         real(self, index)
-        return self._logits[index]
+        return None, raw
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ConstrainedRows, "__getitem__", broken)
+        patch.setattr(ConstrainedRows, "read", broken)
         yield
 
 
@@ -251,24 +260,8 @@ def masks_kept_into_the_next_step():
         yield
 
 
-@contextmanager
-def rows_not_cleared():
-    """A masked row written over the last one without setting the ids that one allowed back to -inf."""
-    real = Constraint.masked
-
-    def broken(self, logits, out):
-        row = real(self, logits, out)
-        for address, (owner, length, _) in self._written.items():
-            self._written[address] = (owner, length, np.empty(0, dtype=np.int64))
-        return row
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Constraint, "masked", broken)
-        yield
-
-
 @pytest.mark.parametrize("broken", [mask_after_the_filters, mask_on_the_draft_only, no_rollback,
-                                    masks_kept_into_the_next_step, rows_not_cleared])
+                                    masks_kept_into_the_next_step])
 def test_a_broken_grammar_engine_fails_the_law(pair, grammar, broken) -> None:
     target, draft = pair
     drafter, policy = drafters(draft)["model K=4"]
@@ -338,12 +331,12 @@ def test_a_broken_greedy_argmax_fails_the_law(pair, grammar) -> None:
     parts from the law's."""
     target, _ = pair
 
-    def last_allowed(self, logits):
-        few, ids = self._mask(len(logits))
-        return int(ids[-1]) if few else greedy_token(self.masked(logits, logits))
+    def last_allowed(self, index):
+        ids, values = self.read(index)
+        return greedy_token(values) if ids is None else int(ids[-1])
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Constraint, "greedy_token", last_allowed)
+        patch.setattr(ConstrainedRows, "greedy_token", last_allowed)
         parted = []
         for text in ["ab", "e", "cdab"]:
             prompt = target.tokenizer.tokenize(text)
@@ -402,10 +395,21 @@ def test_a_schema_that_cannot_be_compiled_is_refused_naming_where_and_what(schem
     assert str(refused.value) == f"response_format: {says}"
 
 
-def test_a_grammar_that_leaves_no_token_is_an_error_not_a_hang(pair) -> None:
+def test_a_schema_nested_past_llguidances_depth_is_refused_not_a_crash() -> None:
+    deep: dict = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="^response_format: recursion limit exceeded"):
+        check_grammar(GrammarSpec.json_schema(deep, "response_format"))
+
+
+@pytest.mark.parametrize("spec", [
+    # llguidance compiles a schema that only refers to itself
+    GrammarSpec.json_schema({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "response_format"),
+    # every character of the stand-in's vocabulary but a tab, which no token spells
+    GrammarSpec("grammar", 'start: "a" /\\t+/', "response_format"),
+], ids=["a schema that refers to itself", "a tab the vocabulary cannot spell"])
+def test_a_grammar_no_reply_satisfies_is_refused_before_a_reply_not_a_hang(pair, spec) -> None:
     target, _ = pair
-    # Every character of the stand-in's vocabulary but none after "a": "a" then a tab it cannot spell.
-    dead_end = Grammar(GrammarSpec("grammar", 'start: "a" /\\t+/', "dead end"), target.tokenizer.grammar_vocabulary(), target.n_vocab)
-    generator = Generator(target, None, SETTINGS, seed=0)
-    with pytest.raises(GrammarError, match="the grammar allows no token here"):
-        list(generator.generate(target.tokenizer.tokenize("ab"), GenerationLimits(8, grammar=dead_end)))
+    with pytest.raises(GrammarError, match="^response_format: no text satisfies it"):
+        Grammar(spec, target.tokenizer.grammar_vocabulary(), target.n_vocab)

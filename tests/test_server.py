@@ -578,6 +578,14 @@ def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
     ({"response_format": {"type": "xml"}}, "response_format.type", None),
     ({"grammar": 'root ::= "a" missing'}, "grammar", "grammar: Failed to convert the grammar from GBNF to Lark: Rule 'missing' not found"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "grammar", "response_format and grammar: give one of them"),
+    # A stop string would cut the reply short of valid, yet it would end as "stop".
+    ({"response_format": {"type": "json_object"}, "stop": ","}, "stop",
+     "stop: a reply that follows response_format would be cut by a stop string before it is complete; leave stop out"),
+    ({"grammar": 'root ::= "a"+', "stop": ["aa"]}, "stop",
+     "stop: a reply that follows grammar would be cut by a stop string before it is complete; leave stop out"),
+    # llguidance takes a schema that only refers to itself, but nothing may begin its reply.
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}}},
+     "response_format", "response_format.json_schema.schema: no text satisfies it (nothing may begin a reply)"),
     # Too big for llguidance's limits, which show only with the vocabulary: refused in about a second.
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": [f"v{i}" for i in range(100_000)]}}}},
      "response_format", "response_format.json_schema.schema: initial lexer configuration (grammar) too big (limit for this grammar: 1000000)"),

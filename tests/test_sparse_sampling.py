@@ -5,6 +5,9 @@ uniforms when verifying, on random rows with ties, NaN, -inf and very small temp
 where candidates are found by column maxima (real vocabularies) and where every token is one.
 
 Negative control: a top-k floor taken too high (the k/2-th largest column maximum) fails it.
+
+A grammar's few allowed tokens are read alone (`distribution_among`): the same distribution as the whole
+row masked, by the same definition; the allowed tokens' positions taken for their ids fail it.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from speccli.core import sampling as sampling_module
-from speccli.core.sampling import Distribution, SamplingParams, distribution, sample
+from speccli.core.sampling import Distribution, SamplingParams, distribution, distribution_among, sample
 from speccli.core.verify import verify_sampled
 from speccli.errors import NonFiniteLogitsError
 
@@ -151,3 +154,39 @@ def test_a_top_k_floor_taken_too_high_is_detected(monkeypatch) -> None:
     monkeypatch.setattr(sampling_module, "_top_k_floor", lambda column_max, k: np.sort(column_max)[-max(1, k // 2)])
     with pytest.raises(AssertionError):
         test_the_sparse_row_is_the_definitions("top-k", 151_936, "plain")
+
+
+# --- a grammar's few allowed tokens, read alone ----------------------------------------------------------
+
+ALLOWED = [1, 3, 40, 300]  # 300: more than the plain-Python path takes
+
+
+@pytest.mark.parametrize("name", [*PARAMS, "greedy"])
+@pytest.mark.parametrize("size", [500, 151_936])
+def test_the_allowed_tokens_alone_give_the_masked_rows_distribution(name: str, size: int) -> None:
+    params = PARAMS.get(name, SamplingParams(0.0))
+    rng = np.random.default_rng([3, size])
+    for allowed in ALLOWED:
+        logits = random_logits(rng, size, "plain")
+        ids = np.sort(rng.choice(size, allowed, replace=False))
+        masked = np.full(size, -np.inf, dtype=np.float32)
+        masked[ids] = logits[ids]
+        if params.greedy:
+            expected = np.zeros(size)
+            expected[ids[np.argmax(logits[ids])]] = 1.0
+        else:
+            expected = reference_row(masked, params)
+        found = distribution_among(ids, logits[ids], params, size)
+        np.testing.assert_allclose(found.dense(), expected, rtol=2e-6, atol=1e-12, err_msg=f"{allowed} allowed")
+        with pytest.raises(NonFiniteLogitsError):  # none allowed: a draft's row narrower than the grammar's
+            distribution_among(ids[:0], logits[:0], params, size)
+
+
+@pytest.mark.parametrize("name", ["greedy", "chat's defaults"])
+def test_the_allowed_tokens_positions_taken_for_their_ids_are_detected(name: str, monkeypatch) -> None:
+    real_greedy, real_survivors = sampling_module.greedy_token, sampling_module._survivors
+    monkeypatch.setattr(sampling_module, "greedy_token", lambda logits, ids=None: real_greedy(logits))
+    monkeypatch.setattr(sampling_module, "_survivors",
+                        lambda candidates, *rest: real_survivors(np.arange(len(candidates)), *rest))
+    with pytest.raises(AssertionError):
+        test_the_allowed_tokens_alone_give_the_masked_rows_distribution(name, 500)

@@ -28,8 +28,15 @@ ADD_PARAMETERS = {"type": "object", "required": ["a", "b"], "additionalPropertie
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city now",
                                             "parameters": WEATHER_PARAMETERS}}
 ADD = {"type": "function", "function": {"name": "add", "parameters": ADD_PARAMETERS}}
-PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS}
-FUNCTIONS = (WEATHER["function"], ADD["function"])
+# References into the parameters' own definitions, as pydantic writes nested models: they resolve against
+# the parameters' root, which the grammar's schema nests.
+BOOK_PARAMETERS = {"$defs": {"city": {"enum": ["Paris", "Rome"]}}, "type": "object", "additionalProperties": False,
+                   "required": ["src", "dst"], "properties": {"src": {"$ref": "#/$defs/city"}, "dst": {"$ref": "#/$defs/city"}}}
+BOOK = {"type": "function", "function": {"name": "book", "parameters": BOOK_PARAMETERS}}
+NOW = {"type": "function", "function": {"name": "now"}}  # no parameters: it takes none (OpenAI's rule)
+PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "add": ADD_PARAMETERS, "book": BOOK_PARAMETERS,
+              "now": {"type": "object", "additionalProperties": False}}
+FUNCTIONS = (WEATHER["function"], ADD["function"], BOOK["function"], NOW["function"])
 CONTEXT = 2048
 
 # A template that writes tools and calls as hermes templates do, in a vocabulary without a <tool_call>
@@ -90,6 +97,10 @@ PARIS, SUM = ("get_weather", {"city": "Paris", "unit": "celsius"}), ("add", {"a"
     ("required", True, hermes(("get_weather", {"city": "Paris", "unit": "kelvin"})), False),
     ("required", True, hermes(("get_weather", {"city": "Paris", "unit": "celsius", "x": 1})), False),
     ("required", True, hermes(("send_mail", {})), False),
+    ("required", True, hermes(("book", {"src": "Paris", "dst": "Rome"})), True),
+    ("required", True, hermes(("book", {"src": "Paris", "dst": "Oslo"})), False),  # not among the definition's
+    ("required", True, hermes(("now", {})), True),
+    ("required", True, hermes(("now", {"tz": "UTC"})), False),  # a function without parameters takes none
 ])
 def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabulary, choice, parallel, text, allowed):
     """On Qwen 2.5's vocabulary, whose template writes <tool_call> as a token of its own."""
@@ -157,7 +168,7 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
         for choice, parallel in (("required", True), ({"type": "function", "function": {"name": "add"}}, False)):
             named = None if choice == "required" else "add"
             for temperature, seed in ((0, 0), (0.8, 1), (1.5, 2)):
-                reply = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice, parallel_tool_calls=parallel,
+                reply = ask(c, "Weather in Paris?", tools=[WEATHER, ADD, BOOK, NOW], tool_choice=choice, parallel_tool_calls=parallel,
                             temperature=temperature, seed=seed, max_tokens=200)
                 if reply.choices[0].finish_reason == "length":
                     continue
@@ -199,8 +210,12 @@ def test_a_conversation_carries_calls_and_their_results(hermes_pair):
     ({"tools": [WEATHER, WEATHER]}, "tools", "tools: two are named 'get_weather'"),
     ({"response_format": {"type": "json_object"}}, "tools",
      'tools: a reply that may call a tool follows its grammar; leave out response_format and grammar, or set tool_choice to "none"'),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
-     "tools", "tools[0].function.parameters: at /type: Invalid type: objekt"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}]},
+     "tools", "tools[0].function.parameters: at /properties/a/type: Invalid type: objekt"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools.0.function.parameters",
+     'tools.0.function.parameters: must describe the arguments as an object ("type": "object"), got "type": "array"'),
+    ({"tool_choice": "required", "stop": ["}"]}, "stop",
+     "stop: a reply that follows tools would be cut by a stop string before it is complete; leave stop out"),
     ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools.0.function.name", None),
     ({"messages": [{"role": "tool", "content": "3"}]}, "messages.0.tool_call_id", "messages.0.tool_call_id: a tool's message names the call it answers"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages.0.tool_calls", "messages.0.tool_calls: only an assistant's message has them"),

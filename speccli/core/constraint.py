@@ -11,7 +11,7 @@ makes the filters choose among legal tokens: masking after them (llama.cpp's def
 check") keeps a top-k of 40 that may hold one legal token where the grammar allows hundreds.
 
 Speculation under it stays exact because every row, the target's and the draft's, is read through the
-same mask (`ConstrainedRows`, `Constraint.masked`) with the grammar's state advanced along the draft to
+same mask (`ConstrainedRows`, `Constraint.read`) with the grammar's state advanced along the draft to
 that row, and the state is rolled back to the kept prefix after the verdict. A lookup's tokens are cut
 at the first the grammar forbids (p_G is 0 there: verification would reject it anyway), and the tokens
 the grammar forces are proposed with certainty: accepted with p_G(x), which is 1 where no other
@@ -28,8 +28,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from speccli.core.sampling import greedy_token
-from speccli.errors import NonFiniteLogitsError, SpeccliError
+from speccli.core.sampling import Distribution, SamplingParams, distribution_among, greedy_token
+from speccli.errors import SpeccliError
 
 # JSON's whitespace as llama.cpp's schema grammars allow it (its SPACE_RULE): between any two tokens,
 # nothing, a space, or one or two newlines and an indent of up to 20, so a schema means the same language
@@ -67,14 +67,14 @@ class GrammarSpec:
         """The grammar as llguidance takes it (checked for errors by `check_grammar`)."""
         import llguidance
 
-        if self.kind == "json_schema":
-            # A schema's own layout (its "x-guidance" settings, llguidance's) replaces this one whole.
-            own = "x-guidance" in json.loads(self.text)
-            return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=None if own else JSON_LAYOUT)
         try:
+            if self.kind == "json_schema":
+                # A schema's own layout (its "x-guidance" settings, llguidance's) replaces this one whole.
+                own = "x-guidance" in json.loads(self.text)
+                return llguidance.LLMatcher.grammar_from_json_schema(self.text, defaults=None if own else JSON_LAYOUT)
             return llguidance.grammar_from("grammar", self.text)  # Lark, or GBNF converted to Lark
-        except ValueError as error:
-            raise GrammarError(f"{self.name}: {error}") from None
+        except ValueError as error:  # e.g. a schema nested deeper than llguidance goes
+            raise GrammarError(f"{self.name}: {_one_line(str(error))}") from None
 
 
 def check_grammar(spec: GrammarSpec, vocabulary: Any = None) -> str:
@@ -100,6 +100,8 @@ class Grammar:
         self.spec, self.definition = spec, check_grammar(spec, vocabulary)
         self._vocabulary, self.n_vocab = vocabulary, n_vocab
         self._positions = MaskPositions()  # shared by its replies: their masks repeat
+        if not self.start().allowed().any():  # e.g. a schema that only refers to itself (llguidance takes it)
+            raise GrammarError(f"{spec.name}: no text satisfies it (nothing may begin a reply)")
 
     def start(self) -> Constraint:
         import llguidance
@@ -128,7 +130,6 @@ class Constraint:
         self._words = self._bits[0].view(np.uint32)
         self._path: list[int] = []  # the tokens pushed since the last `settle`
         self._step_masks: dict[tuple[int, ...], tuple[bool, np.ndarray]] = {}  # by path: `MaskPositions.of`'s
-        self._written: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}  # `masked`'s rows of -inf, by address
 
     @property
     def depth(self) -> int:
@@ -151,45 +152,20 @@ class Constraint:
         """Which tokens may come next: a bool row of the vocabulary."""
         return np.unpackbits(self._fill().view(np.uint8), count=self.n_vocab, bitorder="little").view(bool)
 
-    def masked(self, logits: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """`logits` with every token the grammar forbids next at -inf. A draft's row may be wider or
-        narrower than the grammar's vocabulary: ids past it are forbidden. A grammar that allows nothing
-        here is an error, not a hang.
-
-        Where few tokens are allowed (JSON's structure) they are written into `out`, a row of at least
-        len(logits) that only masks are written into, the rest -inf: where this constraint wrote into it
-        before, only the ids it wrote then are set back to -inf (filling a row of 262,144 costs more than
-        the mask). Where most are allowed (inside a string) the few others are set to -inf in `logits`
-        itself: a decode's row, read by nothing else, saves copying it. Which ids those are is kept by
-        the mask's bits (`MaskPositions`): masks repeat (every string's inside, every key), and finding
-        the ids of a scattered mask costs more than the rest of a row's work."""
+    def read(self, logits: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """A row read through the mask: (ids, their logits) where few tokens are allowed next (JSON's
+        structure), so that the rest of the row, cold after a decode, is neither written nor scanned; else
+        (None, the row) with the few tokens the grammar forbids set to -inf in `logits` itself (inside a
+        string: a decode's row, read by nothing else, saves copying it). A draft's row may be wider or
+        narrower than the grammar's vocabulary: ids past it are forbidden. Which ids are allowed or
+        forbidden is kept by the mask's bits (`MaskPositions`): masks repeat (every string's inside,
+        every key), and finding the ids of a scattered mask costs more than the rest of a row's work."""
         few, ids = self._mask(len(logits))
-        shared = min(len(logits), self.n_vocab)
-        if not few:
-            logits[shared:] = -np.inf
-            logits[ids] = -np.inf
-            return logits
-        row = out[: len(logits)]
-        owner = out if out.base is None else out.base  # held, so that its address names it
-        written = self._written.get(row.ctypes.data)
-        if written is not None and written[0] is owner and written[1] == len(row):
-            row[written[2]] = -np.inf
-        else:
-            row.fill(-np.inf)
-        row[ids] = logits[ids]
-        self._written[row.ctypes.data] = (owner, len(row), ids)
-        return row
-
-    def greedy_token(self, logits: np.ndarray) -> int:
-        """The masked row's most likely token, as `sampling.greedy_token` reads it (the first on a tie).
-        Where few tokens are allowed only they are read: the rest of the row, cold after a decode, is
-        neither written nor scanned (docs/results.md#structured-output)."""
-        few, ids = self._mask(len(logits))
-        if not few:
-            return greedy_token(self.masked(logits, logits))
-        if not len(ids):  # a draft's row narrower than what the grammar allows: nothing finite in it
-            raise NonFiniteLogitsError
-        return int(ids[greedy_token(logits[ids])])
+        if few:
+            return ids, logits[ids]
+        logits[min(len(logits), self.n_vocab):] = -np.inf
+        logits[ids] = -np.inf
+        return None, logits
 
     def _mask(self, width: int) -> tuple[bool, np.ndarray]:
         """Whether few tokens are allowed next, and which (else which are forbidden), ids below `width`."""
@@ -203,8 +179,8 @@ class Constraint:
         return few, ids[ids < width] if width < self.n_vocab else ids
 
     def dead_end(self) -> str:
-        error = self._matcher.get_error()
-        return f"the grammar allows no token here{': ' + _one_line(error) if error else ''}"
+        error = self._matcher.get_error().strip().split("\n")[0]  # its first line: the rest is its parser's state
+        return f"the grammar allows no token here{f' ({error})' if error else ''}"
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar forces next (its canonical tokenization of the forced text), at most `limit`."""
@@ -245,22 +221,21 @@ class ConstrainedRows:
     draft's first i tokens. Rows are read in order and verification stops at the first rejection, so
     the state advances with the reading and no mask is computed for a row never read."""
 
-    def __init__(self, logits: np.ndarray, constraint: Constraint, drafted: Sequence[int], out: np.ndarray) -> None:
-        self._logits, self._constraint, self._drafted, self._out = logits, constraint, drafted, out
+    def __init__(self, logits: np.ndarray, constraint: Constraint, drafted: Sequence[int]) -> None:
+        self._logits, self._constraint, self._drafted = logits, constraint, drafted
         self._row = -1
-        self.shape = logits.shape
 
-    def __len__(self) -> int:
-        return len(self._logits)
-
-    def __getitem__(self, index: int) -> np.ndarray:
+    def read(self, index: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """Row `index` through the mask (`Constraint.read`)."""
         self._advance(index)
-        return self._constraint.masked(self._logits[index], self._out)
+        return self._constraint.read(self._logits[index])
 
     def greedy_token(self, index: int) -> int:
-        """Row `index`'s most likely token under the mask (`Constraint.greedy_token`)."""
-        self._advance(index)
-        return self._constraint.greedy_token(self._logits[index])
+        ids, values = self.read(index)
+        return greedy_token(values, ids)
+
+    def distribution(self, index: int, params: SamplingParams, out: np.ndarray | None = None) -> Distribution:
+        return distribution_among(*self.read(index), params, self._logits.shape[1], out)
 
     def _advance(self, index: int) -> None:
         if not 0 <= index < len(self._logits):

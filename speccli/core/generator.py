@@ -75,7 +75,6 @@ class Generator:
         self.tokens: list[int] = []  # everything the models have been shown or have generated
         self.reply_stats = RunStats()  # the reply under way, or the last one: what `generate` has counted
         self._target_row = RowBuffer()
-        self._masked_row = RowBuffer()
         self._constraint: Constraint | None = None  # the reply's grammar state, where it has one
 
     def reused_prefix(self, prompt: Sequence[int]) -> int:
@@ -232,14 +231,13 @@ class Generator:
     def _verify(self, proposed: list[int], q: list[Distribution | None] | None, target_logits: np.ndarray) -> DraftVerdict:
         """q: the distributions the first len(q) proposed tokens were drawn from (None: all proposed with
         certainty). Under a grammar each row is read through its mask (core/constraint.py)."""
-        argmax = None
+        argmax = read = None
         if self._constraint is not None:
-            out = self._masked_row.take(1, target_logits.shape[1])[0]
-            target_logits = ConstrainedRows(target_logits, self._constraint, proposed, out)
-            argmax = target_logits.greedy_token
+            rows = ConstrainedRows(target_logits, self._constraint, proposed)
+            argmax, read = rows.greedy_token, rows.distribution
         if self.sampling.greedy:
             return verify_greedy(proposed, target_logits, argmax)
-        p = RowDistributions(target_logits, self.sampling, self._target_row)
+        p = RowDistributions(target_logits, self.sampling, self._target_row, read)
         if not proposed:
             return DraftVerdict(0, sample(p[0], self.rng))
         return verify_sampled(proposed, q, p, self.rng)

@@ -14,6 +14,7 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -139,6 +140,23 @@ def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | 
     return out
 
 
+def distribution_among(ids: np.ndarray | None, logits: np.ndarray, params: SamplingParams, vocab: int,
+                       out: np.ndarray | None = None) -> Distribution:
+    """`distribution` of a row of `vocab` tokens all at -inf but `ids` (ascending), whose logits are
+    `logits`: a grammar's few allowed tokens, read without the rest of the row (cold after a decode).
+    `ids` None: `logits` is the whole row (`out` as `distribution`'s)."""
+    if ids is None:
+        return distribution(logits, params, out)
+    if params.greedy:
+        return Distribution(np.array([greedy_token(logits, ids)]), np.ones(1, dtype=np.float32), vocab, 1.0)
+    top = _checked(logits.max(initial=-np.inf))
+    if params.filtered:
+        min_logit = top + np.float32(math.log(params.min_p)) if params.min_p > 0 else -np.inf
+        return _survivors(ids, logits, top, min_logit, params, vocab)
+    with np.errstate(over="ignore"):
+        return Distribution(ids, np.exp((logits - top) * _inverse_temperature(params)), vocab)
+
+
 # Past this, scaling logit gaps changes nothing: logits as models give them differ by far more than
 # 1e-30 where they differ, so every gap becomes -inf either way. The cap keeps 1/temperature finite
 # (1e-39 is a valid temperature), where infinity would make the top token's 0 gap times it NaN.
@@ -146,13 +164,16 @@ _MAX_INVERSE_TEMPERATURE = 1e30
 _LOWEST = np.finfo(np.float32).min  # the least finite logit
 
 
-def greedy_token(logits: np.ndarray) -> int:
+def greedy_token(logits: np.ndarray, ids: np.ndarray | None = None) -> int:
     """One row's most likely token (the first, on a tie), refused where the row is no distribution:
-    argmax takes the first NaN for the largest value, so reading the value it chose is the whole check."""
+    argmax takes the first NaN for the largest value, so reading the value it chose is the whole check.
+    `ids`, where given, name the row's entries (`distribution_among`'s)."""
+    if not len(logits):  # a grammar allows nothing in a draft's narrower row
+        raise NonFiniteLogitsError
     top = int(logits.argmax())
     if not math.isfinite(logits[top]):
         raise NonFiniteLogitsError
-    return top
+    return top if ids is None else int(ids[top])
 
 
 def _inverse_temperature(params: SamplingParams) -> np.float32:
@@ -210,6 +231,13 @@ def _filtered(row: np.ndarray, params: SamplingParams) -> Distribution:
             values = np.concatenate([values, tail])
     else:
         candidates, values = np.arange(vocab), row
+    return _survivors(candidates, values, top, min_logit, params, vocab)
+
+
+def _survivors(candidates: np.ndarray, values: np.ndarray, top: np.float32, min_logit: float, params: SamplingParams,
+               vocab: int) -> Distribution:
+    """The filters and the temperature on `candidates` (ascending), which hold every token that can survive
+    them, with their logits `values`; `top` is the row's largest, `min_logit` min-p's bound."""
     if 0 < params.top_k < len(values):
         # The k-th largest value; ties with it are kept, so the rule does not depend on tie order. Masked
         # tokens (-inf) are left out where fewer than k are not: their probability is 0 anyway.
@@ -298,9 +326,11 @@ class RowDistributions:
     early costs a few rows of work, not all of them. `rows[i]` stays valid until another row is asked for.
     """
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams, buffer: RowBuffer) -> None:
+    def __init__(self, logits: np.ndarray, params: SamplingParams, buffer: RowBuffer,
+                 read: Callable[[int, SamplingParams, np.ndarray | None], Distribution] | None = None) -> None:
         self._logits, self._params = logits, params
         self._buffer = buffer
+        self._read = read  # a row's distribution read another way (a grammar's, `ConstrainedRows`)
         self._index: int | None = None
         self._row: Distribution | None = None
 
@@ -310,7 +340,8 @@ class RowDistributions:
     def __getitem__(self, index: int) -> Distribution:
         if index != self._index:
             out = None if self._params.filtered else self._buffer.take(1, self._logits.shape[1])[0]
-            self._row = distribution(self._logits[index], self._params, out)
+            self._row = (self._read(index, self._params, out) if self._read
+                         else distribution(self._logits[index], self._params, out))
             self._index = index
         return self._row
 

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from speccli.core.constraint import Constraint
-from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution, greedy_token, sample, top_probability
+from speccli.core.sampling import (
+    Distribution, RowBuffer, SamplingParams, distribution_among, greedy_token, sample, top_probability,
+)
 from speccli.core.seam import DraftCosts
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -60,7 +62,6 @@ class ModelDrafter:
     def __init__(self, model: Model) -> None:
         self.model = model
         self._q_rows = RowBuffer()
-        self._masked = RowBuffer()
         self._prompt_end = 0  # the cache must hold the context this far before drafting (see `sync`)
         self._pending: list[int] = []  # what the next decode takes in before giving a row
         self._rows: np.ndarray = np.empty((0, 0), dtype=np.float32)
@@ -118,16 +119,15 @@ class ModelDrafter:
     def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken:
         """Decode what is pending and draw the next token from the row (its argmax when greedy), read
         through the grammar's mask where the reply has one: the draft proposes only what it allows."""
-        logits = self.model.decode(self._pending, n_logit_rows=1)
+        logits = self.model.decode(self._pending, n_logit_rows=1)[0]
         self._pending = []
-        if constraint is not None:
-            logits = constraint.masked(logits[0], self._masked.take(1, len(logits[0]))[0])[None]
-        row = self._rows[self._drawn]
+        ids, values = (None, logits) if constraint is None else constraint.read(logits)
+        row = self._rows[self._drawn][: len(values)]
         self._drawn += 1
         if sampling.greedy:
-            return NextToken(greedy_token(logits[0]), None, logits[0], row)  # a NaN row is refused by name
-        q = distribution(logits[0], sampling, out=row)
-        return NextToken(sample(q, rng), q, logits[0], row)
+            return NextToken(greedy_token(values, ids), None, values, row)  # a NaN row is refused by name
+        q = distribution_among(ids, values, sampling, len(logits), out=row)
+        return NextToken(sample(q, rng), q, values, row)
 
     def take(self, *tokens: int) -> None:
         """The planner keeps `tokens` (a drafted one, or what a grammar forces): the next decode takes

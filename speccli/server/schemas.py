@@ -116,6 +116,15 @@ class FunctionDefinition(Strict):
     parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments object
     strict: Optional[bool] = None  # every call follows the parameters either way
 
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, parameters: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        # A call's arguments are an object (OpenAI's), which a call read back from the history must be too.
+        kind = (parameters or {}).get("type", "object")
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            raise ValueError(f'must describe the arguments as an object ("type": "object"), got "type": {json.dumps(kind)}')
+        return parameters
+
     def definition(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True, exclude={"strict"})
 

@@ -79,7 +79,15 @@ class Service:
 
     def grammar_spec_for(self, body: GenerationRequest) -> GrammarSpec | None:
         """What the request's text must follow: `response_format` (OpenAI's), or `grammar` (llama-server's),
-        checked (400 naming the field) before the request waits for the worker."""
+        checked (400 naming the field) before the request waits for the worker. A stop string would cut
+        such a reply short, which then ends as "stop" but not valid: refused with it."""
+        spec = self._grammar_spec_for(body)
+        if spec is not None and body.stop_strings():
+            raise APIError(400, f"stop: a reply that follows {_field_of(spec)} would be cut by a stop string before "
+                                "it is complete; leave stop out", param="stop")
+        return spec
+
+    def _grammar_spec_for(self, body: GenerationRequest) -> GrammarSpec | None:
         form = body.response_format
         if form is not None and form.type != "text" and body.grammar is not None:
             raise APIError(400, "response_format and grammar: give one of them", param="grammar")
@@ -113,8 +121,7 @@ class Service:
             try:
                 grammar = Grammar(spec, self.target.tokenizer.grammar_vocabulary(), self.target.n_vocab)
             except GrammarError as error:
-                field = "tools" if spec.name == "tools" else "grammar" if spec.kind == "grammar" else "response_format"
-                raise APIError(400, str(error), param=field) from None
+                raise APIError(400, str(error), param=_field_of(spec)) from None
         with self._grammars_lock:
             while len(self._grammars) >= GRAMMARS_KEPT:
                 del self._grammars[next(iter(self._grammars))]
@@ -134,6 +141,11 @@ class Service:
                 param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
             )
         return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings(), grammar)
+
+
+def _field_of(spec: GrammarSpec) -> str:
+    """The request's field a grammar came from."""
+    return "tools" if spec.name == "tools" else "grammar" if spec.kind == "grammar" else "response_format"
 
 
 def _checked(spec: GrammarSpec, field: str) -> GrammarSpec:

@@ -94,15 +94,15 @@ class ToolStyle:
         """What a reply must follow when it may call a tool (None when it may not)."""
         if not tools.calls:
             return None
-        calls = [_call_schema(function) for function in tools.callable()]
+        calls = [_call_schema(function, i) for i, function in enumerate(tools.callable())]
         if self.name == "json":
-            one = calls[0] if len(calls) == 1 else {"anyOf": calls}
+            one = calls[0][0] if len(calls) == 1 else {"anyOf": [call for call, _ in calls]}
             called = _object({"tool_call": one})
             if tools.parallel:
                 called = {"anyOf": [called, _object({"tool_calls": {"type": "array", "items": one, "minItems": 1}})]}
             if tools.choice == "auto":
                 called = {"anyOf": [called, _object({"response": {"type": "string"}})]}
-            return GrammarSpec.json_schema(called, "tools")
+            return GrammarSpec.json_schema({**called, "$defs": {k: v for _, d in calls for k, v in d.items()}}, "tools")
         open_, close = (OPEN, CLOSE) if self.special_markers else (json.dumps(OPEN), json.dumps(CLOSE))
         # The template ends a turn right after </tool_call>; the model may write a newline first.
         start = 'TEXT | TEXT? calls "\\n"?' if tools.choice == "auto" else 'calls "\\n"?'
@@ -110,8 +110,9 @@ class ToolStyle:
                  "calls: call" + (' ("\\n" call)*' if tools.parallel else ""),
                  "call: " + " | ".join(f"call{i}" for i in range(len(calls))),
                  "TEXT: /(?s:.+)/"]
-        for i, schema in enumerate(calls):
-            lines.append(f'call{i}: {open_} "\\n" %json {json.dumps({**schema, "x-guidance": JSON_LAYOUT})} "\\n" {close}')
+        for i, (schema, definitions) in enumerate(calls):
+            schema = {**schema, "$defs": definitions, "x-guidance": JSON_LAYOUT}
+            lines.append(f'call{i}: {open_} "\\n" %json {json.dumps(schema)} "\\n" {close}')
         return GrammarSpec("grammar", "\n".join(lines) + "\n", "tools")
 
     def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -150,9 +151,28 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
 
-def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    """A call of `function` as JSON: its name, then arguments that follow its parameters' schema."""
-    return _object({"name": {"const": function["name"]}, "arguments": function.get("parameters") or {"type": "object"}})
+# OpenAI: a function defined without parameters takes none.
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _call_schema(function: dict[str, Any], index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A call of `function` as JSON (its name, then arguments that follow its parameters' schema), and
+    that schema as a definition for the root of the grammar's schema: the references inside it
+    (`#/$defs/...`, pydantic's nested models) resolve against the whole schema's root, so they are
+    re-pointed to where the parameters sit there."""
+    where = f"arguments{index}"
+    parameters = _rebased(function.get("parameters") or NO_PARAMETERS, f"#/$defs/{where}")
+    return _object({"name": {"const": function["name"]}, "arguments": {"$ref": f"#/$defs/{where}"}}), {where: parameters}
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with each local reference ("#/...") made relative to `base`."""
+    if isinstance(schema, dict):
+        return {key: base + value[1:] if key == "$ref" and isinstance(value, str) and value.startswith("#")
+                else _rebased(value, base) for key, value in schema.items()}
+    if isinstance(schema, list):
+        return [_rebased(item, base) for item in schema]
+    return schema
 
 
 def _call(call: dict[str, Any]) -> dict[str, Any]:

@@ -5,15 +5,16 @@ token through `core/constraint.py` as the engine reads them, and each row's cost
 
 - `llguidance's mask`: llguidance computing which tokens may come next, as bits;
 - `mask`: that, as a row of bools (`Constraint.allowed`);
-- `masked row`: that plus writing the row with every forbidden token at -inf (`Constraint.masked`, into
-  the logits themselves where it allows most: a fresh copy of them is given to each call, untimed);
+- `row read`: the row read through that mask (`Constraint.read`): where it allows few tokens, their ids
+  and logits; where it allows most, the others set to -inf in the logits themselves (a fresh copy of them
+  is given to each call, untimed);
 - `forced`: asking which tokens the grammar forces (the planner does once a step);
-- `filters after`: chat's filters (top-k 40, top-p 0.95, min-p 0.05, T 0.8) on the masked row, against the same on
+- `filters after`: chat's filters (top-k 40, top-p 0.95, min-p 0.05, T 0.8) on the row read, against the same on
   the raw row, since masking changes what they cost.
 
 Also the one-time costs: reading the vocabulary for llguidance, and compiling the schema.
 
-`masked row` is timed first at each state, as the engine computes it: a second mask at the same state
+`row read` is timed first at each state, as the engine computes it: a second mask at the same state
 costs a fraction of the first (its paths through llguidance's token trie are in the cache). Between rows
 the caches hold what the last row left there, as on a GPU host; on a CPU host a decode streams the
 model's weights through them between rows: `--traffic MB` reads that many megabytes between rows (a
@@ -33,7 +34,7 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from speccli.core.constraint import Grammar, GrammarSpec
-from speccli.core.sampling import SamplingParams, distribution
+from speccli.core.sampling import SamplingParams, distribution, distribution_among
 from speccli.llama.tokenizer import load_vocab_only
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "docs/examples/extract.schema.json").read_text())
@@ -79,8 +80,8 @@ def measure(tokenizer, vocabulary, built: float, label: str, schema: dict, rng: 
     constraint = grammar.start()
     compiled = time.perf_counter() - started
     raw = rng.normal(0, 3, size=tokenizer.n_vocab).astype(np.float32)
-    logits, out = np.empty_like(raw), np.empty_like(raw)
-    costs: dict[str, list[float]] = {"masked row": [], "llguidance's mask": [], "mask": [], "forced": [], "filters after": [],
+    logits = np.empty_like(raw)
+    costs: dict[str, list[float]] = {"row read": [], "llguidance's mask": [], "mask": [], "forced": [], "filters after": [],
                                      "filters, no grammar": []}
     for _ in range(5):
         for reply in REPLIES:
@@ -88,17 +89,17 @@ def measure(tokenizer, vocabulary, built: float, label: str, schema: dict, rng: 
             for token in tokenizer.tokenize(json.dumps(reply), add_special=False):
                 np.copyto(logits, raw)
                 traffic.sum()
-                for name, work in (("masked row", lambda: constraint.masked(logits, out)),
+                for name, work in (("row read", lambda: constraint.read(logits)),
                                    ("llguidance's mask", lambda: fill_next_token_bitmask(constraint._matcher, constraint._bits)),
                                    ("mask", constraint.allowed), ("forced", lambda: constraint.forced(64))):
                     began = time.perf_counter()
                     work()
                     costs[name].append(time.perf_counter() - began)
                 np.copyto(logits, raw)
-                row = constraint.masked(logits, out)
-                for name, source in (("filters after", row), ("filters, no grammar", raw)):
+                ids, values = constraint.read(logits)
+                for name, work in (("filters after", lambda: distribution_among(ids, values, CHAT, len(raw))), ("filters, no grammar", lambda: distribution(raw, CHAT))):
                     began = time.perf_counter()
-                    distribution(source, CHAT)
+                    work()
                     costs[name].append(time.perf_counter() - began)
                 constraint.push([token])
     print(f"{tokenizer.path.name}: {tokenizer.n_vocab:,} tokens · vocabulary read for llguidance in {built:.2f} s · "
