@@ -412,6 +412,8 @@ def test_bad_input_is_one_line_and_writes_nothing(pair_args, tmp_path, args, mes
     out = tmp_path / "out.json"
     result = invoke(*pair_args, *FAST, *args, "--json", str(out))
     assert result.exit_code != 0
+    if message in ("binary data", "not UTF-8 text", "line 2: not valid JSON"):  # a file not what it should be
+        assert result.exit_code == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -509,7 +511,7 @@ def test_compare_refuses_a_file_that_is_not_a_report(tmp_path) -> None:
     other = tmp_path / "other.json"
     other.write_text('{"hello": 1}')
     result = CliRunner().invoke(app, ["bench", "--compare", str(other), str(other)])
-    assert result.exit_code == 1 and "not a speccli bench JSON report" in result.stderr
+    assert result.exit_code == 2 and "not a speccli bench JSON report" in result.stderr
 
 
 # --- pieces ---------------------------------------------------------------------------------------

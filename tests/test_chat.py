@@ -118,6 +118,20 @@ def test_a_reply_cut_while_it_writes_the_end_of_turn_marker_leaves_the_marker_ou
     assert (record["reply"], record["finish_reason"], record["stats"]["generated_tokens"]) == ("\nUser", "max_tokens", 2)
 
 
+def test_a_one_shot_reply_cut_before_its_schema_ends_is_a_failure(tiny_pair, tmp_path):
+    """Printed as any cut reply, but exit 1: a script must not take half a JSON object for the reply."""
+    cut_schema, short_schema = tmp_path / "object.json", tmp_path / "enum.json"
+    cut_schema.write_text(json.dumps({"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}))
+    short_schema.write_text(json.dumps({"enum": ["yes", "no"]}))
+    cut = chat(tiny_pair, "-p", "hello", "--json-schema", str(cut_schema), "-n", "3", "--seed", "1")
+    assert cut.exit_code == 1 and cut.stdout.startswith("{"), cut.stderr
+    assert cut.stderr.strip().splitlines()[-1] == (
+        f"error: the reply was cut before it was complete: it does not follow --json-schema {cut_schema} as a whole "
+        "(raise --max-tokens)")
+    whole = chat(tiny_pair, "-p", "hello", "--json-schema", str(short_schema), "-n", "8", "--seed", "1")
+    assert whole.exit_code == 0 and json.loads(whole.stdout) in ("yes", "no"), whole.stderr
+
+
 def test_one_shot_json_record(tiny_pair):
     result = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1", "--k", "3", "--json")
     assert result.exit_code == 0, result.stderr

@@ -158,11 +158,11 @@ def load_report(path: Path) -> BenchReport:
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as error:
-        raise SpeccliError(f"{path}: not a speccli bench JSON report (not JSON: {error})") from None
+        raise UnreadableFileError(f"{path}: not a speccli bench JSON report (not JSON: {error})") from None
     except ValueError as error:
-        raise SpeccliError(f"{path}: not a speccli bench JSON report ({error})") from None
+        raise UnreadableFileError(f"{path}: not a speccli bench JSON report ({error})") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise SpeccliError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
+        raise UnreadableFileError(f"{path}: not a speccli bench JSON report (written by `speccli bench --json`)")
     # Before a run could be stopped early (4), before host time (5), before the draft's prompt time (6).
     if data.get("schema_version") in (4, 5, 6):
         data.setdefault("stopped", None)

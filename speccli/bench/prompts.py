@@ -56,11 +56,11 @@ def load_prompt_set(path: Path | None, structured: bool = False) -> PromptSet:
 
 def _parse_prompts(data: bytes, name: str) -> tuple[BenchPrompt, ...]:
     if b"\x00" in data:
-        raise SpeccliError(f"prompts file {name}: binary data, not JSONL or text (one prompt per line)")
+        raise UnreadableFileError(f"prompts file {name}: binary data, not JSONL or text (one prompt per line)")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise SpeccliError(
+        raise UnreadableFileError(
             f"prompts file {name}: not UTF-8 text (bad byte at offset {error.start}); expected JSONL or one prompt per line"
         ) from None
     lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
@@ -75,7 +75,7 @@ def _jsonl_prompt(line: str, number: int, name: str) -> BenchPrompt:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise SpeccliError(f"prompts file {name}, line {number}: not valid JSON ({error.msg}); the file reads as JSONL") from None
+        raise UnreadableFileError(f"prompts file {name}, line {number}: not valid JSON ({error.msg}); the file reads as JSONL") from None
     if not isinstance(record, dict):
         raise SpeccliError(f"prompts file {name}, line {number}: expected an object {{\"task\": ..., \"prompt\": ...}}")
     prompt, task = record.get("prompt"), record.get("task", "prompt")

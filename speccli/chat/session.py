@@ -209,6 +209,10 @@ class ChatSession:
         self.display.reply_done(record, run, self.target_token_seconds)
         self.store.persist()
         self.learnt.keep(self.generator.policy, self.generator.sampling, costs=self.costs)
+        if self.grammar is not None and reason in ("max_tokens", "context"):
+            # Shown and kept as any cut reply, but a script must not take it for a whole one.
+            raise SpeccliError(f"the reply was cut before it was complete: it does not follow {self.grammar.spec.name} "
+                               "as a whole (raise --max-tokens)")
         return reply_text
 
     def _prompt_that_fits(self, user_text: str) -> Prompt:
