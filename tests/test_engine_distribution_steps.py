@@ -154,9 +154,10 @@ class ReportedUnfiltered(Distribution):
     __slots__ = ("drawn",)
 
 
-def unfiltered_q_reported(logits, params, out=None):
+def unfiltered_q_reported(ids, logits, params, vocab, out=None):
     """The draft model samples from the filtered q (`drawn_from_the_filtered`), but the q it reports is
-    the softmax at the temperature alone, without top-k, top-p or min-p."""
+    the softmax at the temperature alone, without top-k, top-p or min-p (no grammar here: `ids` None)."""
+    assert ids is None
     reported = distribution(logits, SamplingParams(temperature=params.temperature), out=out)
     unfiltered = ReportedUnfiltered(reported.ids, reported.weights, reported.size)
     unfiltered.drawn = distribution(logits, params)
@@ -368,7 +369,7 @@ def test_top_p_and_min_p_under_auto_give_the_targets_first_three_tokens(pair, fi
     generator = Generator(target, make_drafter("ngram+model", draft, target), sampling, MemoryBoundAutoK(), seed=11)
     with pytest.MonkeyPatch.context() as patch:
         if broken:
-            patch.setattr(model_drafting, "distribution", unfiltered_q_reported)
+            patch.setattr(model_drafting, "distribution_among", unfiltered_q_reported)
             patch.setattr(model_drafting, "sample", drawn_from_the_filtered)
         generations, _ = generate(generator, prompt, max_tokens=6)
     p_value = first_tokens_p_value(generations, expected)
