@@ -134,6 +134,15 @@ def test_a_reader_that_went_away_is_exit_141_without_a_word(tiny_pair, tmp_path)
         assert (done.returncode, done.stderr) == (141, ""), args
 
 
+def test_help_reads_at_80_columns():
+    """Typer's boxed help left `chat`'s descriptions 14 columns, a word or two a line, at 80."""
+    done = subprocess.run([sys.executable, "-m", "speccli", "chat", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "COLUMNS": "80", "PYTHONPATH": str(REPO)})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and max(map(len, lines)) <= 80
+    assert any(line.startswith("  -m, --target MODEL") and "Target model: registry name or GGUF path" in line for line in lines)
+
+
 def test_bare_speccli_prints_its_help_and_no_error_line():
     done = subprocess.run([sys.executable, "-m", "speccli"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Usage: speccli" in done.stdout and done.stderr == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import errno
 import hashlib
+import io
 import os
 import re
 import subprocess
@@ -852,16 +853,16 @@ def test_models_command_in_a_fresh_process_sees_the_hub_cache_offline(tmp_path):
         [sys.executable, "-m", "speccli", "models", "--config", str(config)],
         capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1], check=True,
     )
-    assert table_row(result.stdout, "m") == ["m", "hf org/repo m.gguf", format_size(len(model)), "yes", ""]
+    assert table_row(result.stdout, "m") == ["m", format_size(len(model)), "hf org/repo m.gguf"]
 
 
 # --- The commands -----------------------------------------------------------------------------------
 
 
 def table_row(output: str, name: str) -> list[str]:
-    """The cells of the table row whose first cell is `name`."""
+    """The cells of the table row whose first cell is `name` (cells are set apart by two spaces or more)."""
     for line in output.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
+        cells = re.split(r" {2,}", line.strip())
         if cells[0] == name:
             return cells
     raise AssertionError(f"no row {name!r} in:\n{output}")
@@ -881,7 +882,7 @@ def test_config_given_twice_reads_both_the_later_overriding(runner, local_models
     result = runner.invoke(app, ["models", "--config", first, "--config", str(second)])
     assert result.exit_code == 0, result.output
     assert table_row(result.stdout, "big")[0] == "big" and table_row(result.stdout, "extra")[0] == "extra"
-    assert table_row(result.stdout, "local")[:3] == ["local", "small", "big"]  # the later file's pair
+    assert table_row(result.stdout, "local")[:2] == ["local", "small big"]  # the later file's pair
     broken = write(tmp_path / "broken.toml", "[models.x]\npaht = 'x.gguf'\n")
     result = runner.invoke(app, ["models", "--config", str(broken), "--config", str(second)])
     assert result.exit_code != 0 and "paht" in result.stderr
@@ -897,7 +898,7 @@ def test_models_gives_a_split_models_size_as_all_its_parts(runner, tmp_path):
     result = runner.invoke(app, ["models", "--config", str(config)])
     assert result.exit_code == 0, result.output
     total = sum(part.stat().st_size for part in parts)
-    assert table_row(result.stdout, "split") == ["split", str(first), format_size(total), "yes", ""]
+    assert table_row(result.stdout, "split") == ["split", format_size(total), str(first)]
 
 
 def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
@@ -905,12 +906,29 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     result = runner.invoke(app, ["models", "--config", config])
     assert result.exit_code == 0, result.output
     size = (tmp_path / "weights" / "big.gguf").stat().st_size
-    assert table_row(result.stdout, "big") == ["big", str(tmp_path / "weights" / "big.gguf"), format_size(size), "yes", "local"]
-    assert table_row(result.stdout, "gone") == ["gone", str(tmp_path / "weights" / "gone.gguf"), "unknown", "no", ""]
-    assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "F32 from gemma3-270m-q4km", "unknown", "no", "gemma3-270m"]
-    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "suffix+model", "0/-1"]
-    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "suffix+model", "-1/-1"]
+    assert table_row(result.stdout, "big") == ["big", format_size(size), str(tmp_path / "weights" / "big.gguf")]
+    assert table_row(result.stdout, "gone") == ["gone", "not cached", str(tmp_path / "weights" / "gone.gguf")]
+    assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "not cached", "F32 from gemma3-270m-q4km"]
+    assert table_row(result.stdout, "local") == ["local", "big small", "7", "suffix+model", "0/-1"]
+    assert table_row(result.stdout, "gemma3-270m *") == ["gemma3-270m *", "gemma3-270m-f32 gemma3-270m-q4km", "auto", "suffix+model", "-1/-1"]
 
+
+
+def test_the_shipped_tables_keep_every_name_whole_at_80_columns():
+    """At 80 columns rich had broken names mid-word (`qwen2.5-coder-0.5` / `b-instruct-q4km`), names a
+    user types back into `-m` and `pull`."""
+    from rich.console import Console
+
+    from speccli.models.status import registry_tables
+
+    registry = load_registry()
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(registry_tables(registry))
+    lines = console.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    words = {word for line in lines for word in line.split()}
+    for pair in registry.pairs.values():
+        assert {pair.name, pair.target, pair.draft} <= words, pair.name
 
 def test_pull_of_a_name_that_is_a_model_and_a_pair_pulls_both(runner, tmp_path):
     """A model of the user's may be named as a pair (a bundled one): `pull` had taken the model alone."""
@@ -935,7 +953,7 @@ def test_a_pair_that_drafts_by_lookup_needs_no_draft_model(runner, tmp_path):
     result = runner.invoke(app, ["pull", "n", "--config", str(config)])
     assert (result.exit_code, result.stdout) == (0, f"x: {tmp_path / 'one.gguf'}\n")
     listed = runner.invoke(app, ["models", "--config", str(config)])
-    assert table_row(listed.stdout, "n")[:3] == ["n", "x", "none (lookup)"]
+    assert table_row(listed.stdout, "n")[:2] == ["n", "x none (lookup)"]
 
 
 def test_models_to_a_pipe_prints_each_row_on_one_line(local_models):
@@ -961,7 +979,7 @@ def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, 
     assert result.stdout == ""
     assert result.stderr == f"error: model 'big': {tmp_path / 'weights' / 'big.gguf'}: {why} (path set in {local_models.files[-1]})\n"
     listed = runner.invoke(app, ["models", "--config", str(local_models.files[-1])])
-    assert table_row(listed.stdout, "big")[3] == "not a GGUF file"
+    assert table_row(listed.stdout, "big")[1] == "not a GGUF file"
 
 
 def test_a_local_model_cut_short_is_not_pulled_nor_listed_as_cached(runner, local_models, tmp_path):
@@ -974,7 +992,7 @@ def test_a_local_model_cut_short_is_not_pulled_nor_listed_as_cached(runner, loca
     config = str(local_models.files[-1])
     result = runner.invoke(app, ["pull", "big", "--config", config])
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: model 'big': {model}: {needed}\n")
-    assert table_row(runner.invoke(app, ["models", "--config", config]).stdout, "big")[3] == needed
+    assert table_row(runner.invoke(app, ["models", "--config", config]).stdout, "big")[1] == needed
 
 
 def test_pull_command_downloads_from_the_hub(runner, tmp_path, monkeypatch):

@@ -49,8 +49,6 @@ class SpeccliGroup(TyperGroup):
             with sigterm_unwinds():
                 exit_code = super().main(*args, standalone_mode=False, **kwargs)
         except _CLICK_EXCEPTION as error:
-            if _is_bare_help(error):
-                sys.exit(error.exit_code)
             message = " ".join(error.format_message().split())
             context = getattr(error, "ctx", None)
             words = kwargs.get("args") or (args[0] if args else None) or sys.argv[1:]
@@ -78,7 +76,11 @@ class SpeccliGroup(TyperGroup):
             try:
                 return super().make_context(info_name, args, parent, **extra)
             except (typer.Exit, _CLICK_EXCEPTION) as ending:
-                if isinstance(ending, typer.Exit) or _is_bare_help(ending):  # it printed (help, versions)
+                if _is_bare_help(ending):  # Click's error for bare `speccli` carries the help, as its message
+                    typer.echo(ending.format_message())
+                    _require_stdout()
+                    raise typer.Exit(ending.exit_code) from None
+                if isinstance(ending, typer.Exit):  # it printed (help, versions)
                     _require_stdout()
                 raise
 
@@ -90,7 +92,6 @@ class SpeccliGroup(TyperGroup):
 
 
 def _is_bare_help(error: Exception) -> bool:
-    """Bare `speccli`: Typer's rich help printed the help as it built this error, whose message is empty."""
     return type(error).__name__ == "NoArgsIsHelpError"
 
 
@@ -207,6 +208,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # click's plain help: option, metavar and text on one line, readable at 80 columns
     help="Faster local GGUF generation by speculative decoding, with the target model's exact output distribution.",
 )
 

@@ -26,7 +26,7 @@ def bench(
     k: Annotated[
         Optional[str],  # text to Click; the callback hands on the parsed list of K, or None (not given)
         typer.Option(
-            "--k",
+            "--k", metavar="K",
             help="Draft tokens per step: auto (chosen per step), 4, or a sweep: a list auto,1,2,4 or a range 1-8 "
             "(default: the pair's k, else auto).",
             callback=checked(parse_k_sweep),

@@ -12,7 +12,7 @@ UNWRAPPED_WIDTH = 1000  # wider than any row of the tables `models` prints
 
 
 def models(config: ConfigOption = None) -> None:
-    """List the named models (source, size on disk, cached or not, pairs) and the pairs."""
+    """List the named models (size on disk or not cached, source) and the pairs."""
     from rich.console import Console
 
     from speccli.models.config import load_registry

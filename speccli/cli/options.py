@@ -35,12 +35,12 @@ ConfigOption = Annotated[
     typer.Option("--config", help="Extra models.toml, read after the shipped and user files (overrides them); "
                                   "given more than once, each overrides the ones before it."),
 ]
-PairArgument = Annotated[Optional[str], typer.Argument(help="A pair from models.toml (default: its default_pair).")]
+PairArgument = Annotated[Optional[str], typer.Argument(metavar="PAIR", help="A pair from models.toml (default: its default_pair).")]
 TargetOption = Annotated[
-    Optional[str], typer.Option("--target", "-m", help="Target model: registry name or GGUF path (overrides the pair's).")
+    Optional[str], typer.Option("--target", "-m", metavar="MODEL", help="Target model: registry name or GGUF path (overrides the pair's).")
 ]
 DraftOption = Annotated[
-    Optional[str], typer.Option("--draft", "-md", help="Draft model: registry name or GGUF path (overrides the pair's).")
+    Optional[str], typer.Option("--draft", "-md", metavar="MODEL", help="Draft model: registry name or GGUF path (overrides the pair's).")
 ]
 SpecOption = Annotated[
     Optional[str],

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 
@@ -66,29 +67,28 @@ def _problem(path: Path) -> str | None:
 
 
 def registry_tables(registry: Registry) -> Group:
-    """The models (source, size on disk, cached or not, pairs) and the pairs."""
-    models = Table(title="Models", title_justify="left")
-    for column in ("name", "source", "size", "cached", "pairs"):
-        models.add_column(column, overflow="fold")
+    """The models (on disk or not, source) and the pairs; at 80 columns each name stays whole (it is typed
+    back), a pair's models one per line."""
+    models = _table("Models", "name", "on disk", "source")
     for status in model_statuses(registry):
-        models.add_row(
-            status.name,
-            status.source,
-            format_size(status.size_bytes),
-            (status.problem or "yes") if status.path else "no",
-            ", ".join(status.pairs),
-        )
-    pairs = Table(title="Pairs", title_justify="left")
-    for column in ("name", "target", "draft", "k", "spec", "gpu layers (target/draft)"):
-        pairs.add_column(column, overflow="fold")
+        on_disk = (status.problem or format_size(status.size_bytes)) if status.path else "not cached"
+        models.add_row(status.name, on_disk, status.source)
+    pairs = _table("Pairs", "name", "target, draft", "k", "spec", "ngl", wrapped=("target, draft",))
+    pairs.caption, pairs.caption_justify = "*: the default pair", "left"
     for pair in registry.pairs.values():
-        default = " (default)" if pair.name == registry.default_pair else ""
         pairs.add_row(
-            pair.name + default,
-            pair.target,
-            pair.draft or "none (lookup)",
+            pair.name + (" *" if pair.name == registry.default_pair else ""),
+            f"{pair.target} {pair.draft or 'none (lookup)'}",
             str(pair.k),
             pair.spec,
             f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
         )
     return Group(models, pairs)
+
+
+def _table(title: str, *columns: str, wrapped: tuple[str, ...] = ("source",)) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for column in columns:
+        table.add_column(column, no_wrap=column not in wrapped, overflow="fold")
+    return table
