@@ -152,10 +152,12 @@ def test_bare_speccli_prints_its_help_and_no_error_line():
 
 
 def test_ctx_beyond_the_training_context_is_refused_before_loading(tiny_pair):
+    """The model is named as the user named it (a registry name, or the path as given), not by its file
+    in a cache (`F32-a5fd3b62230aa5ec.gguf` for the default pair's target)."""
     started = time.perf_counter()
     result = chat(tiny_pair, "-p", "hello", "--ctx", "1000000000")
     assert_one_line(
-        result, f"error: --ctx 1000000000 is more than the 512 tokens {tiny_pair.target.name} was trained with; "
+        result, f"error: --ctx 1000000000 is more than the 512 tokens {tiny_pair.target} was trained with; "
         "use at most 512", 1,
     )
     assert time.perf_counter() - started < 5

@@ -79,16 +79,18 @@ def check_decode(tokens: Sequence[int], n_logit_rows: int, n_past: int, n_ctx: i
         raise ContextFullError(f"the context window is full ({n_past} + {len(tokens)} tokens > n_ctx {n_ctx})")
 
 
-def _check_ctx_within_training(n_ctx: int, n_seq: int, path: Path) -> None:
+def check_ctx_within_training(n_ctx: int, n_seq: int, path: Path, name: str | None = None) -> None:
     """Read from the GGUF header before any weights: past its training context a model's output means
     little, and llama.cpp would still try to allocate the KV cache (--ctx 1000000000 grew to 20 GB
-    before it failed). Each of several sequences holds its share."""
+    before it failed). Each of several sequences holds its share. `name`: the model as the user named
+    it (a registry name), where not its file's."""
+    name = name or path.name
     trained = trained_context(path)
     if trained is not None and n_ctx // n_seq > trained:
         if n_seq > 1:
             raise SpeccliError(f"--ctx {n_ctx} gives each of {n_seq} slots {n_ctx // n_seq} tokens, more than the {trained} "
-                               f"tokens {path.name} was trained with; use at most {trained * n_seq}")
-        raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {path.name} was trained with; use at most {trained}")
+                               f"tokens {name} was trained with; use at most {trained * n_seq}")
+        raise SpeccliError(f"--ctx {n_ctx} is more than the {trained} tokens {name} was trained with; use at most {trained}")
 
 
 class Model:
@@ -97,7 +99,7 @@ class Model:
     def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
         self.path = Path(path)
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
-        _check_ctx_within_training(options.n_ctx, options.n_seq, self.path)
+        check_ctx_within_training(options.n_ctx, options.n_seq, self.path)
         devices = rpc.model_devices(options.rpc)  # kept referenced until the model is loaded
         self._model = load_model(self.path, n_gpu_layers=options.n_gpu_layers, vocab_only=False, devices=devices,
                                  tensor_split=options.tensor_split)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speccli.errors import SpeccliError, UsageError
-from speccli.llama.model import LoadOptions, Model, trained_context
+from speccli.llama.model import LoadOptions, Model, check_ctx_within_training, trained_context
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.llama import rpc
@@ -105,6 +105,9 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
     resolved = resolve(request, quiet=quiet)
     # One context for both: the draft model must hold every token the target does.
     n_ctx = fitted_context(request.n_ctx, request.default_n_ctx, (resolved.target_path, resolved.draft_path), request.n_seq)
+    for name, path in ((resolved.target_name, resolved.target_path), (resolved.draft_name, resolved.draft_path)):
+        if path is not None:  # refused by the name the user knows, where the model's own check names its file
+            check_ctx_within_training(n_ctx, request.n_seq, path, name)
 
     servers = resolved.rpc if request.rpc is None else request.rpc
     remote = rpc.connect(servers)  # each server checked before any weights are read
