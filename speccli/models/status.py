@@ -21,7 +21,6 @@ class ModelStatus:
     source: str
     path: Path | None  # the file llama.cpp loads, when it is on disk
     size_bytes: int | None  # all of the model's files, when on disk
-    pairs: tuple[str, ...]
     problem: str | None = None  # why the file on disk cannot be loaded ("not a GGUF file", "cut short: ...")
 
 
@@ -30,14 +29,12 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
     statuses = []
     for name, entry in registry.models.items():
         cached = files.cached(name)
-        in_pairs = tuple(pair.name for pair in registry.pairs.values() if name in (pair.target, pair.draft))
         statuses.append(
             ModelStatus(
                 name=name,
                 source=entry.source.describe(),
                 path=cached[0] if cached else None,
                 size_bytes=_size_on_disk(cached) if cached else None,
-                pairs=in_pairs,
                 problem=_problem(cached[0]) if cached else None,
             )
         )
