@@ -882,7 +882,7 @@ def test_config_given_twice_reads_both_the_later_overriding(runner, local_models
     result = runner.invoke(app, ["models", "--config", first, "--config", str(second)])
     assert result.exit_code == 0, result.output
     assert table_row(result.stdout, "big")[0] == "big" and table_row(result.stdout, "extra")[0] == "extra"
-    assert table_row(result.stdout, "local")[:2] == ["local", "small big"]  # the later file's pair
+    assert table_row(result.stdout, "local")[:3] == ["local", "small", "big"]  # the later file's pair
     broken = write(tmp_path / "broken.toml", "[models.x]\npaht = 'x.gguf'\n")
     result = runner.invoke(app, ["models", "--config", str(broken), "--config", str(second)])
     assert result.exit_code != 0 and "paht" in result.stderr
@@ -909,26 +909,30 @@ def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     assert table_row(result.stdout, "big") == ["big", format_size(size), str(tmp_path / "weights" / "big.gguf")]
     assert table_row(result.stdout, "gone") == ["gone", "not cached", str(tmp_path / "weights" / "gone.gguf")]
     assert table_row(result.stdout, "gemma3-270m-f32") == ["gemma3-270m-f32", "not cached", "F32 from gemma3-270m-q4km"]
-    assert table_row(result.stdout, "local") == ["local", "big small", "7", "suffix+model", "0/-1"]
-    assert table_row(result.stdout, "gemma3-270m *") == ["gemma3-270m *", "gemma3-270m-f32 gemma3-270m-q4km", "auto", "suffix+model", "-1/-1"]
+    assert table_row(result.stdout, "local") == ["local", "big", "small", "7", "suffix+model", "0/-1"]
+    assert all(line == line.rstrip() for line in result.stdout.splitlines())  # piped: no table padding
+    assert table_row(result.stdout, "gemma3-270m (default)") == ["gemma3-270m (default)", "gemma3-270m-f32", "gemma3-270m-q4km", "auto", "suffix+model", "-1/-1"]
 
 
 
-def test_the_shipped_tables_keep_every_name_whole_at_80_columns():
+@pytest.mark.parametrize("width", [60, 80, 200])
+def test_the_shipped_registry_keeps_every_name_whole_at_any_width(width):
     """At 80 columns rich had broken names mid-word (`qwen2.5-coder-0.5` / `b-instruct-q4km`), names a
-    user types back into `-m` and `pull`."""
+    user types back into `-m` and `pull`: narrower than the tables, each entry is its name and fields."""
     from rich.console import Console
 
-    from speccli.models.status import registry_tables
+    from speccli.models.status import registry_view
 
     registry = load_registry()
-    console = Console(width=80, record=True, file=io.StringIO())
-    console.print(registry_tables(registry))
-    lines = console.export_text().splitlines()
-    assert max(map(len, lines)) <= 80
-    words = {word for line in lines for word in line.split()}
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(registry_view(registry, console))
+    lines = [line.rstrip() for line in console.export_text().splitlines()]
+    assert max(map(len, lines)) <= width
+    words = {word.strip(",:") for line in lines for word in line.split()}
     for pair in registry.pairs.values():
         assert {pair.name, pair.target, pair.draft} <= words, pair.name
+    assert ("target" in lines[lines.index("Pairs") + 1].split()) == (width == 200)  # a table only where it fits
+
 
 def test_pull_of_a_name_that_is_a_model_and_a_pair_pulls_both(runner, tmp_path):
     """A model of the user's may be named as a pair (a bundled one): `pull` had taken the model alone."""
@@ -953,7 +957,7 @@ def test_a_pair_that_drafts_by_lookup_needs_no_draft_model(runner, tmp_path):
     result = runner.invoke(app, ["pull", "n", "--config", str(config)])
     assert (result.exit_code, result.stdout) == (0, f"x: {tmp_path / 'one.gguf'}\n")
     listed = runner.invoke(app, ["models", "--config", str(config)])
-    assert table_row(listed.stdout, "n")[:2] == ["n", "x none (lookup)"]
+    assert table_row(listed.stdout, "n")[:3] == ["n", "x", "none (lookup)"]
 
 
 def test_models_to_a_pipe_prints_each_row_on_one_line(local_models):

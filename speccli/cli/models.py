@@ -16,12 +16,18 @@ def models(config: ConfigOption = None) -> None:
     from rich.console import Console
 
     from speccli.models.config import load_registry
-    from speccli.models.status import registry_tables
+    from speccli.models.status import registry_view
 
+    registry = load_registry(*config or ())
     out = Console()
-    if not out.is_terminal:  # a pipe or file: each row on one line, whole, for grep (tables are as wide as their rows)
-        out = Console(width=UNWRAPPED_WIDTH)
-    out.print(registry_tables(load_registry(*config or ())))
+    if out.is_terminal:
+        out.print(registry_view(registry, out))
+        return
+    # A pipe or file: each entry a table row on one line, whole, for grep, without the tables' padding.
+    out = Console(width=UNWRAPPED_WIDTH)
+    with out.capture() as captured:
+        out.print(registry_view(registry, out))
+    typer.echo("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 def pull(

@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
-from rich.console import Group
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from speccli.errors import UnreadableFileError
 from speccli.gguf_files import model_files, require_loadable_gguf
@@ -63,29 +65,38 @@ def _problem(path: Path) -> str | None:
     return None
 
 
-def registry_tables(registry: Registry) -> Group:
-    """The models (on disk or not, source) and the pairs; at 80 columns each name stays whole (it is typed
-    back), a pair's models one per line."""
-    models = _table("Models", "name", "on disk", "source")
-    for status in model_statuses(registry):
-        on_disk = (status.problem or format_size(status.size_bytes)) if status.path else "not cached"
-        models.add_row(status.name, on_disk, status.source)
-    pairs = _table("Pairs", "name", "target, draft", "k", "spec", "ngl", wrapped=("target, draft",))
-    pairs.caption, pairs.caption_justify = "*: the default pair", "left"
-    for pair in registry.pairs.values():
-        pairs.add_row(
-            pair.name + (" *" if pair.name == registry.default_pair else ""),
-            f"{pair.target} {pair.draft or 'none (lookup)'}",
-            str(pair.k),
-            pair.spec,
-            f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}",
-        )
-    return Group(models, pairs)
+def registry_view(registry: Registry, console: Console) -> Group:
+    """The models (on disk or not, source) and the pairs: each a table where it fits the console with
+    every name and word whole (names are typed back), else each entry's name with its fields below it."""
+    models = [(status.name, (status.problem or format_size(status.size_bytes)) if status.path else "not cached",
+               status.source) for status in model_statuses(registry)]
+    pairs = [(pair.name + (" (default)" if pair.name == registry.default_pair else ""), pair.target,
+              pair.draft or "none (lookup)", str(pair.k), pair.spec, f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}")
+             for pair in registry.pairs.values()]
+    parts: list[RenderableType] = []
+    for title, columns, rows in (("Models", ("name", "on disk", "source"), models),
+                                 ("Pairs", ("name", "target", "draft", "k", "spec", "ngl"), pairs)):
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      collapse_padding=True)
+        for column in columns:
+            table.add_column(column, no_wrap=column != "source")
+        for row in rows:
+            table.add_row(*row)
+        if _least_width(columns, rows) <= console.width:
+            parts.append(table)
+        else:
+            parts.append(Text(title, style="table.title"))
+            for row in rows:  # the name, then its fields indented beneath it
+                fields = ", ".join(f"{column} {value}" for column, value in zip(columns[1:], row[1:]))
+                parts += [Text(row[0], style="bold"), Padding(Text(fields), (0, 0, 0, 2))]
+    return Group(*parts)
 
 
-def _table(title: str, *columns: str, wrapped: tuple[str, ...] = ("source",)) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  collapse_padding=True)
-    for column in columns:
-        table.add_column(column, no_wrap=column not in wrapped, overflow="fold")
-    return table
+def _least_width(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> int:
+    """The narrowest the table can be with every name whole and the source broken at spaces only (two
+    spaces between columns)."""
+    def least(column: str, cell: str) -> int:
+        return max(map(len, cell.split())) if column == "source" else len(cell)
+
+    widths = [max(len(column), *(least(column, row[i]) for row in rows)) for i, column in enumerate(columns)]
+    return sum(widths) + 2 * (len(columns) - 1)
