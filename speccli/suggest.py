@@ -172,7 +172,7 @@ def suggest(target_name: str, target_path: Path, candidates: list[Candidate], se
             try:
                 classify(candidate, target_path)
             except Exception as error:  # a file that is not GGUF, unreadable: named, the others go on
-                candidate.skipped = str(error)
+                candidate.skipped = _why(error, candidate)
     n_ctx = fitted_context(None, CONTEXT, [target_path])
     options = LoadOptions(n_ctx=n_ctx, n_threads=n_threads)
     with Model(target_path, options) as target:
@@ -200,7 +200,7 @@ def suggest(target_name: str, target_path: Path, candidates: list[Candidate], se
                     with Model(candidate.path, draft_options) as draft:
                         measure_candidate(candidate, target, draft, sequences, choices, timed[1], advance)
             except Exception as error:
-                candidate.skipped = str(error)
+                candidate.skipped = _why(error, candidate)
                 continue
             predict(candidate, verify)
     return result
@@ -213,3 +213,7 @@ def too_few_positions(result: Suggestion) -> str | None:
                 "give a longer --text for figures to trust")
     return None
 
+
+def _why(error: Exception, candidate: Candidate) -> str:
+    """The error's words, less the candidate's path they may begin with: the listing names it already."""
+    return str(error).removeprefix(f"{candidate.path}: ")

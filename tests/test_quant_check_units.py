@@ -140,3 +140,17 @@ def test_the_reference_rows_file_is_allocated_whole(tmp_path) -> None:
     assert stat.st_size == 10 * 4096 * 2 and store.codes.shape == (10, 4096)
     if hasattr(os, "posix_fallocate"):
         assert stat.st_blocks * 512 >= stat.st_size  # blocks reserved, not a sparse file
+
+
+def test_a_text_or_prompts_file_that_cannot_be_read_is_named_with_its_option(tmp_path) -> None:
+    """quant-check's and suggest's texts: `--text DIR` had said "DIR: Is a directory", naming no option."""
+    from speccli.checks.corpus import prompts_file_source, text_file_source
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    for make, path, said in ((text_file_source, tmp_path, f"--text {tmp_path}: is a directory, not a text file"),
+                             (text_file_source, empty, f"--text {empty}: the text file is empty"),
+                             (prompts_file_source, empty, f"--prompts {empty}: the prompts file has no prompts")):
+        with pytest.raises(SpeccliError) as refused:
+            make(path)
+        assert str(refused.value) == said

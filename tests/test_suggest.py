@@ -50,8 +50,9 @@ def test_every_kind_is_measured_and_bad_candidates_are_named_one_line_each(files
         assert candidate["skipped"] is None and candidate["positions"] > 64 and 0 <= candidate["alpha"] <= 1
         assert candidate["predicted"] >= 1.0  # the target alone at worst: auto drafts nothing that loses
     assert by_name["bigger.gguf"]["skipped"].startswith("its file is no smaller than the target's")
-    assert by_name["notes.txt"]["skipped"] == f"{files['text']}: not a GGUF file (starts with b'not ')"
-    assert by_name["missing.gguf"]["skipped"] == f"{missing}: no such file"
+    # Why, without the path the candidate's own fields (and the listing) name already.
+    assert (by_name["notes.txt"]["skipped"], by_name["notes.txt"]["path"]) == ("not a GGUF file (starts with b'not ')", str(files["text"]))
+    assert by_name["missing.gguf"]["skipped"] == "no such file"
     assert by_name["again.gguf"]["skipped"] == f"the same file as {files['draft']}"
     # No bar in a log, but a line as each candidate starts (it had been silent for minutes).
     assert [line for line in result.stderr.splitlines() if line.startswith("measuring ")] == [

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError, unreadable_reason
 from speccli.util.files import read_text_input
 
 # Three kinds of input where a broken quant shows differently: prose (broad distributions), code
@@ -64,17 +64,18 @@ def builtin_source() -> TextSource:
 
 
 def text_file_source(path: Path) -> TextSource:
-    """A plain text file, as one sequence."""
-    text = _read(path)
+    """A plain text file (--text), as one sequence."""
+    text = _read(path, "--text")
     if not text.strip():
-        raise SpeccliError(f"{path}: the text file is empty")
+        raise SpeccliError(f"--text {path}: the text file is empty")
     return TextSource({path.name: text}, f"text file {path}")
 
 
 def prompts_file_source(path: Path) -> TextSource:
-    """A prompts file: JSON lines with a "prompt" (or "text") field, like bench's, or one prompt per line."""
+    """A prompts file (--prompts): JSON lines with a "prompt" (or "text") field, like bench's, or one prompt
+    per line."""
     texts: dict[str, str] = {}
-    for number, line in enumerate(_read(path).splitlines(), start=1):
+    for number, line in enumerate(_read(path, "--prompts").splitlines(), start=1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
@@ -90,17 +91,17 @@ def prompts_file_source(path: Path) -> TextSource:
             text, name = line, f"line {number}"
         texts[name if name not in texts else f"{name} (line {number})"] = text
     if not texts:
-        raise SpeccliError(f"{path}: the prompts file has no prompts")
+        raise SpeccliError(f"--prompts {path}: the prompts file has no prompts")
     return TextSource(texts, f"prompts file {path}")
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, option: str) -> str:
     try:
-        return read_text_input(path, str(path)).decode("utf-8")
+        return read_text_input(path, f"{option} {path}").decode("utf-8")
     except UnicodeDecodeError:
-        raise UnreadableFileError(f"{path}: not UTF-8 text") from None
+        raise UnreadableFileError(f"{option} {path}: not UTF-8 text") from None
     except OSError as error:
-        raise UnreadableFileError(f"{path}: {error.strerror or error}") from None
+        raise UnreadableFileError(f"{option} {path}: {unreadable_reason(path, error, 'text file')}") from None
 
 
 def tokenize_source(source: TextSource, tokenizer, max_length: int) -> list[tuple[str, list[int]]]:

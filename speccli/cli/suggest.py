@@ -48,7 +48,7 @@ def suggest(
             try:
                 path = resolve_model(name, registry, fetch=False)
             except SpeccliError as error:  # named in the ranking; the others are measured
-                chosen.append(Candidate(name, None, skipped=str(error)))
+                chosen.append(Candidate(name, None, skipped=str(error).removeprefix(f"{name}: ")))
                 continue
             same = next((c.name for c in chosen if c.path is not None and c.path.resolve() == path.resolve()), None)
             chosen.append(Candidate(name, path) if same is None else Candidate(name, None, skipped=f"the same file as {same}"))
@@ -84,7 +84,7 @@ def suggest(
         out = Console()
         _render(result, Console(width=max(out.width, 120)) if not out.is_terminal else out)
         if (warning := too_few_positions(result)) is not None:
-            err.print(f"note: {warning}")
+            err.print(f"note: {warning}", soft_wrap=True, markup=False)
     if write is not None:
         _write_pair(write, target, result, registry.models)
 
