@@ -138,13 +138,14 @@ def test_remembered_lists_and_clears_around_entries_it_cannot_read(tmp_path, mon
     listed = CliRunner().invoke(app, ["remembered"])
     assert listed.exit_code == 0 and listed.stdout.splitlines() == [
         f"{stores / 'a.suffix'}  target.gguf  6 tokens  0.0 MiB",
-        f"{stores / 'b.suffix'}  ? (unreadable: Is a directory)  0 tokens  0.0 MiB",
-        f"{stores / 'c.suffix'}  ? (unreadable: No such file or directory)  0 tokens  0.0 MiB",
+        f"{stores / 'b.suffix'}  ? (unreadable: Is a directory)",  # no size or tokens: none were read
+        f"{stores / 'c.suffix'}  ? (unreadable: No such file or directory)",
     ]
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
     assert cleared.exit_code == 1 and cleared.stdout == f"deleted 2 files from {stores}\n"
     assert cleared.stderr == f"error: {stores / 'b.suffix'}: cannot be deleted (Is a directory)\n"
     assert [p.name for p in stores.iterdir()] == ["b.suffix"]
+    assert not list((tmp_path / "locks").glob("*.owner"))  # the stores' owner locks go with them
 
 
 def test_a_store_name_on_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path, monkeypatch) -> None:
@@ -171,7 +172,7 @@ def test_a_store_name_on_a_fifo_or_a_device_is_refused_without_reading_it(tmp_pa
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
     assert listed.exit_code == 0 and listed.stdout.splitlines() == [
-        f"{stores / name}  ? (unreadable: not a regular file)  0 tokens  0.0 MiB" for name in ("a.suffix", "b.suffix")]
+        f"{stores / name}  ? (unreadable: not a regular file)" for name in ("a.suffix", "b.suffix")]
 
 
 def test_remembered_lists_a_store_in_one_line_and_a_false_header_as_no_store(tmp_path, monkeypatch) -> None:
@@ -181,10 +182,12 @@ def test_remembered_lists_a_store_in_one_line_and_a_false_header_as_no_store(tmp
     named.model = "two\nlines\x1b[31m.gguf"  # a file name may hold a newline, or a terminal's escape
     named.save(stores / "a.suffix")
     (stores / "b.suffix").write_bytes(b"\xff\xff\xff\xff" + b"{}" * 8)  # a header 4 GiB long
+    (stores / "c\nd.suffix").write_bytes(b"")  # and so may the file's own name
     listed = CliRunner().invoke(app, ["remembered"])
     assert listed.exit_code == 0 and listed.stdout.splitlines() == [
         f"{stores / 'a.suffix'}  two\\nlines\\x1b[31m.gguf  6 tokens  0.0 MiB",
-        f"{stores / 'b.suffix'}  ? (not a store)  0 tokens  0.0 MiB",
+        f"{stores / 'b.suffix'}  ? (not a store)  0.0 MiB",
+        f"{stores}/c\\nd.suffix  ? (not a store)  0.0 MiB",
     ]
 
 
@@ -285,7 +288,7 @@ def test_odd_leftovers_are_listed_and_cleared_without_a_traceback(tmp_path, monk
     lock, _ = try_lock(owner_lock(stores / "b.suffix"))  # as a server before its first save
     try:
         listed = CliRunner().invoke(app, ["remembered"])
-        assert f"{stores / 'b.suffix'}  (no file yet)  0.0 MiB  (in use by pid {os.getpid()})" in listed.stdout.splitlines()
+        assert f"{stores / 'b.suffix'}  (no file yet)  (in use by pid {os.getpid()})" in listed.stdout.splitlines()
     finally:
         lock.close()
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])

@@ -12,6 +12,7 @@ import typer
 def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every store and what auto learnt.")] = False) -> None:
     """List what is kept between runs (replies for the suffix source with --remember, what --k auto learnt), or delete it."""
     from speccli.remembered.learnt import describe, learnt_files
+    from speccli.util.format import one_line
     from speccli.remembered.stores import describe_stores, stores_dir
     from speccli.errors import UnreadableFileError, unreadable
 
@@ -31,12 +32,13 @@ def remembered(clear: Annotated[bool, typer.Option("--clear", help="Delete every
     if not stores and not learnt:
         typer.echo(f"no stores in {folder} (chat and serve keep one with --remember)")
         return
-    for store in stores:
+    for store in stores:  # a file name may hold a newline or an escape sequence: each listing line stays one
         tokens = "" if store["tokens"] is None else f"  {store['tokens']:,} tokens"
+        size = "" if store["bytes"] is None else f"  {store['bytes'] / 2**20:.1f} MiB"
         in_use = f"  (in use by pid {store['holder']})" if store.get("holder") else ""
-        typer.echo(f"{store['file']}  {store['model']}{tokens}  {store['bytes'] / 2**20:.1f} MiB{in_use}")
+        typer.echo(f"{one_line(str(store['file']))}  {store['model']}{tokens}{size}{in_use}")
     for path in learnt:
-        typer.echo(f"{path}  {describe(path)}")
+        typer.echo(f"{one_line(str(path))}  {describe(path)}")
 
 
 def _clear(folder: Path) -> None:
@@ -58,7 +60,7 @@ def _clear(folder: Path) -> None:
             if lock is None:
                 held.append(f"{store.name} is written by a running speccli process{f' (pid {holder})' if holder else ''}")
             else:
-                locks.append(lock)
+                locks.append((owner_lock(store), lock))
         if held:
             raise SpeccliError(f"{'; '.join(held)}: stop it (chat or serve with --remember), then clear; nothing was deleted")
         deleted, failed = 0, []
@@ -75,7 +77,8 @@ def _clear(folder: Path) -> None:
             failed.append(f"{cleared_marker()}: cannot be written ({error.strerror or error}); a running chat or "
                           "server may write what auto learnt again")
     finally:
-        for lock in locks:
+        for lock_file, lock in locks:  # no store left to own: its lock goes too (unlinked while held)
+            lock_file.unlink(missing_ok=True)
             lock.close()
     typer.echo(f"deleted {deleted} file{'' if deleted == 1 else 's'} from {folder}")
     if failed:

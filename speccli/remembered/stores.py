@@ -241,18 +241,18 @@ def describe_stores() -> list[dict[str, object]]:
                 length = os.fstat(file.fileno()).st_size
                 body_bytes = length - file.tell()
         except OSError as error:
-            described.append({"file": path, "model": f"? (unreadable: {error.strerror or error})", "tokens": 0, "bytes": 0})
+            described.append({"file": path, "model": f"? (unreadable: {error.strerror or error})", "tokens": None, "bytes": None})
             continue
         model = header.get("model") if header is not None and header.get("format") == FORMAT else None
         if not isinstance(model, str):
-            described.append({"file": path, "model": "? (not a store)", "tokens": 0, "bytes": length})
+            described.append({"file": path, "model": "? (not a store)", "tokens": None, "bytes": length})
             continue
         # A file name may hold a newline or an escape sequence; a listing line must stay one line.
         model = one_line(model) + (" (cut short mid-token)" if body_bytes % 4 else "")
         described.append({"file": path, "model": model, "tokens": body_bytes // 4, "bytes": length, "holder": holder_of(path)})
     for path in sorted(set(stores_owned()) - set(store_files())):
         if holder := holder_of(path):  # replies in a running process's memory, not yet saved
-            described.append({"file": path, "model": "(no file yet)", "tokens": None, "bytes": 0, "holder": holder})
+            described.append({"file": path, "model": "(no file yet)", "tokens": None, "bytes": None, "holder": holder})
     for path in killed_saves():
         what = "holds replies" if ".suffix." in path.name else "what auto learnt"
         described.append({"file": path, "model": f"(left by a save that was killed; {what})", "tokens": None,
