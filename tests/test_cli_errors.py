@@ -56,7 +56,7 @@ def assert_one_line(result, line: str, exit_code: int) -> None:
     [
         (["chat", "--top-k", "abc"], "error: speccli chat: Invalid value for '--top-k': Input should be a valid "
          "integer, unable to parse string as an integer (see 'speccli chat --help')"),
-        (["pull"], "error: speccli pull: Missing argument 'names'. (see 'speccli pull --help')"),
+        (["pull"], "error: speccli pull: Missing argument 'NAME'. (see 'speccli pull --help')"),
         (["chat", "--bogus"], "error: speccli chat: No such option: --bogus (see 'speccli chat --help')"),
         (["nosuch"], "error: speccli: No such command 'nosuch'. (see 'speccli --help')"),
         # Click's parser raises this one without naming the command: found in the command line.
@@ -560,3 +560,11 @@ def test_each_commands_help_paragraphs_are_one_line_each_so_they_wrap_at_the_ter
     for command in commands:
         for paragraph in (command.callback.__doc__ or "").strip().split("\n\n"):
             assert "\n" not in paragraph.strip(), f"{command.callback.__name__}: {paragraph!r}"
+
+
+def test_an_rpc_cache_that_is_a_file_is_named_so(tmp_path):
+    """`--cache /etc/passwd` had said "cannot create it (File exists)", exit 1."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    result = speccli("rpc-server", "--cache", str(afile), "--port", "0")
+    assert_one_line(result, f"error: --cache {afile}: a file, not a folder", 2)

@@ -57,14 +57,14 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up runs first.")] = 1,
     prompts: Annotated[
         Optional[Path],
-        typer.Option("--prompts", help='Prompt file: JSONL {"task": ..., "prompt": ...} or one prompt per line (default: built-in set).'),
+        typer.Option("--prompts", metavar="FILE", help='Prompt file: JSONL {"task": ..., "prompt": ...} or one prompt per line (default: built-in set).'),
     ] = None,
     json_path: Annotated[
         Optional[Path],
-        typer.Option("--json", help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
+        typer.Option("--json", metavar="FILE", help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
     ] = None,
     compare: Annotated[
-        Optional[tuple[Path, Path]], typer.Option("--compare", help="Compare two --json reports (A.json B.json) and exit.")
+        Optional[tuple[Path, Path]], typer.Option("--compare", metavar="A.json B.json", help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
     json_schema: JsonSchemaOption = None,

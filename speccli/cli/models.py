@@ -31,7 +31,7 @@ def models(config: ConfigOption = None) -> None:
 
 
 def pull(
-    names: Annotated[list[str], typer.Argument(help="Model or pair names (a pair pulls its target and draft).")],
+    names: Annotated[list[str], typer.Argument(metavar="NAME", help="Model or pair names (a pair pulls its target and draft).")],
     config: ConfigOption = None,
 ) -> None:
     """Download or build models into the local caches, with progress; prints each model's file."""

@@ -32,7 +32,7 @@ def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.
 
 ConfigOption = Annotated[
     Optional[list[Path]],
-    typer.Option("--config", help="Extra models.toml, read after the shipped and user files (overrides them); "
+    typer.Option("--config", metavar="FILE", help="Extra models.toml, read after the shipped and user files (overrides them); "
                                   "given more than once, each overrides the ones before it."),
 ]
 PairArgument = Annotated[Optional[str], typer.Argument(metavar="PAIR", help="A pair from models.toml (default: its default_pair).")]

@@ -13,7 +13,7 @@ import typer
 
 from speccli import validation
 from speccli.cli.options import checked
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UnreadableFileError
 
 LOOPBACK = "127.0.0.1"
 
@@ -37,6 +37,8 @@ def rpc_server(
     address = _ipv4_address(host)
     served = rpc.serving_devices(_device_names(device))
     if cache is not None:
+        if cache.exists() and not cache.is_dir():
+            raise UnreadableFileError(f"--cache {cache}: a file, not a folder")
         try:
             cache.mkdir(parents=True, exist_ok=True)
         except OSError as error:

@@ -14,11 +14,11 @@ from speccli.errors import SpeccliError, UsageError
 
 
 def suggest(
-    target: Annotated[str, typer.Argument(help="Target model: registry name or GGUF path.")],
+    target: Annotated[str, typer.Argument(metavar="TARGET", help="Target model: registry name or GGUF path.")],
     candidates: Annotated[Optional[list[str]], typer.Argument(
-        help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, every "
+        metavar="CANDIDATE", help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, every "
         "GGUF in the Hugging Face cache, and ngram).")] = None,
-    text: Annotated[Optional[Path], typer.Option("--text", help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
+    text: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
     confirm: Annotated[bool, typer.Option("--confirm", help="Then run a short real bench of the best two and show it beside the prediction.")] = False,
     write: Annotated[Optional[Path], typer.Option("--write", metavar="FILE", help="Add the winning pair to this models.toml (other entries untouched).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the ranking as JSON.")] = False,

@@ -9,8 +9,8 @@ from speccli.cli.options import ConfigOption
 
 
 def check_vocab(
-    draft: Annotated[str, typer.Argument(help="Draft model: registry name or GGUF path.")],
-    target: Annotated[str, typer.Argument(help="Target model: registry name or GGUF path.")],
+    draft: Annotated[str, typer.Argument(metavar="DRAFT", help="Draft model: registry name or GGUF path.")],
+    target: Annotated[str, typer.Argument(metavar="TARGET", help="Target model: registry name or GGUF path.")],
     json_output: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     config: ConfigOption = None,
 ) -> None:
