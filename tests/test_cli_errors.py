@@ -568,3 +568,14 @@ def test_an_rpc_cache_that_is_a_file_is_named_so(tmp_path):
     afile.write_text("")
     result = speccli("rpc-server", "--cache", str(afile), "--port", "0")
     assert_one_line(result, f"error: --cache {afile}: a file, not a folder", 2)
+
+
+def test_env_says_gpu_offload_only_where_a_gpu_is():
+    """llama.cpp's `supports_gpu_offload` is true wherever its RPC backend is built, GPU or none: `env`
+    had said "gpu offload supported" on a machine with no GPU."""
+    from speccli.llama import rpc
+
+    result = speccli("env")
+    line = next(line for line in result.stdout.splitlines() if line.startswith("gpu offload"))
+    has_gpu = any(device.is_local_accelerator for device in rpc.devices())
+    assert result.exit_code == 0 and (line.split(None, 2)[2] == "supported") == has_gpu, line
