@@ -1336,3 +1336,10 @@ def test_a_digest_record_that_cannot_be_written_costs_nothing_but_hashing_again(
     blocked.write_text("")
     monkeypatch.setenv("SPECCLI_CACHE_DIR", str(blocked / "cache"))  # a folder that cannot be made
     assert cached_sha256(model) == sha256_of(model)
+
+
+def test_models_shows_a_path_as_written_not_as_rich_markup(runner, tmp_path):
+    """`x[red].gguf` was listed as `x.gguf`: rich read the brackets as a style."""
+    config = write(tmp_path / "m.toml", f'[models.odd]\npath = "{tmp_path}/x[red].gguf"\n')
+    result = runner.invoke(app, ["models", "--config", str(config)])
+    assert table_row(result.stdout, "odd") == ["odd", "not cached", f"{tmp_path}/x[red].gguf"]

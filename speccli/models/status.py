@@ -81,7 +81,7 @@ def registry_view(registry: Registry, console: Console) -> Group:
         for column in columns:
             table.add_column(column, no_wrap=column != "source")
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*map(Text, row))  # as written: a name or path may hold rich's markup, "[b]"
         if _least_width(columns, rows) <= console.width:
             parts.append(table)
         else:
@@ -96,7 +96,7 @@ def _least_width(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> int:
     """The narrowest the table can be with every name whole and the source broken at spaces only (two
     spaces between columns)."""
     def least(column: str, cell: str) -> int:
-        return max(map(len, cell.split())) if column == "source" else len(cell)
+        return max(map(len, cell.split()), default=0) if column == "source" else len(cell)
 
     widths = [max(len(column), *(least(column, row[i]) for row in rows)) for i, column in enumerate(columns)]
     return sum(widths) + 2 * (len(columns) - 1)
