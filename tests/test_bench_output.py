@@ -420,3 +420,13 @@ def test_the_chart_draws_the_1x_mark_past_any_bar_below_it() -> None:
     bars = {line.split()[0]: line for line in render_chart([result("below", 0.99), result("above", 1.0)]).splitlines()[1:3]}
     assert bars["below"].startswith("below " + "█" * 39 + "│ 0.99×")
     assert bars["above"].startswith("above " + "█" * 40 + " 1.00×")
+
+
+def test_a_task_name_is_shown_as_written_not_as_rich_markup(tiny_report) -> None:
+    """A prompts file's task `[red]code` lost its bracketed part: rich read it as a style."""
+    result = tiny_report.results[0]
+    renamed = result.model_copy(update={"tasks": [task.model_copy(update={"task": "[red]code"}) for task in result.tasks]})
+    for results in ([renamed], [renamed, renamed]):  # one configuration's task table, and several's
+        out = Console(file=io.StringIO(), width=200)
+        render_report(tiny_report.model_copy(update={"results": results}), out)
+        assert "[red]code" in out.file.getvalue()

@@ -120,7 +120,7 @@ def render_report(report: BenchReport, console: Console) -> None:
 
 def _figures_row(label: str, s: Summary, bold: bool = False) -> list[str]:
     row = [
-        label,
+        escape(label),  # a task's name is the prompts file's: shown as written
         f"{s.baseline.tokens}/{s.speculative.tokens}",
         spread_text(s.baseline.wall_tokens_per_second),
         spread_text(s.speculative.wall_tokens_per_second),
@@ -249,7 +249,7 @@ def render_task_table(results: Sequence[ConfigResult], target_spread: dict[str, 
         if scored and max(scored)[0] < 1:
             winner = "target alone"
         spread = target_spread.get(task.task)
-        tasks.add_row(task.task, *(number(s, 2, "×") for s in speedups), winner, "–" if spread is None else f"±{spread:.0%}")
+        tasks.add_row(escape(task.task), *(number(s, 2, "×") for s in speedups), winner, "–" if spread is None else f"±{spread:.0%}")
     return tasks
 
 

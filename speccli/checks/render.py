@@ -46,13 +46,13 @@ def _ranking(report: QuantCheckReport) -> Table:
     for rank, c in enumerate(report.candidates, start=1):
         speedup = f"{c.draft_speedup.speedup:.2f}x K={c.draft_speedup.k}" if c.draft_speedup else "not faster"
         table.add_row(
-            str(rank), c.name, Text(c.verdict.value, style=VERDICT_STYLE[c.verdict]),
+            str(rank), Text(c.name), Text(c.verdict.value, style=VERDICT_STYLE[c.verdict]),
             f"{c.acceptance:.3f}±{c.acceptance_stderr:.3f}", f"{c.greedy_acceptance:.3f}",
             f"{c.kl_mean:.4f}", f"{c.kl_p99:.3f}", "/".join(f"{c.tokens_per_verify[k]:.2f}" for k in (1, 4, 8)), speedup,
         )
-    table.caption = f"1-token decode: reference {report.reference_seconds_per_token * 1000:.1f} ms, " + ", ".join(
+    table.caption = Text(f"1-token decode: reference {report.reference_seconds_per_token * 1000:.1f} ms, " + ", ".join(
         f"{c.name} {c.seconds_per_token * 1000:.1f} ms" for c in report.candidates
-    )
+    ))
     return table
 
 
