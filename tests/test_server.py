@@ -1069,6 +1069,14 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         assert_openai_error(status, error, 400)
         assert error["error"]["param"] == "messages.0.content"
         assert error["error"]["message"].startswith("messages.0.content: holds a lone UTF-16 surrogate escape")
+        # So may a call's arguments sent back in the history, escaped inside their text (a 500 too).
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": {"\\ud800": 1}}'}}
+        status, error, _ = post(url, "/v1/chat/completions", {"model": "tiny", "max_tokens": 2, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "messages.1.tool_calls.0.function.arguments"
+        assert "lone UTF-16 surrogate escape" in error["error"]["message"]
         # A wrong method names the right one, in the Allow header too.
         request = urllib.request.Request(url + "/v1/chat/completions", method="GET")
         with pytest.raises(urllib.error.HTTPError) as caught:
@@ -1093,8 +1101,8 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
             assert_openai_error(status, error, 400)
             assert error["error"]["param"] == field
             assert error["error"]["message"] == f"{field}: a whole number of over 4,300 digits, past every limit here"
-        # Every 4xx counts: the surrogates, the wrong method, the unknown path, the numbers (the 404 and 405 had not).
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 7
+        # Every 4xx counts: the surrogates (two), the wrong method, the unknown path, the numbers (the 404 and 405 had not).
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 8
 
 
 def test_a_shutdown_is_told_from_lost_models_by_type_not_by_message() -> None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from speccli.server.api_errors import APIError, ClientGone
-from speccli.server.schemas import unsupported_parameter
+from speccli.server.schemas import SURROGATE, unsupported_parameter
 
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -30,7 +30,7 @@ async def parse_body(request: Request, schema: type[RequestModel]) -> RequestMod
         raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(payload, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if (where := _first_at(payload, lambda value: isinstance(value, str) and _SURROGATE.search(value))) is not None:
+    if (where := _first_at(payload, lambda value: isinstance(value, str) and SURROGATE.search(value))) is not None:
         where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold one too
         raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
                             "character; send text as UTF-8 or as paired escapes", param=where)
@@ -107,10 +107,6 @@ def _first_at(value: object, wrong: Callable[[object], object], path: str = "") 
         if (found := _first_at(item, wrong, f"{path}.{key}" if path else str(key))) is not None:
             return found
     return None
-
-
-# JSON's "\ud800" parses to a lone surrogate, which cannot be encoded as UTF-8 for the tokenizer.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -9,6 +9,7 @@ unless set to what means "off", since ignoring one would change what the respons
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -48,11 +49,25 @@ class FunctionCall(Strict):
     @classmethod
     def _a_json_object(cls, arguments: str) -> str:
         try:
-            if isinstance(json.loads(arguments), dict):
-                return arguments
+            parsed = json.loads(arguments)
         except ValueError:
-            pass
-        raise ValueError("must be a JSON object, as text")
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise ValueError("must be a JSON object, as text")
+        if _holds_a_surrogate(parsed):  # its escapes are read here, not with the body's: the template writes them
+            raise ValueError("holds a lone UTF-16 surrogate escape (such as \\ud800), which is no character")
+        return arguments
+
+
+# JSON's "\ud800" parses to a lone surrogate, which cannot be encoded as UTF-8 for the tokenizer.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _holds_a_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return bool(SURROGATE.search(value))
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return any(map(_holds_a_surrogate, items))
 
 
 class ToolCall(Strict):
