@@ -478,7 +478,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
 
 def test_what_openai_clients_send_and_expect(chat_pair):
     """Conventions of OpenAI's API that its clients rely on: a null is the default; a streamed reply with
-    `stream_options.include_usage` ends with a chunk without choices that carries the usage; a model can
+    `stream_options.include_usage` ends with a chunk without choices that carries the usage, once; a model can
     be fetched by its id; an unknown path has code `unknown_url`; and a parameter this server cannot
     honour is refused (silently ignoring `logprobs` or `functions` would change what the reply means),
     while the values that ask for nothing pass."""
@@ -504,8 +504,11 @@ def test_what_openai_clients_send_and_expect(chat_pair):
         chunks = list(ask(c, "hello there", stream=True, stream_options={"include_usage": True}))
         *_, finish, usage = chunks
         assert finish.choices[0].finish_reason is not None
-        assert usage.choices == [] and usage.usage.completion_tokens == finish.usage.completion_tokens > 0
+        # The usage once (LangChain adds up every chunk's), on the last; the finish chunk keeps `speculative`.
+        assert usage.choices == [] and usage.usage.completion_tokens > 0 and [chunk for chunk in chunks if chunk.usage] == [usage]
+        assert finish.model_extra["speculative"] == usage.model_extra["speculative"]
         without = list(ask(c, "hello there", stream=True))
+        assert without[-1].usage.completion_tokens == usage.usage.completion_tokens  # without it: on the finish chunk
         assert [chunk.choices[0].delta.content for chunk in without] == [chunk.choices[0].delta.content for chunk in chunks[:-1]]
         assert c.models.retrieve(MODEL).id == MODEL
         with pytest.raises(openai.NotFoundError):

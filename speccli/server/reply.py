@@ -119,8 +119,11 @@ class Reply:
                                 out.append(self._chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None))
                         elif trailing := self._trailing_text(item):
                             out.append(self._chunk({"content": trailing} if self.chat else trailing, None))
-                        out.append(self._chunk({} if self.chat else "", finish, item.stats))
-                        if self.body.stream_options is not None and self.body.stream_options.include_usage:
+                        # With include_usage the usage comes once, on a last chunk of its own (as OpenAI
+                        # sends it): clients that add up every chunk's usage would count it twice.
+                        usage_apart = self.body.stream_options is not None and self.body.stream_options.include_usage
+                        out.append(self._chunk({} if self.chat else "", finish, item.stats, usage=not usage_apart))
+                        if usage_apart:
                             out.append(self._usage_chunk(item.stats))
                         out.append("data: [DONE]\n\n")
                         yield "".join(out)
@@ -138,20 +141,22 @@ class Reply:
     def _envelope(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.service.model_id}
 
-    def _chunk(self, delta: dict | str, finish_reason: str | None, stats: RunStats | None = None) -> str:
+    def _chunk(self, delta: dict | str, finish_reason: str | None, stats: RunStats | None = None, usage: bool = True) -> str:
         choice: dict = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
         choice.update({"delta": delta} if self.chat else {"text": delta})
-        return self._event([choice], stats)
+        return self._event([choice], stats, usage)
 
     def _usage_chunk(self, stats: RunStats) -> str:
         """OpenAI's last chunk with `stream_options.include_usage`: no choices, the usage (here with
-        the statistics, as on the chunk before, which also carries them so that any client finds them)."""
+        the statistics, which the finish chunk before it carries too)."""
         return self._event([], stats)
 
-    def _event(self, choices: list[dict], stats: RunStats | None) -> str:
+    def _event(self, choices: list[dict], stats: RunStats | None, usage: bool = True) -> str:
         chunk = {**self._envelope("chat.completion.chunk" if self.chat else "text_completion"), "choices": choices}
         if stats is not None:
             chunk.update(self._figures(stats))
+            if not usage:
+                del chunk["usage"]
         return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
 
     def _figures(self, stats: RunStats) -> dict:
