@@ -1255,3 +1255,14 @@ def test_every_configurations_auto_starts_from_the_pairs_one_cost_profile(chat_p
         for spec in ("model", "ngram", "ngram+model"):
             ask(c, "hello there", extra_body={"speculative": {"spec": spec, "k": "auto"}})
     assert timed_widest == [25] * PROFILE_TIMINGS
+
+
+def test_the_pair_named_at_start_is_the_model_too(chat_pair):
+    """`speccli serve qwen2.5-coder-1.5b` answered `model: "qwen2.5-coder-1.5b"` with a 404 (it serves
+    the target's name): a client configured with the name from the command line failed."""
+    with serving(chat_pair, aliases=("tiny-pair",)) as url:
+        c = client(url)
+        assert c.chat.completions.create(model="tiny-pair", messages=[{"role": "user", "content": "hi"}], max_tokens=2).model == MODEL
+        assert c.models.retrieve("tiny-pair").id == MODEL and [m.id for m in c.models.list().data] == [MODEL]
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("tiny-pai")

@@ -49,6 +49,7 @@ def serve(
         settings = ServeSettings(
             host=host, port=port, spec=resolved.spec, k=resolved.k if k is None else k, max_waiting=queue, parallel=parallel,
             api_key=api_key, remember=resolved.remember if remember is None else remember,
+            aliases=(resolved.name,) if resolved.name else (),
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.

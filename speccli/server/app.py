@@ -47,7 +47,7 @@ def create_app(service: Service) -> Starlette:
         name = request.path_params["model"]
         if not name or name.endswith("/"):  # a trailing slash, as on any other path
             raise HTTPException(404)
-        if name != service.model_id:
+        if not service.serves(name):
             raise _unknown_model(name)
         return JSONResponse(card)
 
@@ -70,7 +70,7 @@ def create_app(service: Service) -> Starlette:
         return await _generate(request, body, lambda: service.text_prompt(body.prompt), chat=False)
 
     async def _generate(request: Request, body: GenerationRequest, tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
-        if body.model != service.model_id:
+        if not service.serves(body.model):
             raise _unknown_model(body.model)
         if body.stream_options is not None and not body.stream:
             raise APIError(400, "stream_options: only allowed with stream: true", param="stream_options")

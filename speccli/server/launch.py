@@ -46,6 +46,7 @@ class ServeSettings:
     parallel: int = DEFAULT_PARALLEL  # slots: requests generated at once
     api_key: str | None = None  # clients must send `Authorization: Bearer KEY` (all but /health); None: open
     remember: bool = False  # earlier replies kept on disk for the suffix source (`--remember`)
+    aliases: tuple[str, ...] = ()  # other names requests may give as `model` (the pair's, as the command named it)
 
     def validate(self) -> None:
         check_spec(self.spec)
@@ -72,7 +73,8 @@ def build_service(model_id: str, target: Model, draft: Model | None, settings: S
     store = open_store(target.tokenizer, model_id, settings.remember, warn)
     worker = Worker(target, draft, settings.max_waiting, metrics, store, LearntFile(target, draft, warn))
     on_server_lost(lambda reason: _answer_503_from_now_on(worker, reason))
-    return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key)
+    return Service(model_id, target, draft, speculation, worker, metrics, api_key=settings.api_key,
+                   aliases=frozenset(settings.aliases) - {model_id})
 
 
 def _answer_503_from_now_on(worker: Worker, reason: str) -> None:

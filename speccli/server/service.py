@@ -34,6 +34,10 @@ class Service:
     worker: Worker
     metrics: Metrics
     api_key: str | None = None  # what `Authorization: Bearer` must carry on every path but /health; None: open
+    aliases: frozenset[str] = frozenset()  # other names of the model a request may give (the pair's)
+
+    def serves(self, model: str) -> bool:
+        return model == self.model_id or model in self.aliases
 
     def __post_init__(self) -> None:
         tokenizer = self.target.tokenizer
