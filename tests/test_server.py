@@ -424,7 +424,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
             ({**good, "speculative": {"enabled": False, "k": 4}}, "speculative",
              "enabled: false runs the target alone, which takes no spec or k; leave them out"),
             ({**good, "seed": -1}, "seed", "greater than or equal to 0"),
-            ({**good, "max_completion_tokens": 7}, None, "max_tokens (4) and max_completion_tokens (7) differ: give one of them"),
+            ({**good, "max_completion_tokens": 7}, "max_completion_tokens", "differs from max_tokens (7 against 4): give one of them"),
             ({**good, "temperature": float("nan")}, "temperature", "Input should be a finite number"),
             # These had named pydantic's classes ("a valid dictionary or instance of TextPart"), or
             # said only one of the forms allowed ("Input should be a valid string").

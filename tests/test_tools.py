@@ -211,7 +211,9 @@ def test_a_conversation_carries_calls_and_their_results(hermes_pair):
     ({"response_format": {"type": "json_object"}}, "tools",
      'tools: a reply that may call a tool follows its grammar; leave out response_format and grammar, or set tool_choice to "none"'),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}]},
-     "tools", "tools[0].function.parameters: at /properties/a/type: Invalid type: objekt"),
+     "tools.0.function.parameters", "tools.0.function.parameters: at /properties/a/type: Invalid type: objekt"),
+    # The Responses API's shape of a named choice had named a class of the schema (NamedToolChoice).
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice.function", "tool_choice.function: Field required"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, "tools.0.function.parameters",
      'tools.0.function.parameters: must describe the arguments as an object ("type": "object"), got "type": "array"'),
     ({"tool_choice": "required", "stop": ["}"]}, "stop",

@@ -116,4 +116,4 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(part) for part in loc if isinstance(part, int) or not _TYPE_TAG.fullmatch(part))
 
 
-_TYPE_TAG = re.compile(r"str|int|float|bool|.*[\[\]-].*")
+_TYPE_TAG = re.compile(r"str|int|float|bool|.*[\[\]-].*|[A-Z][A-Za-z]*")  # the last: a model's class name

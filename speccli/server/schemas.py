@@ -269,12 +269,13 @@ class GenerationRequest(Strict):
             raise ValueError("stop sequences must not be empty")
         return stop
 
-    @model_validator(mode="after")
-    def _one_token_limit(self) -> GenerationRequest:
-        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
-            raise ValueError(f"max_tokens ({self.max_tokens}) and max_completion_tokens ({self.max_completion_tokens}) "
-                             "differ: give one of them")
-        return self
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_token_limit(cls, limit: Optional[int], info: ValidationInfo) -> Optional[int]:
+        given = info.data.get("max_tokens")
+        if None not in (given, limit) and given != limit:
+            raise ValueError(f"differs from max_tokens ({limit} against {given}): give one of them")
+        return limit
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:

@@ -102,7 +102,8 @@ class Service:
                                     "response_format and grammar, or set tool_choice to \"none\"", param="tools")
             for i, function in enumerate(tools.functions):
                 if "parameters" in function:
-                    _checked(GrammarSpec.json_schema(function["parameters"], f"tools[{i}].function.parameters"), "tools")
+                    where = f"tools.{i}.function.parameters"
+                    _checked(GrammarSpec.json_schema(function["parameters"], where), where)
             return _checked(self.tool_style.grammar(tools), "tools")
         if body.grammar is not None:
             spec, field = GrammarSpec("grammar", body.grammar, "grammar"), "grammar"
