@@ -235,3 +235,36 @@ def test_tool_requests_that_cannot_be_served_are_a_400_naming_the_field(json_pai
         status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "tools": [WEATHER]})
         assert_openai_error(status, error, 400)
         assert error["error"]["message"] == "tools: only chat completions (/v1/chat/completions) call tools"
+
+
+def fenced(call: tuple[str, dict], lead: str = "```json\n", end: str = "\n```") -> str:
+    return f'{lead}{json.dumps({"name": call[0], "arguments": call[1]}, indent=2)}{end}'
+
+
+def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(hermes_pair):
+    """Qwen 2.5 Coder writes its calls under `auto` as a markdown JSON block, not in <tool_call> (no call
+    came back in 6 tries of a hostile pass): such a reply, whole, is read as a call where it names a tool
+    offered and its arguments pass the grammar a call in <tool_call> follows (llama.cpp's Hermes parser
+    reads them too, unchecked)."""
+    from speccli.llama.model import LoadOptions, Model
+    from speccli.server.launch import ServeSettings, build_service
+
+    options = LoadOptions(n_ctx=CONTEXT, n_threads=1)
+    with Model(hermes_pair[0], options) as target, Model(hermes_pair[1], options) as draft:
+        service = build_service(MODEL, target, draft, ServeSettings(port=0, spec="model", k=3))
+        assert service.loose_calls(ToolRequest(FUNCTIONS, "required", True)) is None  # held to the grammar there
+        offered = service.loose_calls(ToolRequest(FUNCTIONS, "auto", True))
+        style = service.tool_style
+        for text in (fenced(PARIS), fenced(SUM, "```\n"), fenced(SUM, "", ""), " " + fenced(("book", {"src": "Rome", "dst": "Paris"}))):
+            content, calls = style.read(text, offered)
+            assert content is None and len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == json.loads(text.strip("`json \n"))["arguments"]
+        for text in (fenced(("get_weather", {"city": "Paris", "unit": "kelvin"})),  # not among its enum
+                     fenced(("send_mail", {})),  # no tool of that name
+                     fenced(("now", {"tz": "UTC"})),  # it takes no arguments
+                     "Here: " + fenced(PARIS),  # not the whole reply
+                     fenced(PARIS)[:-3]):  # a block not closed (cut short)
+            assert style.read(text, offered) == (text, []), text
+        assert style.read(fenced(PARIS)) == (fenced(PARIS), [])  # not read where not asked (not under auto)
+        # Streamed, a reply that may still become one is held back; any other streams as before.
+        shown = [style.shown_so_far(text, loose=True) for text in ("```", "```json\n{", "  {", "```python\nx = 1", "Sure")]
+        assert shown == [0, 0, 0, 15, 4] and style.shown_so_far("```json\n{", loose=False) == 9

@@ -190,6 +190,13 @@ class Constraint:
         """How many of `tokens`, in order, the grammar allows from here."""
         return self._matcher.validate_tokens(list(tokens)) if tokens else 0
 
+    def accepts(self, tokens: Sequence[int]) -> bool:
+        """Whether the grammar takes all of `tokens` from here and may end after them."""
+        if self.legal_prefix(tokens) < len(tokens):
+            return False
+        self.push(tokens)
+        return self._matcher.is_accepting()
+
     @property
     def stopped(self) -> bool:
         """The grammar is complete and takes nothing more (the end of generation included)."""

@@ -57,12 +57,13 @@ class Reply:
         self.cached_tokens = 0
         tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
         self.reads_calls = tools is not None and tools.calls  # whether the reply's text may hold tool calls
+        self.loose_calls = service.loose_calls(tools)  # calls written as bare JSON, where they are read
 
     def _content_and_calls(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
         """The reply's content and tool calls: a reply cut short (by max_tokens) is all content."""
         if not self.reads_calls or FINISH_REASONS[reason] != "stop":
             return text, []
-        return self.service.tool_style.read(text)
+        return self.service.tool_style.read(text, self.loose_calls)
 
     def _trailing_text(self, done: DoneEvent) -> str:
         """The text held back at the end, less any part of the chat format's end-of-turn marker that a
@@ -103,7 +104,7 @@ class Reply:
                         self.cached_tokens = item.cached_tokens
                     elif isinstance(item, TokenEvent) and item.text and self.reads_calls:
                         text += item.text
-                        if (shown := self.service.tool_style.shown_so_far(text)) > sent:
+                        if (shown := self.service.tool_style.shown_so_far(text, self.loose_calls is not None)) > sent:
                             out.append(self._chunk({"content": text[sent:shown]}, None))
                             sent = shown
                     elif isinstance(item, TokenEvent) and item.text:

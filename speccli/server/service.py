@@ -2,10 +2,11 @@
 worker, and a request's prompt, generation limits and drafting as these models take them."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from speccli.chat.template import ChatFormat, chat_format_for, tokenize_rendered
 from speccli.core.constraint import Grammar, GrammarError, GrammarSpec, check_grammar
@@ -132,6 +133,26 @@ class Service:
                 del self._grammars[next(iter(self._grammars))]
             self._grammars[spec] = grammar  # the newest last
         return grammar
+
+    def loose_calls(self, tools: ToolRequest | None) -> Callable[[dict[str, Any]], bool] | None:
+        """Under `auto` with a hermes template, whether a call the model wrote as the reply's bare JSON
+        (tools.py's `loose_call`) names a tool offered and holds arguments its parameters take, checked by
+        the grammar a call in <tool_call> follows; None where such calls are not read."""
+        if tools is None or not tools.calls or tools.choice != "auto" or self.tool_style.name != "hermes":
+            return None
+
+        def offered(call: dict[str, Any]) -> bool:
+            function = next((f for f in tools.functions if f["name"] == call["name"]), None)
+            if function is None:
+                return False
+            try:
+                grammar = self.grammar_for(self.tool_style.call_grammar(function))
+            except APIError:  # its parameters compiled for the request's own grammar: not expected
+                return False
+            tokens = self.target.tokenizer.tokenize(json.dumps(call, ensure_ascii=False), add_special=False)
+            return grammar.start().accepts(tokens)
+
+        return offered
 
     def limits_for(self, prompt: Sequence[int], body: GenerationRequest, stop: tuple[str, ...],
                    grammar: Grammar | None = None) -> GenerationLimits:

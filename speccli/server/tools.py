@@ -13,9 +13,10 @@ The grammar is the reply's constraint like any other (docs/exactness.md#structur
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from speccli.core.constraint import JSON_LAYOUT, GrammarSpec
 
@@ -115,9 +116,15 @@ class ToolStyle:
             lines.append(f'call{i}: {open_} "\\n" %json {json.dumps(schema)} "\\n" {close}')
         return GrammarSpec("grammar", "\n".join(lines) + "\n", "tools")
 
-    def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    def call_grammar(self, function: dict[str, Any]) -> GrammarSpec:
+        """One call of `function` as JSON, as a call's JSON inside <tool_call> follows it."""
+        schema, definitions = _call_schema(function, 0)
+        return GrammarSpec.json_schema({**schema, "$defs": definitions, "x-guidance": JSON_LAYOUT}, "tools")
+
+    def read(self, text: str, offered: Callable[[dict[str, Any]], bool] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
         """The reply's content and its calls (OpenAI's `tool_calls`). A text that holds no whole call (one
-        cut by max_tokens) is all content."""
+        cut by max_tokens) is all content. `offered` (a hermes reply under `auto`): whether a call written
+        as the whole reply's JSON (`loose_call`) is one the request offers, with arguments its tool takes."""
         try:
             if self.name == "json":
                 reply = json.loads(text)
@@ -126,7 +133,8 @@ class ToolStyle:
                 return None, [_call(c) for c in (reply["tool_calls"] if "tool_calls" in reply else [reply["tool_call"]])]
             before, _, rest = text.partition(OPEN)
             if not rest:
-                return text, []
+                call = loose_call(text) if offered is not None else None
+                return (None, [_call(call)]) if call is not None and offered(call) else (text, [])
             blocks = [block.partition(CLOSE) for block in (OPEN + rest).split(OPEN)[1:]]
             if any(not close for _, close, _ in blocks):
                 return text, []
@@ -134,10 +142,11 @@ class ToolStyle:
         except (ValueError, KeyError, TypeError):
             return text, []
 
-    def shown_so_far(self, text: str) -> int:
+    def shown_so_far(self, text: str, loose: bool = False) -> int:
         """How much of a reply's text can be streamed as content before it ends: a hermes reply's text up to
-        where a call may begin (whitespace held back: it may lead into one); nothing of a json reply."""
-        if self.name == "json":
+        where a call may begin (whitespace held back: it may lead into one), none while it may be a
+        `loose_call` where those are read; nothing of a json reply."""
+        if self.name == "json" or loose and _may_become_loose_call(text):
             return 0
         before = text.partition(OPEN)[0]
         for cut in range(min(len(OPEN) - 1, len(before)), 0, -1):  # a marker begun at the end
@@ -145,6 +154,36 @@ class ToolStyle:
                 before = before[:-cut]
                 break
         return len(before.rstrip())
+
+
+# A whole reply that is one JSON object, bare or in a markdown block.
+_LOOSE_CALL = re.compile(r"\s*(?:```(?:json)?\s*(\{.*\})\s*```|(\{.*\}))\s*", re.S)
+
+
+def loose_call(text: str) -> dict[str, Any] | None:
+    """A call written as the whole reply's JSON, bare or in a markdown block, not inside <tool_call>:
+    `{"name": ..., "arguments": {...}}`. Qwen 2.5 Coder writes its calls so under `auto`, where the grammar
+    leaves the text free; llama.cpp's Hermes parser reads them as calls too. None where it is not one."""
+    match = _LOOSE_CALL.fullmatch(text)
+    try:
+        call = json.loads(match[1] or match[2]) if match else None
+    except ValueError:
+        return None
+    shaped = isinstance(call, dict) and call.keys() == {"name", "arguments"}
+    return call if shaped and isinstance(call["name"], str) and isinstance(call["arguments"], dict) else None
+
+
+def _may_become_loose_call(text: str) -> bool:
+    """Whether more text could make `text` a `loose_call` (so it is held back from streaming)."""
+    rest = text.lstrip()
+    if rest.startswith("```"):
+        rest = rest[3:]
+        if "json".startswith(rest):
+            return True
+        rest = rest.removeprefix("json").lstrip()
+    elif "```".startswith(rest):
+        return True
+    return not rest or rest.startswith("{")
 
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
