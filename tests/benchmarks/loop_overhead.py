@@ -19,7 +19,10 @@ right, moves with it):
                       invocation finds it (what `auto` learnt kept between processes: a first run is
                       unmeasured, and each run goes on from the last; no store of earlier replies);
                       `--cold` starts each run from the priors
-  speccli auto cold   the same from the priors in every run: a first reply after a restart
+  speccli auto cold   the same from the priors in every run, its cost profile timed in it: a first reply
+                      on a machine (or after `speccli remembered --clear`)
+  speccli auto priors the same with the cost profile an earlier process timed: what `auto` knows of
+                      this pair on this machine, less what it learnt of the text
   llama-completion    the target alone (-no-cnv --ignore-eos)
   llama-speculative-simple n-max N   --spec-type draft-simple, N from `--draft-max` (default 4); exact at
                                      T > 0 (a draft is kept where the target's own sample equals it)
@@ -73,7 +76,7 @@ sys.path.insert(0, str(ROOT))
 
 import llama_cpp  # noqa: E402
 
-from speccli.core.generator import GenerationLimits, Generator  # noqa: E402
+from speccli.core.generator import GenerationLimits, Generator, PairCosts  # noqa: E402
 from speccli.core.sampling import SamplingParams  # noqa: E402
 from speccli.core.stats import DoneEvent, StepEvent  # noqa: E402
 from speccli.drafting.policy import AutoK, FixedK  # noqa: E402
@@ -146,6 +149,7 @@ class Bench:
     seed: int = SEED  # each round's own: sampled text, and so what drafts it allows, varies with it
     warm: bool = True  # `auto` goes on from what it learnt in the runs before, per setting
     policies: dict[SamplingParams, AutoK] = field(default_factory=dict)
+    costs: PairCosts | None = None  # "auto priors"' profile, timed in an earlier (unmeasured) run
 
     def speccli(self, sampling: SamplingParams, name: str, n_predict: int | None = None) -> Run:
         """speccli's target alone, the draft model at K=N or auto, or its defaults (--spec suffix+model --k auto)."""
@@ -153,12 +157,17 @@ class Bench:
         spec = None if name == "speccli target" else "model" if "K=" in name or "model" in name else DEFAULT_SPEC
         if name.startswith("speccli K="):
             policy = FixedK(int(name.split("=")[1]))
-        elif name == "speccli auto cold" or not self.warm:
+        elif name in ("speccli auto cold", "speccli auto priors") or not self.warm:
             policy = AutoK()
         else:  # each warm configuration goes on from what it learnt in its own runs before
             policy = self.policies.setdefault((sampling, name), AutoK())
         drafter = spec and make_drafter(spec, self.draft, self.target)
-        generator = Generator(self.target, drafter, sampling, spec and policy, seed=self.seed)
+        costs = None
+        if name == "speccli auto priors":
+            costs = self.costs = self.costs or PairCosts(self.target, drafter)
+            if costs.due(policy.profiled_sizes):  # timed apart, as the process before would have
+                costs.profile(self.target.tokenizer.tokenize(self.prompt.encode()), policy.profiled_sizes, sampling)
+        generator = Generator(self.target, drafter, sampling, spec and policy, seed=self.seed, costs=costs)
         prompt = self.target.tokenizer.tokenize(self.prompt.encode())
         steps = rows = 0
         with DecodeClock() as clock:
@@ -223,7 +232,8 @@ def configurations(tools: Path, only: set[str], draft_max: list[int], ks: list[i
     rows = []
     for setting in SETTINGS:
         if "speccli" in only:
-            names = ["speccli target", *(f"speccli K={k}" for k in ks), "speccli model auto", "speccli auto", "speccli auto cold"]
+            names = ["speccli target", *(f"speccli K={k}" for k in ks), "speccli model auto", "speccli auto", "speccli auto cold",
+                     "speccli auto priors"]
             rows += [(setting, name) for name in names]
         if "llama" in only:
             rows.append((setting, "llama-completion"))
@@ -297,7 +307,7 @@ def median(values: list[float | None]) -> float | None:
 def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -> None:
     """Each speccli row's ratios (medians of per-round ratios) to: llama-completion for the target alone;
     for K=N each speculative tool at n-max N, for model auto and auto each at its best n-max (by median);
-    for auto cold, auto (warm) in the same rounds."""
+    for auto cold and auto priors, auto (warm) in the same rounds."""
     print(f"\n{title}: medians of {rounds} interleaved rounds")
     print(f"{'setting':8} {'configuration':32} {'tok/s':>8} {'host µs/row':>12} {'host µs/step':>13} {'host share':>11}  ratios")
 
@@ -315,7 +325,7 @@ def report(title: str, results: dict[tuple[str, str], list[Run]], rounds: int) -
         elif name in ("speccli model auto", "speccli auto"):
             versus = [max((key for key in peers if key[1].split()[0] == tool),
                           key=lambda key: median([r.tokens_per_second for r in results[key]])) for tool in tools]
-        elif name == "speccli auto cold":
+        elif name in ("speccli auto cold", "speccli auto priors"):
             versus = [(setting, "speccli auto")]
         ratios = ", ".join(f"{ratio(runs, key)} {key[1]}" for key in versus)
         row, step = median([r.host_us_per_row for r in runs]), median([r.host_us_per_step for r in runs])
