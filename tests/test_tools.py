@@ -255,7 +255,8 @@ def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(
         assert service.loose_calls(ToolRequest(FUNCTIONS, "required", True)) is None  # held to the grammar there
         offered = service.loose_calls(ToolRequest(FUNCTIONS, "auto", True))
         style = service.tool_style
-        for text in (fenced(PARIS), fenced(SUM, "```\n"), fenced(SUM, "", ""), " " + fenced(("book", {"src": "Rome", "dst": "Paris"}))):
+        for text in (fenced(PARIS), fenced(SUM, "```\n"), fenced(SUM, "", ""), " " + fenced(("book", {"src": "Rome", "dst": "Paris"})),
+                     fenced(("get_weather", {"unit": "celsius", "city": "Paris"}))):  # JSON leaves the order free
             content, calls = style.read(text, offered)
             assert content is None and len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == json.loads(text.strip("`json \n"))["arguments"]
         for text in (fenced(("get_weather", {"city": "Paris", "unit": "kelvin"})),  # not among its enum

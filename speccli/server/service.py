@@ -149,8 +149,11 @@ class Service:
                 grammar = self.grammar_for(self.tool_style.call_grammar(function))
             except APIError:  # its parameters compiled for the request's own grammar: not expected
                 return False
-            tokens = self.target.tokenizer.tokenize(json.dumps(call, ensure_ascii=False), add_special=False)
-            return grammar.start().accepts(tokens)
+            # The grammar writes an object's properties in its schema's order, which JSON leaves free.
+            rank = {key: i for i, key in enumerate((function.get("parameters") or {}).get("properties", {}))}
+            arguments = {key: call["arguments"][key] for key in sorted(call["arguments"], key=lambda key: rank.get(key, len(rank)))}
+            text = json.dumps({"name": call["name"], "arguments": arguments}, ensure_ascii=False)
+            return grammar.start().accepts(self.target.tokenizer.tokenize(text, add_special=False))
 
         return offered
 
