@@ -63,28 +63,36 @@ def read_gguf_header(path: Path, wanted: Callable[[str], bool]) -> tuple[dict[st
 def needed_size(path: Path) -> int | None:
     """The bytes a GGUF file must have to hold every tensor its tensor table lists: the end of the
     furthest tensor's data. None where a tensor's type is one this reader does not know the size of.
-    Raises UnreadableFileError where the header itself is cut short or corrupt.
+    Raises UnreadableFileError where the header itself is cut short or corrupt."""
+    return _remembered(path, _needed_sizes, lambda: read_gguf_header(path, lambda key: False)[2])
 
-    Remembered for the process by the file's path, size and mtime: a run looks a model up several
-    times (a derived model checks its base too), and Gemma's header takes 40 ms to walk."""
+
+def trained_context_length(path: Path) -> int | None:
+    """The context the model was trained with (`<arch>.context_length`), None when the file does not say."""
+    def read() -> int | None:
+        metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
+        length = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+        return length if isinstance(length, int) else None
+
+    return _remembered(path, _trained_lengths, read)
+
+
+_needed_sizes: dict[tuple[str, int, int], int | None] = {}
+_trained_lengths: dict[tuple[str, int, int], int | None] = {}
+
+
+def _remembered(path: Path, found: dict[tuple[str, int, int], int | None], read: Callable[[], int | None]) -> int | None:
+    """`read()` of `path`, remembered for the process by the file's path, size and mtime: a run looks a
+    model up several times (a derived model checks its base too; a pair's context is fitted, checked,
+    then loaded), and Gemma's header takes 40 ms to walk."""
     try:
         stat = path.stat()
     except OSError as error:
         raise unreadable(path, error) from None
     identity = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if identity not in _needed_sizes:
-        _needed_sizes[identity] = read_gguf_header(path, lambda key: False)[2]
-    return _needed_sizes[identity]
-
-
-_needed_sizes: dict[tuple[str, int, int], int | None] = {}
-
-
-def trained_context_length(path: Path) -> int | None:
-    """The context the model was trained with (`<arch>.context_length`), None when the file does not say."""
-    metadata, _ = read_gguf_metadata(path, lambda key: key == "general.architecture" or key.endswith(".context_length"))
-    length = metadata.get(f"{metadata.get('general.architecture')}.context_length")
-    return length if isinstance(length, int) else None
+    if identity not in found:
+        found[identity] = read()
+    return found[identity]
 
 
 def check_gguf_magic(path: Path, first: bytes) -> None:
