@@ -1032,6 +1032,19 @@ def test_a_draft_model_drafts_unramped_and_remembers_longer_where_drafting_gains
     assert lengths[True] > RAMP_START and lengths[False] == RAMP_START
 
 
+def test_whether_a_draft_model_is_ramped_is_decided_from_the_profile_not_from_its_drafts() -> None:
+    """On the H200 a draft's first decode costs more than the others, so the per-token cost learnt from
+    short drafts is dear. Learnt from 1-token drafts at 0.6 a token, the model stays unramped in the next
+    reply (decided from the profile's 0.3); the control: priced at what it learnt, it would be ramped,
+    and a ramped model drafts short again, so short drafts would have kept it short (the device pair)."""
+    policy = calibrated(H200, {"model": 0.3})
+    learn(policy, "model", 1, 1, 40, token_cost=0.6)
+    policy.begin_reply()
+    assert policy.keys["model"].schedule.unramped
+    learnt = policy.keys["model"].cost.token_seconds / 0.025
+    assert learnt > 0.55 and not calibrated(H200, {"model": learnt}).keys["model"].schedule.unramped
+
+
 def test_an_unramped_draft_model_kept_whole_drafts_a_token_further_next() -> None:
     """Unramped (the H200's costs), a draft model whose third tokens were rejected drafts 2 tokens; kept
     whole, its next draft is 3 tokens: only drafting there refreshes the stale estimate past them (the

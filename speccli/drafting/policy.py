@@ -254,6 +254,12 @@ class AutoK:
         for key, draft in costs.draft_costs.items():
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
             state.cost.calibrate(draft.token_seconds, draft.catch_up_seconds, self.verify.level)
+            # Decided from the profile, once: a token's cost learnt from steps holds its draft's fixed part
+            # (the H200's first decode of a draft) spread over the draft, so short drafts would price it
+            # dear and keep the model ramped, drafting short (the device pair's `story`: RESULTS.md).
+            rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
+            state.schedule.unramped = max(rates) >= RAMP_FREE_GAIN * rates[0]
+            state.acceptance.recency = LONG_RECENCY if state.schedule.unramped else RECENCY
         self.price_ramps()
 
     def begin_reply(self) -> None:
@@ -405,15 +411,10 @@ class AutoK:
         return fastest(self._rates(state, [acceptance] * limit)) > 0
 
     def price_ramps(self) -> None:
-        """Each ramp's start and floor, and a lookup's by what its copy kept, at the costs measured now
+        """A lookup's ramp start and floor, and its ramps by what its copy kept, at the costs measured now
         (see RAMP_LOSS)."""
         start = min(RAMP_START, self.max_k)
         self.lookup_ramps = [max(start, self._loss_bound(RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
-        for state in self.keys.values():
-            if isinstance(state.schedule, ModelSchedule):
-                rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
-                state.schedule.unramped = max(rates) >= RAMP_FREE_GAIN * rates[0]
-                state.acceptance.recency = LONG_RECENCY if state.schedule.unramped else RECENCY
 
     def _loss_bound(self, loss: float) -> int:
         """The longest lookup draft (its tokens free) whose complete failure, a verify of one row more,
