@@ -241,6 +241,14 @@ def fenced(call: tuple[str, dict], lead: str = "```json\n", end: str = "\n```") 
     return f'{lead}{json.dumps({"name": call[0], "arguments": call[1]}, indent=2)}{end}'
 
 
+# Nested models as pydantic writes them: objects in an array, through a reference.
+TRIP = {"name": "plan_trip", "parameters": {
+    "$defs": {"Stop": {"type": "object", "additionalProperties": False, "required": ["city", "nights"],
+                       "properties": {"city": {"enum": ["Paris", "Rome"]}, "nights": {"type": "integer"}}}},
+    "type": "object", "additionalProperties": False, "required": ["by", "stops"],
+    "properties": {"by": {"enum": ["rail", "road"]}, "stops": {"type": "array", "items": {"$ref": "#/$defs/Stop"}, "maxItems": 2}}}}
+
+
 def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(hermes_pair):
     """Qwen 2.5 Coder writes its calls under `auto` as a markdown JSON block, not in <tool_call> (no call
     came back in 6 tries of a hostile pass): such a reply, whole, is read as a call where it names a tool
@@ -253,15 +261,17 @@ def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(
     with Model(hermes_pair[0], options) as target, Model(hermes_pair[1], options) as draft:
         service = build_service(MODEL, target, draft, ServeSettings(port=0, spec="model", k=3))
         assert service.loose_calls(ToolRequest(FUNCTIONS, "required", True)) is None  # held to the grammar there
-        offered = service.loose_calls(ToolRequest(FUNCTIONS, "auto", True))
+        offered = service.loose_calls(ToolRequest((*FUNCTIONS, TRIP), "auto", True))
         style = service.tool_style
         for text in (fenced(PARIS), fenced(SUM, "```\n"), fenced(SUM, "", ""), " " + fenced(("book", {"src": "Rome", "dst": "Paris"})),
-                     fenced(("get_weather", {"unit": "celsius", "city": "Paris"}))):  # JSON leaves the order free
+                     fenced(("get_weather", {"unit": "celsius", "city": "Paris"})),  # JSON leaves the order free,
+                     fenced(("plan_trip", {"stops": [{"nights": 2, "city": "Rome"}], "by": "rail"}))):  # nested too
             content, calls = style.read(text, offered)
             assert content is None and len(calls) == 1 and json.loads(calls[0]["function"]["arguments"]) == json.loads(text.strip("`json \n"))["arguments"]
         for text in (fenced(("get_weather", {"city": "Paris", "unit": "kelvin"})),  # not among its enum
                      fenced(("send_mail", {})),  # no tool of that name
                      fenced(("now", {"tz": "UTC"})),  # it takes no arguments
+                     fenced(("plan_trip", {"stops": [{"nights": "two", "city": "Rome"}], "by": "rail"})),  # not an integer
                      "Here: " + fenced(PARIS),  # not the whole reply
                      fenced(PARIS)[:-3]):  # a block not closed (cut short)
             assert style.read(text, offered) == (text, []), text

@@ -15,7 +15,7 @@ from speccli.llama.model import Model, shared_context
 from speccli.server.api_errors import APIError
 from speccli.server.metrics import Metrics
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest, SpeculationControl
-from speccli.server.tools import CLOSE, OPEN, ToolRequest, tool_style_for
+from speccli.server.tools import CLOSE, OPEN, ToolRequest, in_schema_order, tool_style_for
 from speccli.server.worker import Speculation, Worker
 from speccli.drafting.registry import default_spec
 from speccli.drafting.registry import uses_draft_model
@@ -149,9 +149,8 @@ class Service:
                 grammar = self.grammar_for(self.tool_style.call_grammar(function))
             except APIError:  # its parameters compiled for the request's own grammar: not expected
                 return False
-            # The grammar writes an object's properties in its schema's order, which JSON leaves free.
-            rank = {key: i for i, key in enumerate((function.get("parameters") or {}).get("properties", {}))}
-            arguments = {key: call["arguments"][key] for key in sorted(call["arguments"], key=lambda key: rank.get(key, len(rank)))}
+            parameters = function.get("parameters") or {}
+            arguments = in_schema_order(call["arguments"], parameters, parameters)
             text = json.dumps({"name": call["name"], "arguments": arguments}, ensure_ascii=False)
             return grammar.start().accepts(self.target.tokenizer.tokenize(text, add_special=False))
 

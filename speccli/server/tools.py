@@ -173,6 +173,28 @@ def loose_call(text: str) -> dict[str, Any] | None:
     return call if shaped and isinstance(call["name"], str) and isinstance(call["arguments"], dict) else None
 
 
+def in_schema_order(value: Any, schema: Any, root: dict[str, Any]) -> Any:
+    """`value` with every object's keys in the order its schema lists them, as the grammar writes them
+    (JSON leaves the order free): nested objects, arrays' items and the parameters' own `#/...`
+    references (pydantic's nested models) too. Keys the schema does not list go last."""
+    for _ in range(8):  # a reference to a reference, but never round a circle
+        if not (isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#/")):
+            break
+        target: Any = root
+        for part in schema["$ref"][2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        schema = target
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(value, dict):
+        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        rank = {key: i for i, key in enumerate(properties)}
+        return {key: in_schema_order(value[key], properties.get(key), root)
+                for key in sorted(value, key=lambda key: rank.get(key, len(rank)))}
+    if isinstance(value, list):
+        return [in_schema_order(item, schema.get("items"), root) for item in value]
+    return value
+
+
 def _may_become_loose_call(text: str) -> bool:
     """Whether more text could make `text` a `loose_call` (so it is held back from streaming)."""
     rest = text.lstrip()
