@@ -336,6 +336,12 @@ def test_a_system_prompt_can_be_removed(tiny_pair):
     assert "(system prompt: none)" in result.stderr
 
 
+def test_a_message_beginning_with_a_slash_is_sent_with_it_doubled(tiny_pair):
+    result = chat(tiny_pair, "-n", "2", "--json", input="//etc/hosts is a file\n/stats\n")
+    assert result.exit_code == 0, result.stderr
+    assert [r["prompt"] for r in records(result.stdout) if "prompt" in r] == ["/etc/hosts is a file"]
+
+
 def test_bad_slash_commands_are_one_line_each_and_the_session_goes_on(tiny_pair):
     lines = ["/bogus", "/k 0", "/k 65", "/k x", "/temp -1", "/temp hot", "/temp", "hello", "/quit now", "/reset all", "/ help", "again"]
     result = chat(tiny_pair, "-n", "4", "--json", input="\n".join(lines) + "\n")
@@ -556,6 +562,8 @@ def test_the_speedup_estimate_never_exceeds_the_tokens_per_target_decode():
     assert estimated_speedup(one_per_decode, target_token_seconds=25.0) == 1.0
     assert estimated_speedup(_stats(), target_token_seconds=50.0) == pytest.approx(5.0)  # 10 tokens in 2 decodes
     assert "~1.00x vs target alone" in summary_line(one_per_decode, 25.0)
+    assert summary_line(one_per_decode, 25.0).startswith("2 tokens ·")
+    assert summary_line(RunStats(generated=1), None).startswith("1 token ·")  # not "1 tokens"
     assert stats_record(one_per_decode, 25.0)["estimated_speedup"] == 1.0
 
 

@@ -91,6 +91,13 @@ def test_bad_settings_are_refused_before_any_model_is_named_or_loaded(args, line
     assert_one_line(speccli(*args, "-m", MISSING_MODEL), line, 1)
 
 
+@pytest.mark.parametrize("command", ["chat", "bench"])
+def test_an_empty_json_schema_is_said_to_be_empty(command):
+    """`--json-schema ''` had said "--json-schema .: is a directory": the empty path read as the folder."""
+    line = "error: --json-schema: empty; give a schema's file, or the schema as JSON"
+    assert_one_line(speccli(command, "--json-schema", " ", "-m", MISSING_MODEL), line, 2)
+
+
 def test_a_k_list_with_an_item_that_is_not_a_number_is_a_usage_error():
     line = "error: --k '1,x': 'x' is not auto, a number or a range; give auto, a number (4), a list (auto,1,2,4) or a range (1-8)"
     assert_one_line(speccli("bench", "--k", "1,x", "-m", MISSING_MODEL), line, 2)

@@ -41,7 +41,7 @@ COMMANDS = {
     "/temp X": "sampling temperature; 0 is greedy",
     "/system TEXT": "set the system prompt (shows it without TEXT; /system clear removes it)",
     "/provenance": "toggle coloring tokens by origin",
-    "/help": "this list",
+    "/help": "this list (a message beginning with / is sent as //...)",
     "/quit": "leave with a summary (also Ctrl-D, or Ctrl-C at the prompt)",
 }
 
@@ -121,11 +121,11 @@ class ChatSession:
                 if not text:
                     continue
                 try:
-                    if text.startswith("/"):
+                    if text.startswith("/") and not text.startswith("//"):
                         if not self.command(text):
                             break
                     else:
-                        self.send(text)
+                        self.send(text.removeprefix("/"))  # "//": a message that begins with one "/"
                         if stopping_ends and self.finish_reason == "interrupted":
                             break
                 except SpeccliError as error:

@@ -110,7 +110,7 @@ def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str,
 
 
 def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:
-    parts = [f"{stats.generated} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    parts = [counted(stats.generated, "token"), f"{stats.tokens_per_second:.1f} tok/s"]
     if stats.speculative:
         parts += [f"acceptance {stats.acceptance_rate:.0%}", f"{stats.tokens_per_target_decode:.2f} tok/decode"]
         parts.append(f"draft {stats.draft_seconds:.2f} s / target {stats.target_seconds:.2f} s")

@@ -218,6 +218,8 @@ def grammar_spec(json_schema: str | None, grammar: Path | None) -> Any:
         raise UsageError("--json-schema and --grammar: give one of them")
     if json_schema is None and grammar is None:
         return None
+    if json_schema is not None and not json_schema.strip():
+        raise UsageError("--json-schema: empty; give a schema's file, or the schema as JSON")
 
     def read(path: Path, option: str) -> str:
         try:

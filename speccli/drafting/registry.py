@@ -69,7 +69,7 @@ SPECS = _chains()  # every --spec value: each source alone, then chains
 
 def spec_help() -> str:
     sources = ", ".join(f"{source.name} ({source.summary})" for source in SOURCES)
-    return f"{sources}, or a chain of them joined by + (lookups first, the model last), such as {DEFAULT_SPEC}"
+    return f"{sources}, or a lookup then the model joined by +: {', '.join(spec for spec in SPECS if '+' in spec)}"
 
 
 def uses_draft_model(spec: str) -> bool:
