@@ -530,6 +530,27 @@ def test_the_panel_pools_draft_positions_past_its_rows():
     assert position_lines[-1].split() == ["draft", "12-24", "█████", "50%"]  # 13 of 26 kept
 
 
+def test_at_60_columns_a_long_value_wraps_under_itself_and_the_live_panel_still_fits_half_the_screen():
+    """At 60 columns the time and source rows wrap: their continuations had started under the labels,
+    and the wrapped lines had not been counted against the panel's height."""
+    stats = RunStats(generated=40)
+    for source, drafted in (("model", 24), ("ngram", 6), ("suffix", 3)):
+        stats.add(StepEvent(drafted=drafted, accepted=drafted - 1, draft_seconds=0.1, target_seconds=0.3,
+                            other_seconds=0.1, source=source, catch_up_seconds=0.02, compute_seconds=0.4))
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=60, height=24, record=True, color_system=None)
+    reply = LiveReply(console, provenance=False, target_token_seconds=0.1)
+    reply._stats = stats
+    console.print(reply)
+    panel = console.export_text().rstrip("\n").splitlines()
+    assert len(panel) <= 12 and all(len(line) <= 60 for line in panel), panel
+    inside = [line[2:-2] for line in panel[1:-1]]  # within the borders and their padding
+    wrapped = [line for line in inside if line.startswith(" " * 14) and line.strip()]
+    assert wrapped and not any(line[:14].strip() == "" and line[14] == " " for line in wrapped), inside
+    assert any(line.startswith("time") for line in inside) and any("host" in line for line in inside)
+
+
 def test_the_live_panel_takes_at_most_half_the_screen_so_the_reply_stays_in_view():
     """With 24 draft positions its 12 position rows made the panel 21 lines: in a 24-row terminal the
     reply streaming above it had one row left. Now it drops position rows to stay within half."""

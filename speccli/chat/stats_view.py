@@ -2,6 +2,8 @@
 the one-line summary, the JSON record, and the speedup estimate against the target alone."""
 from __future__ import annotations
 
+import textwrap
+
 from rich.panel import Panel
 from rich.text import Text
 
@@ -50,10 +52,14 @@ def by_source_text(stats: RunStats) -> str:
     )
 
 
-def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: int | None = None) -> Text:
-    """Label/value lines, the per-position rows cut to fit `max_lines` where given. Plain Text, not a
-    rich Table: it renders several times faster, and the live view redraws it a few times a second
-    while the models run."""
+LABEL_WIDTH = 14
+
+
+def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: int | None = None,
+               width: int | None = None) -> Text:
+    """Label/value lines, each value wrapped at `width` columns under itself where given, the per-position
+    rows cut to fit `max_lines` where given. Plain Text, not a rich Table: it renders several times
+    faster, and the live view redraws it a few times a second while the models run."""
     rows: list[tuple[str, str | Text]] = [
         ("tokens", f"{stats.generated} in {stats.decode_seconds:.2f} s · {stats.tokens_per_second:.1f} tok/s")
     ]
@@ -71,6 +77,9 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
         ]
     speedup = estimated_speedup(stats, target_token_seconds)
     rows.append(("est. speedup", f"{speedup:.2f}x vs target alone" if speedup else "-"))
+    if width is not None:  # a value too long for a line goes on under itself, not under the labels
+        rows = [(label if not index else "", piece) for label, value in rows
+                for index, piece in enumerate(_wrapped(value, max(20, width - LABEL_WIDTH)))]
     positions = position_rows(stats.positions)
     if max_lines is not None:
         positions = positions[: max(0, max_lines - len(rows))]
@@ -80,9 +89,21 @@ def stats_text(stats: RunStats, target_token_seconds: float | None, max_lines: i
     for index, (label, value) in enumerate(rows):
         if index:
             text.append("\n")
-        text.append(f"{label:<14}", style="dim")
+        text.append(f"{label:<{LABEL_WIDTH}}", style="dim")
         text.append(value)
     return text
+
+
+def _wrapped(value: str, width: int) -> list[str]:
+    """`value`'s lines at `width` columns, broken between its " · " parts where they fit whole."""
+    lines = [""]
+    for part in value.split(" · "):
+        if lines[-1] and len(lines[-1]) + 3 + len(part) > width:
+            lines[-1] += " ·"
+            lines.append(part)
+        else:
+            lines[-1] = f"{lines[-1]} · {part}" if lines[-1] else part
+    return [piece for line in lines for piece in textwrap.wrap(line, width) or [line]]
 
 
 def position_rows(positions: PositionCounts) -> list[tuple[str, float]]:
@@ -102,11 +123,14 @@ def _catch_up_text(stats: RunStats) -> str:
     return f" (catch-up {stats.catch_up_seconds:.2f} s)" if stats.catch_up_seconds else ""
 
 
-def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str, max_height: int | None = None) -> Panel:
-    """The statistics in a box; its per-position rows dropped, where `max_height` is given, as far as
-    needed to keep it that many lines tall (the other rows always show)."""
+def stats_panel(stats: RunStats, target_token_seconds: float | None, title: str, max_height: int | None = None,
+                width: int | None = None) -> Panel:
+    """The statistics in a box at most `width` columns wide where given; its per-position rows dropped,
+    where `max_height` is given, as far as needed to keep it that many lines tall (the other rows
+    always show)."""
     lines = None if max_height is None else max_height - 2  # the box's top and bottom
-    return Panel(stats_text(stats, target_token_seconds, lines), title=title, title_align="left", expand=False)
+    inside = None if width is None else width - 4  # its borders and padding
+    return Panel(stats_text(stats, target_token_seconds, lines, inside), title=title, title_align="left", expand=False)
 
 
 def summary_line(stats: RunStats, target_token_seconds: float | None) -> str:

@@ -97,7 +97,7 @@ class LiveReply:
             # the screen, so the reply stays in view: with 12 position rows it filled 21 of a 24-row
             # terminal's rows, leaving one for the reply streaming above it.
             room = min(console.height - 1 - bool(self._unfinished), console.height // 2)
-            yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room)
+            yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room, width=options.max_width)
 
     def add(self, text: str, source: Source) -> None:
         self._unfinished.append(text.translate(_CONTROL_PICTURES), PROVENANCE_STYLES[source] if self._provenance else "")
@@ -208,7 +208,7 @@ class Display:
 
     def session_stats(self, stats: RunStats, target_token_seconds: float | None, title: str) -> None:
         if self.mode == "terminal":
-            self.console.print(stats_panel(stats, target_token_seconds, title))
+            self.console.print(stats_panel(stats, target_token_seconds, title, width=self.console.width))
         elif self.mode == "json":
             record = {"session": stats_record(stats, target_token_seconds)}
             print(json.dumps(record), file=self._out, flush=True)
