@@ -97,7 +97,10 @@ class LiveReply:
             # the screen, so the reply stays in view: with 12 position rows it filled 21 of a 24-row
             # terminal's rows, leaving one for the reply streaming above it.
             room = min(console.height - 1 - bool(self._unfinished), console.height // 2)
-            yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room, width=options.max_width)
+            # A column short of the screen: a line that fills the last column leaves a terminal's cursor
+            # pending a wrap, and a live region erased from there may leave a line behind (a panel's top
+            # border was seen once in a scrollback at 80 columns, with the panel 80 wide: a precaution).
+            yield stats_panel(self._stats, self._target_token_seconds, "live", max_height=room, width=options.max_width - 1)
 
     def add(self, text: str, source: Source) -> None:
         self._unfinished.append(text.translate(_CONTROL_PICTURES), PROVENANCE_STYLES[source] if self._provenance else "")
