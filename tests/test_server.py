@@ -1094,6 +1094,12 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
         status, error, _ = post(url, "/v1/chat/completions", b'{"model": "tiny", "metadata": {"\\ud800": "\\ud800"}}')
         assert_openai_error(status, error, 400)
         assert error["error"]["param"] == "metadata.\\ud800"
+        # A key alone: a tool's parameter named so is written into the prompt by the template.
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"\ud800": {}}}}}
+        body = json.dumps({"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]})
+        status, error, _ = post(url, "/v1/chat/completions", body.encode())
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "tools.0.function.parameters.properties.\\ud800"
         # A number of 5,000 digits, past Python's int conversion limit: it had been a 500, then "should be a
         # valid integer" (or, as a token id, "must be whole numbers").
         huge = b"1" + b"0" * 5000
@@ -1104,8 +1110,8 @@ def test_odd_paths_methods_and_text_get_openai_errors(chat_pair):
             assert_openai_error(status, error, 400)
             assert error["error"]["param"] == field
             assert error["error"]["message"] == f"{field}: a whole number of over 4,300 digits, past every limit here"
-        # Every 4xx counts: the surrogates (two), the wrong method, the unknown path, the numbers (the 404 and 405 had not).
-        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 8
+        # Every 4xx counts: the surrogates (four), the wrong method, the unknown path, the numbers (the 404 and 405 had not).
+        assert metric(get(url, "/metrics")[1], 'requests_total{outcome="rejected"}') == 9
 
 
 def test_a_shutdown_is_told_from_lost_models_by_type_not_by_message() -> None:

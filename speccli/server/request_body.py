@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from speccli.server.api_errors import APIError, ClientGone
-from speccli.server.schemas import SURROGATE, unsupported_parameter
+from speccli.server.schemas import first_at, is_surrogate_text, unsupported_parameter
 
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -30,11 +30,11 @@ async def parse_body(request: Request, schema: type[RequestModel]) -> RequestMod
         raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
     if not isinstance(payload, dict):
         raise APIError(400, "the request body must be a JSON object")
-    if (where := _first_at(payload, lambda value: isinstance(value, str) and SURROGATE.search(value))) is not None:
+    if (where := first_at(payload, is_surrogate_text)) is not None:
         where = where.encode("utf-8", "backslashreplace").decode()  # a key may hold one too
         raise APIError(400, f"{where}: holds a lone UTF-16 surrogate escape (such as \\ud800), which is no "
                             "character; send text as UTF-8 or as paired escapes", param=where)
-    if (where := _first_at(payload, lambda value: value is _PAST_EVERY_LIMIT)) is not None:
+    if (where := first_at(payload, lambda value: value is _PAST_EVERY_LIMIT)) is not None:
         raise APIError(400, f"{where}: a whole number of over 4,300 digits, past every limit here", param=where)
     if unsupported := unsupported_parameter(payload):
         raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
@@ -96,17 +96,6 @@ async def read_body(request: Request) -> bytes:
     except ClientDisconnect:  # closed before the whole body came: nobody to answer
         raise ClientGone from None
     return b"".join(chunks)
-
-
-def _first_at(value: object, wrong: Callable[[object], object], path: str = "") -> str | None:
-    """The field path of the first value in a parsed body that is `wrong`, None if there is none."""
-    if wrong(value):
-        return path
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        if (found := _first_at(item, wrong, f"{path}.{key}" if path else str(key))) is not None:
-            return found
-    return None
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -54,7 +54,7 @@ class FunctionCall(Strict):
             parsed = None
         if not isinstance(parsed, dict):
             raise ValueError("must be a JSON object, as text")
-        if _holds_a_surrogate(parsed):  # its escapes are read here, not with the body's: the template writes them
+        if first_at(parsed, is_surrogate_text) is not None:  # read here, not with the body: the template writes them
             raise ValueError("holds a lone UTF-16 surrogate escape (such as \\ud800), which is no character")
         return arguments
 
@@ -63,11 +63,22 @@ class FunctionCall(Strict):
 SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _holds_a_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        return bool(SURROGATE.search(value))
-    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return any(map(_holds_a_surrogate, items))
+def is_surrogate_text(value: object) -> bool:
+    return isinstance(value, str) and SURROGATE.search(value) is not None
+
+
+def first_at(value: object, wrong: Callable[[object], bool], path: str = "") -> str | None:
+    """The field path of the first value or key in parsed JSON that is `wrong`, None if there is none."""
+    if wrong(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict) and wrong(key):
+            return here
+        if (found := first_at(item, wrong, here)) is not None:
+            return found
+    return None
 
 
 class ToolCall(Strict):
