@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
 from speccli.server.api_errors import APIError, ClientGone
-from speccli.server.schemas import first_at, is_surrogate_text, unsupported_parameter
+from speccli.server.schemas import first_at, is_surrogate_text, misspelt_parameter, unsupported_parameter
 
 MAX_BODY_BYTES = 16 * 2**20
 
@@ -39,6 +39,8 @@ async def parse_body(request: Request, schema: type[RequestModel]) -> RequestMod
     if unsupported := unsupported_parameter(payload):
         raise APIError(400, f"{unsupported}: not supported by this server; leave it out",
                        param=unsupported, code="unsupported_parameter")
+    if misspelt := misspelt_parameter(payload, schema):
+        raise APIError(400, f"{misspelt[0]}: not a field of this request; did you mean {misspelt[1]}?", param=misspelt[0])
     try:
         return schema.model_validate(payload)
     except ValidationError as error:

@@ -8,6 +8,7 @@ unless set to what means "off", since ignoring one would change what the respons
 """
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from typing import Any, Callable, ClassVar, Literal, Optional, Union
@@ -222,6 +223,20 @@ def unsupported_parameter(body: dict[str, Any]) -> str | None:
         asks_nothing = any(value == nothing and isinstance(value, bool) == isinstance(nothing, bool) for nothing in off)
         if name in body and not asks_nothing:
             return name
+    return None
+
+
+def misspelt_parameter(body: dict[str, Any], schema: type[BaseModel]) -> tuple[str, str] | None:
+    """A top-level field that is not the request's but nearly one of its fields ("max_token", "Stream"),
+    and that field; None where there is none. Ignored, as the fields of other servers and newer APIs
+    that clients send are, its setting would be lost. Other servers' own fields are not that near
+    (vLLM's min_tokens, llama-cpp-python's logit_bias_type: 0.8 of max_tokens' and logit_bias's)."""
+    known = [field.alias or name for name, field in schema.model_fields.items()] + list(UNSUPPORTED)
+    for name in body:
+        if name not in known:
+            spelt = [field for field in known if field == name.lower().replace("-", "_")]
+            if close := spelt or difflib.get_close_matches(name, known, n=1, cutoff=0.85):
+                return name, close[0]
     return None
 
 
