@@ -56,7 +56,7 @@ RECHECK_CARRY = 0.25
 # kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
 LOOKUP_REPLY_PRIOR = 0.5
 # A draft model whose drafts, kept at the prior's rate, would gain RAMP_FREE_GAIN or more over plain
-# steps at the measured costs (a GPU's) is not ramped: its estimates alone choose its length, where the
+# steps at the profiled costs (a GPU's) is not ramped: its estimates alone choose its length, where the
 # ramp had held it at 3 tokens when 8 pay; and it weighs its earlier drafts by LONG_RECENCY, where two
 # misses in a row had ruled out a draft that keeps most of its tokens. Where drafting gains less (this
 # project's CPU pairs), the ramp and the short memory keep a compute-bound target from paying for long
