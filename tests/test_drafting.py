@@ -1013,10 +1013,11 @@ H200 = {1: 1.0, 2: 1.38, 4: 1.56, 8: 1.66, 16: 1.82, 25: 1.77}  # the device che
 
 
 def test_a_draft_model_drafts_unramped_and_remembers_longer_where_drafting_gains_much() -> None:
-    """On the H200's costs (drafting at the prior's acceptance gains 1.52x) a draft model whose drafts are
-    kept whole drafts the estimates' best length from a reply's first step, where a ramp (the control)
-    starts each reply at RAMP_START, and its estimates weigh earlier drafts by LONG_RECENCY; on this
-    CPU's Qwen and Gemma costs (1.14x, 1.18x) it is ramped and its memory short."""
+    """On the H200's costs (at the prior's acceptance 6 tokens pay best, past RAMP_START) a draft model
+    whose drafts are kept whole drafts the estimates' best length from a reply's first step, where a ramp
+    (the control) starts each reply at RAMP_START, and its estimates weigh earlier drafts by LONG_RECENCY;
+    on this CPU's Qwen and Gemma costs (3 and 4 tokens: Gemma's at the bound) it is ramped and its memory
+    short."""
     h200 = calibrated(H200, {"model": 0.3}).keys["model"]
     assert h200.schedule.unramped and h200.acceptance.recency == LONG_RECENCY
     for curve in (QWEN_PROFILED, GEMMA_PROFILED):

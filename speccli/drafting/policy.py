@@ -55,13 +55,13 @@ RECHECK_CARRY = 0.25
 # ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
 # kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
 LOOKUP_REPLY_PRIOR = 0.5
-# A draft model whose drafts, kept at the prior's rate, would gain RAMP_FREE_GAIN or more over plain
-# steps at the profiled costs (a GPU's) is not ramped: its estimates alone choose its length, where the
-# ramp had held it at 3 tokens when 8 pay; and it weighs its earlier drafts by LONG_RECENCY, where two
-# misses in a row had ruled out a draft that keeps most of its tokens. Where drafting gains less (this
-# project's CPU pairs), the ramp and the short memory keep a compute-bound target from paying for long
-# failed drafts (RESULTS.md, "At the H200's costs" and "The planner (2026-12-05)").
-RAMP_FREE_GAIN = 1.25
+# A draft model whose best length, were its drafts kept at the prior's rate, is past RAMP_START at the
+# profiled costs (a GPU's) is not ramped: the ramp would only hold it back (it had held one at 3 tokens
+# where 8 pay), so its estimates alone choose its length; and it weighs its earlier drafts by
+# LONG_RECENCY, where two misses in a row had ruled out a draft that keeps most of its tokens. Where the
+# best is within the ramp's start (this project's CPU pairs: 3 and 4 tokens), the ramp and the short
+# memory keep a compute-bound target from paying for long failed drafts (RESULTS.md, "At the H200's
+# costs", "The planner (2026-12-05)" and "Ramped from the profile").
 LONG_RECENCY = 0.95
 
 
@@ -131,13 +131,13 @@ class Schedule:
 
 @dataclass
 class ModelSchedule(Schedule):
-    """A draft model: ramped from RAMP_START in each reply (unless drafting gains RAMP_FREE_GAIN or more:
-    then unramped); re-checked where a reply first asks it and, as a lookup is, after idle steps within
+    """A draft model: ramped from RAMP_START in each reply (unless its best length at the prior is past
+    it: then unramped); re-checked where a reply first asks it and, as a lookup is, after idle steps within
     a reply, but once measured only where what it skipped costs at most RAMP_LOSS plain steps to take
     in: a chain may first ask it after the lookup drafted dozens of tokens (RESULTS.md), and a model
     ruled out by two misses in a row must come back within the reply where it can (docs/gpu.md)."""
 
-    unramped: bool = False  # drafting gains RAMP_FREE_GAIN or more here: its estimates alone set its length
+    unramped: bool = False  # its best length at the prior is past RAMP_START: its estimates alone set it
     share: float = 1.0  # of a reply's tokens from its first draft on, the share its steps yielded
     yielded_by_it: int = 0  # this reply's tokens drafted by it,
     yielded_since_its_first: int = 0  # and all of this reply's since its first draft
@@ -258,7 +258,7 @@ class AutoK:
             # (the H200's first decode of a draft) spread over the draft, so short drafts would price it
             # dear and keep the model ramped, drafting short (the device pair's `story`: RESULTS.md).
             rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
-            state.schedule.unramped = max(rates) >= RAMP_FREE_GAIN * rates[0]
+            state.schedule.unramped = fastest(rates) > RAMP_START
             state.acceptance.recency = LONG_RECENCY if state.schedule.unramped else RECENCY
         self.price_ramps()
 
