@@ -100,7 +100,7 @@ def check_gguf_magic(path: Path, first: bytes) -> None:
     if len(first) < 4:
         raise UnreadableFileError(f"{path}: not a GGUF file ({'empty' if not first else 'too short'})")
     if first != b"GGUF":
-        raise UnreadableFileError(f"{path}: not a GGUF file (starts with {first!r})")
+        raise UnreadableFileError(f"{path}: not a GGUF file (starts with '{repr(first)[2:-1]}')")
 
 
 def _parse(path: Path, parse: Callable[[mmap.mmap], _Parsed]) -> _Parsed:

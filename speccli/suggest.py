@@ -76,13 +76,16 @@ class Suggestion:
         if best.measured is None and best.predicted > 1.0 and best.best_k:
             return f"best here: {best.name} at K={best.best_k}, predicted {best.predicted:.2f}x the target alone"
         return (f"nothing pays here: verifying 4 tokens costs {self.verify[4]:.1f} target steps on this machine, "
-                f"and the best candidate, {best.name}, keeps {best.alpha or 0:.2f} of its first tokens"
+                f"and the best candidate, {best.name}, "
+                + (f"keeps {best.alpha:.2f} of its first tokens" if best.alpha is not None else "proposed nothing here")
                 + (f" at c = {best.c:.2f} per token" if best.c else "")
                 + (f", measured {best.measured:.2f}x" if best.measured is not None else "") + "; the target alone is as fast")
 
     def to_dict(self) -> dict:
         return {"target": self.target, "text": self.text, "verify": {str(n): v for n, v in self.verify.items()},
-                "candidates": [asdict(c) | {"path": str(c.path) if c.path else None} for c in self.ranked],
+                "candidates": [asdict(c) | {"path": str(c.path) if c.path else None}
+                               | ({"kind": c.kind or None, "proposing": None} if c.skipped is not None else {})
+                               for c in self.ranked],
                 "verdict": self.verdict()}
 
 
@@ -146,7 +149,7 @@ def measure_candidate(candidate: Candidate, target: Model, draft: Model | None, 
             advance()
     candidate.positions = positions
     candidate.proposing = proposed / positions if positions else 0.0
-    candidate.alpha = kept / proposed if proposed else 0.0
+    candidate.alpha = kept / proposed if proposed else None
     if draft is None:
         candidate.c = 0.0
     elif candidate.kind == "same vocabulary":  # a 1-token draft decode, as bench profiles it

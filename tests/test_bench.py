@@ -352,6 +352,8 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         "no-prompt": directory / "noprompt.jsonl",
         "text-key": directory / "textkey.jsonl",
         "empty-prompt": directory / "emptyprompt.jsonl",
+        "blank-prompt": directory / "blankprompt.jsonl",
+        "array-lines": directory / "arrays.jsonl",  # JSON, but not objects: refused, not read as text
     }
     files["empty"].write_bytes(b"")
     files["blank"].write_text("\n  \n\n")
@@ -361,6 +363,8 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
     files["no-prompt"].write_text('{"task": "a"}\n')
     files["text-key"].write_text('{"text": 5}\n')
     files["empty-prompt"].write_text('{"task": "a", "prompt": ""}\n')
+    files["blank-prompt"].write_text('{"task": "a", "prompt": "   "}\n')
+    files["array-lines"].write_text('["a", "b"]\n')
     return files
 
 
@@ -396,7 +400,9 @@ def _bad_prompt_files(directory: Path) -> dict[str, Path]:
         (["--prompts", "latin1"], "not UTF-8 text"),
         (["--prompts", "bad-jsonl"], "line 2: not valid JSON"),
         (["--prompts", "no-prompt"], "line 1: no \"prompt\" key (keys given: 'task')"),
-        (["--prompts", "empty-prompt"], '"prompt" must be a non-empty string'),
+        (["--prompts", "empty-prompt"], '"prompt" must be a string with text in it'),
+        (["--prompts", "blank-prompt"], '"prompt" must be a string with text in it'),
+        (["--prompts", "array-lines"], 'line 1: expected an object {"task": ..., "prompt": ...}'),
         (["--prompts", "text-key"], "line 1: no \"prompt\" key (keys given: 'text'); a line is {\"task\": ..., \"prompt\": ...}"),
     ],
 )

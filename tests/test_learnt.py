@@ -201,15 +201,18 @@ def test_a_folder_where_the_file_goes_is_said_and_not_written_again(cache, tmp_p
 def test_remembered_lists_and_clears_what_auto_learnt(cache, tmp_path) -> None:
     target_file, draft_file = files(tmp_path)
     policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    LearntFile(target_file, draft_file, print).keep(policy, GREEDY, now=True)
-    path = learnt_path(target_file, draft_file, GREEDY)
+    two_threads = SimpleNamespace(**{**vars(target_file), "options": SimpleNamespace(n_threads=2)})
+    for target in (target_file, two_threads):  # one pair, two files: their lines tell them apart
+        LearntFile(target, draft_file, print).keep(policy, GREEDY, now=True)
+    path, other = learnt_path(target_file, draft_file, GREEDY), learnt_path(two_threads, draft_file, GREEDY)
     fifo = cache / "remembered" / "fifo.policy"
     os.mkfifo(fifo)  # a read of it would block for ever
     listed = CliRunner().invoke(app, ["remembered"])
     assert listed.exit_code == 0 and listed.stdout.splitlines() == sorted([
-        f"{path}  what auto learnt: target.gguf + draft.gguf (greedy)", f"{fifo}  ? (not a policy file)"])
+        f"{path}  what auto learnt: target.gguf + draft.gguf (greedy, CPU, every core)",
+        f"{other}  what auto learnt: target.gguf + draft.gguf (greedy, CPU, 2 threads)", f"{fifo}  ? (not a policy file)"])
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
-    assert cleared.exit_code == 0 and cleared.stdout == f"deleted 2 files from {cache / 'remembered'}\n"
+    assert cleared.exit_code == 0 and cleared.stdout == f"deleted 3 files from {cache / 'remembered'}\n"
     assert not path.exists()
 
 

@@ -233,3 +233,15 @@ def test_every_refusal_is_exit_2_since_1_means_broken(tiny_model: Path, args: li
     result = _run(*(tiny_model if arg == "MODEL" else arg for arg in args))
     assert result.exit_code == 2, result.output
     assert result.stderr.startswith(message) and len(result.stderr.splitlines()) == 1
+
+def test_a_candidate_given_twice_is_refused_before_anything_is_measured(tiny_model: Path, tmp_path: Path) -> None:
+    """A file given twice (again, or by a link) had been measured twice, its noise printed as if two models
+    differed; a copy of it is another file, and is measured (the control)."""
+    link, copy = tmp_path / "link.gguf", tmp_path / "copy.gguf"
+    link.symlink_to(copy)
+    shutil.copyfile(tiny_model, copy)
+    for twin in (copy, link):
+        result = _run(tiny_model, copy, twin, "-t", "1")
+        assert result.exit_code == 2, result.output
+        assert result.stderr == f"error: candidate {twin} is the same file as candidate {copy}; give each once\n"
+    assert _run(tiny_model, copy, "-t", "1").exit_code == 0

@@ -491,12 +491,12 @@ def test_a_derived_model_whose_base_is_not_a_gguf_file_says_so_before_the_quanti
     registry = load_registry(config)
     with pytest.raises(UnreadableFileError) as caught:
         resolve_model("half", registry, quiet=True)
-    assert str(caught.value) == f"model 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell') (path set in {config})"
+    assert str(caught.value) == f"model 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with 'hell') (path set in {config})"
     # A base from elsewhere (a hub file, a package's build) is checked by the derived model itself.
     monkeypatch.setattr(LocalSource, "obtain", lambda self, *args, **kwargs: [self.path])
     with pytest.raises(UnreadableFileError) as caught:
         resolve_model("half", registry, quiet=True)
-    assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with b'hell')"
+    assert str(caught.value) == f"model 'half': its base 'base': {tmp_path / 'notes.gguf'}: not a GGUF file (starts with 'hell')"
 
 
 def test_a_derived_model_whose_base_is_cut_short_says_so_before_the_quantizer_runs(tmp_path):
@@ -561,7 +561,7 @@ def _writes(data: bytes):
         # Another package's code may raise anything: one line all the same, not a traceback.
         (_raises(RuntimeError("disk on fire")), "failed to assemble its GGUF: RuntimeError: disk on fire"),
         (lambda path: None, "failed to assemble its GGUF: TypeError: "),
-        (_writes(b"NOTGGUF"), "assembled a file that is not a GGUF file (starts with b'NOTG')"),
+        (_writes(b"NOTGGUF"), "assembled a file that is not a GGUF file (starts with 'NOTG')"),
         (lambda output_path, overwrite: None, "assembled no file (its assemble() returned without writing one)"),
         # sys.exit() in another package's code had ended speccli silently with exit 0, nothing built.
         (lambda output_path, overwrite: sys.exit(0), "failed to assemble its GGUF: SystemExit: 0"),
@@ -722,7 +722,7 @@ def test_a_target_file_that_cannot_load_is_refused_before_the_draft_is_fetched(t
     (tmp_path / "bad.gguf").write_bytes(b"hello")
     write_tiny_gguf(tmp_path / "whole.gguf")
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "whole.gguf").read_bytes()[:-64])
-    for name, problem in (("bad.gguf", "not a GGUF file (starts with b'hell')"), ("cut.gguf", "cut short: ")):
+    for name, problem in (("bad.gguf", "not a GGUF file (starts with 'hell')"), ("cut.gguf", "cut short: ")):
         with pytest.raises(UnreadableFileError) as caught:
             resolve_pair("p", str(tmp_path / name), None, registry)
         assert str(caught.value).startswith(f"{tmp_path / name}: {problem}"), str(caught.value)
@@ -973,7 +973,7 @@ def test_pull_command_pulls_both_members_of_a_pair(runner, local_models, tmp_pat
     assert result.stdout == f"big: {weights / 'big.gguf'}\nsmall: {weights / 'small.gguf'}\n"
 
 
-@pytest.mark.parametrize("content, why", [(b"", "not a GGUF file (empty)"), (b"notes\n", "not a GGUF file (starts with b'note')")])
+@pytest.mark.parametrize("content, why", [(b"", "not a GGUF file (empty)"), (b"notes\n", "not a GGUF file (starts with 'note')")])
 def test_pull_refuses_to_report_a_file_that_is_not_a_gguf(runner, local_models, tmp_path, content, why):
     """A path entry naming another kind of file (or one emptied since) is not reported as pulled, nor
     listed by `models` as cached."""

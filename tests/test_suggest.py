@@ -51,8 +51,10 @@ def test_every_kind_is_measured_and_bad_candidates_are_named_one_line_each(files
         assert candidate["predicted"] >= 1.0  # the target alone at worst: auto drafts nothing that loses
     assert by_name["bigger.gguf"]["skipped"].startswith("its file is no smaller than the target's")
     # Why, without the path the candidate's own fields (and the listing) name already.
-    assert (by_name["notes.txt"]["skipped"], by_name["notes.txt"]["path"]) == ("not a GGUF file (starts with b'not ')", str(files["text"]))
+    assert (by_name["notes.txt"]["skipped"], by_name["notes.txt"]["path"]) == ("not a GGUF file (starts with 'not ')", str(files["text"]))
     assert by_name["missing.gguf"]["skipped"] == "no such file"
+    # What was not measured is null, not a figure (a skipped file had read as proposing everywhere).
+    assert (by_name["notes.txt"]["kind"], by_name["notes.txt"]["proposing"], by_name["notes.txt"]["alpha"]) == (None, None, None)
     assert by_name["again.gguf"]["skipped"] == f"the same file as {files['draft']}"
     # No bar in a log, but a line as each candidate starts (it had been silent for minutes).
     assert [line for line in result.stderr.splitlines() if line.startswith("measuring ")] == [
@@ -184,3 +186,14 @@ def test_a_confirmed_measurement_decides_and_a_candidate_keeping_nothing_is_neve
     assert result.verdict() == "best here: ngram at K=auto, measured 1.18x the target alone (predicted 1.00x)"
     lookup.measured = 0.97
     assert result.verdict().endswith("keeps 0.20 of its first tokens, measured 0.97x; the target alone is as fast")
+
+
+def test_a_lookup_that_proposed_nothing_is_said_so_and_a_run_measuring_nothing_fails(files) -> None:
+    """A lookup with no match in the text had been said to keep "0.00 of its first tokens", and a run
+    whose every candidate was skipped exited 0 as if it had measured something."""
+    silent = Candidate("ngram", None, kind="lookup", alpha=None, proposing=0.0, c=0.0, best_k=0, predicted=1.0)
+    result = Suggestion("big", "text", {n: 1.0 + 0.1 * n for n in range(1, 10)}, [silent])
+    assert "the best candidate, ngram, proposed nothing here; the target alone is as fast" in result.verdict()
+    skipped_only = run(str(files["target"]), str(files["text"]))
+    assert skipped_only.exit_code == 1 and skipped_only.stdout.splitlines()[-1] == "no candidate could be measured"
+    assert run(str(files["target"]), "ngram", str(files["text"])).exit_code == 0  # the control: one was measured

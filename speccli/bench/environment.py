@@ -25,7 +25,8 @@ def environment(threads: int | None, target: Model, draft: Model | None) -> Envi
         platform=platform.platform(),
         llama_cpp_python=info.llama_cpp_python_version,
         backend=info.backend,
-        gpu_offload_supported=info.gpu_offload,
+        # layers can leave the CPU: to a GPU here, or to the RPC servers the run was given
+        gpu_offload_supported=info.local_gpu or "RPC" in target.placement or "RPC" in (draft.placement if draft else ""),
         system_info=info.system_info,
         cpu_count=os.cpu_count() or 1,
         threads=threads or os.cpu_count() or 1,

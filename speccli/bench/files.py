@@ -172,7 +172,7 @@ def load_report(path: Path) -> BenchReport:
     if version != SCHEMA_VERSION:
         older = isinstance(version, int) and version < SCHEMA_VERSION
         raise SpeccliError(
-            f"{path}: bench report schema version {version!r}, this speccli reads only version {SCHEMA_VERSION}"
+            f"{path}: bench report schema version {version!r}, this speccli reads versions 4 to {SCHEMA_VERSION}"
             + ("; it was written by an older speccli: run the benchmark again to compare" if older else "")
         )
     try:

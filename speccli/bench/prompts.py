@@ -37,7 +37,7 @@ class PromptSet:
 
 def load_prompt_set(path: Path | None, structured: bool = False) -> PromptSet:
     """The built-in set (`structured`: its extraction set), or a file: JSONL of {"task": ..., "prompt": ...}
-    (task optional), or plain UTF-8 text with one prompt per line (task "text"; write a newline inside a
+    (task optional; a file named .jsonl, or whose first line is an object), or plain UTF-8 text with one prompt per line (task "text"; write a newline inside a
     prompt as \\n)."""
     if path is None:
         name = STRUCTURED_PROMPTS if structured else BUILTIN_PROMPTS
@@ -66,7 +66,7 @@ def _parse_prompts(data: bytes, name: str) -> tuple[BenchPrompt, ...]:
     lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise SpeccliError(f"prompts file {name}: no prompts in it (empty or only blank lines)")
-    if lines[0][1].lstrip().startswith("{"):
+    if lines[0][1].lstrip().startswith("{") or name.lower().endswith(".jsonl"):
         return tuple(_jsonl_prompt(line, number, name) for number, line in lines)
     return tuple(BenchPrompt("text", line.replace("\\n", "\n")) for _, line in lines)
 
@@ -83,8 +83,8 @@ def _jsonl_prompt(line: str, number: int, name: str) -> BenchPrompt:
         given = ", ".join(repr(key) for key in record) or "none"
         raise SpeccliError(f"prompts file {name}, line {number}: no \"prompt\" key (keys given: {given}); a line is "
                            "{\"task\": ..., \"prompt\": ...}")
-    if not isinstance(prompt, str) or not prompt:
-        raise SpeccliError(f"prompts file {name}, line {number}: \"prompt\" must be a non-empty string")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SpeccliError(f"prompts file {name}, line {number}: \"prompt\" must be a string with text in it")
     if not isinstance(task, str) or not task:
         raise SpeccliError(f"prompts file {name}, line {number}: \"task\" must be a non-empty string")
     return BenchPrompt(task, prompt)

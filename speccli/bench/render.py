@@ -20,7 +20,7 @@ from speccli.bench.report import (
     Summary,
     TimeSplit,
 )
-from speccli.util.format import format_size
+from speccli.util.format import counted, format_size
 
 _COLUMNS = (
     ("tokens\nA/B", "right"),
@@ -182,7 +182,7 @@ def by_source_text(summary: Summary) -> str:
     if not summary.by_source:
         return "nothing drafted"
     return " · ".join(
-        f"{s.source} {number(s.acceptance_rate)} ({s.accepted}/{s.drafted} kept in {s.steps} steps"
+        f"{s.source} {number(s.acceptance_rate)} ({s.accepted}/{s.drafted} kept in {counted(s.steps, 'step')}"
         f"{f', {s.took_over} of them taking a draft over' if s.took_over else ''}, α {number(s.alpha)})"
         for s in summary.by_source
     )

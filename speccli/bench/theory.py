@@ -60,7 +60,7 @@ def best_configuration(results: Sequence[ConfigResult]) -> Best | None:
             reason += f". Of the fixed-K model configurations, the prediction from measured alpha, c and v puts {theory.label} first"
     close = [r.label for r in scored if r is not best and r.overall.speedup.max >= speedup.min]
     if close:
-        reason += f"; {', '.join(close)} overlap(s) its min-max range, so more --runs may change the order"
+        reason += f"; its min-max range overlaps that of {', '.join(close)}, so more --runs may change the order"
     return Best(label=best.label, spec=best.spec, k=best.k, speedup=speedup.median, reason=reason + ".")
 
 
@@ -70,8 +70,8 @@ def _yield_phrase(result: ConfigResult, named: bool = True) -> str:
     text = (f"{result.label}: " if named else "") + f"{overall.speedup.median:.2f}x measured"
     if pred:
         text += (
-            f" (alpha {pred.alpha:.2f}: {pred.tokens_per_verify:.2f} tokens per verify for "
-            f"{pred.step_cost:.2f} target-decode costs, predicted {pred.speedup:.2f}x)"
+            f" (alpha {pred.alpha:.2f} predicts {pred.tokens_per_verify:.2f} tokens per verify for "
+            f"{pred.step_cost:.2f} target-decode costs: {pred.speedup:.2f}x)"
         )
     elif overall.tokens_per_target_decode is not None:
         text += (

@@ -10,7 +10,7 @@ from speccli.checks.corpus import TextSource, tokenize_source
 from speccli.checks.fidelity import TokenSequence, measure, memory_is_short
 from speccli.checks.report import QuantCheckReport, build_report
 from speccli.core.sampling import SamplingParams
-from speccli.errors import SpeccliError
+from speccli.errors import SpeccliError, UsageError
 from speccli.llama.model import LoadOptions
 from speccli.llama.rpc import connect, exiting, on_server_lost
 from speccli.llama.tokenizer import load_vocab_only
@@ -32,6 +32,7 @@ def run_quant_check(
     params.validate()
     registry = load_registry(*config)
     reference_path, *candidate_paths = resolve_models([reference, *candidates], registry)
+    _require_distinct_files(candidates, candidate_paths)
     for name, path in zip(candidates, candidate_paths):
         _require_same_vocabulary((name, path), (reference, reference_path))
     n_ctx = fitted_context(n_ctx, BENCH_CTX, [reference_path, *candidate_paths])
@@ -48,6 +49,16 @@ def run_quant_check(
                 sequential=sequential, progress=lambda what, done: bar.update(task, advance=done, description=what),
             )
         return build_report(measurement, candidates, tokenizer, params, source.description, n_ctx)
+
+
+def _require_distinct_files(names: list[str], paths: list[Path]) -> None:
+    """Each candidate measured once: the same file twice (again, or by a link) would print one model's
+    noise as if two models differed. (The reference as a candidate stays: it checks the measurement.)"""
+    seen: dict[Path, str] = {}
+    for name, path in zip(names, paths):
+        if path.resolve() in seen:
+            raise UsageError(f"candidate {name} is the same file as candidate {seen[path.resolve()]}; give each once")
+        seen[path.resolve()] = name
 
 
 def _require_same_vocabulary(candidate: tuple[str, Path], reference: tuple[str, Path]) -> None:

@@ -57,7 +57,7 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up runs first.")] = 1,
     prompts: Annotated[
         Optional[Path],
-        typer.Option("--prompts", metavar="FILE", help='Prompt file: JSONL {"task": ..., "prompt": ...} or one prompt per line (default: built-in set).'),
+        typer.Option("--prompts", metavar="FILE", help='Prompt file: JSONL {"task": ..., "prompt": ...} (named .jsonl, or its first line an object) or one prompt per line (default: built-in set).'),
     ] = None,
     json_path: Annotated[
         Optional[Path],

@@ -22,10 +22,7 @@ def env(
     typer.echo(f"python             {sys.version.split()[0]}")
     typer.echo(f"llama-cpp-python   {info.llama_cpp_python_version}")
     typer.echo(f"backend            {info.backend}")
-    # llama.cpp reports offload as supported wherever its RPC backend is built in, GPU or none.
-    local_gpu = any(device.is_local_accelerator for device in rpc_backend.devices())
-    offload = "supported" if local_gpu else "to RPC servers only (no GPU here)" if info.gpu_offload else "not supported"
-    typer.echo(f"gpu offload        {offload}")
+    typer.echo(f"gpu offload        {info.offload}")
     typer.echo(f"rpc                {'supported' if rpc_backend.available() else 'not in this build'}")
     typer.echo(f"system info        {info.system_info}")
     rpc_backend.connect(rpc or ())

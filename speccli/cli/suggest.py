@@ -87,6 +87,8 @@ def suggest(
             err.print(f"note: {warning}", soft_wrap=True, markup=False)
     if write is not None:
         _write_pair(write, target, result, registry.models)
+    if not any(c.predicted is not None for c in result.candidates):
+        raise typer.Exit(1)  # the verdict said so: nothing was measured, a run that failed
 
 
 def hub_cache_ggufs() -> list[tuple[str, Path]]:
@@ -121,7 +123,7 @@ def _render(result, console) -> None:
         if c.skipped is not None:
             table.add_row(escape(c.name), "skipped", "", "", "", "", "", "", end_section=False)
             continue
-        table.add_row(escape(c.name), c.kind, f"{c.alpha:.2f}", f"{c.proposing:.0%}", f"{c.c:.2f}", str(c.best_k or "-"),
+        table.add_row(escape(c.name), c.kind, f"{c.alpha:.2f}" if c.alpha is not None else "-", f"{c.proposing:.0%}", f"{c.c:.2f}", str(c.best_k or "-"),
                       f"{c.predicted:.2f}x", f"{c.measured:.2f}x" if c.measured is not None else "")
     console.print(table)
     for c in result.ranked:

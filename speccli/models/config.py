@@ -100,6 +100,8 @@ def load_registry(*extra_configs: Path) -> Registry:
 
 
 def unknown_name(kind: str, name: str, known: Iterable[str], detail: str = "") -> str:
+    if not name.strip():
+        return f"a {kind} name is empty{detail}; `speccli models` lists all"
     # Compared in lower case: "Gemma3-270M" is a near miss of "gemma3-270m", not an unrelated name.
     by_lower = {}
     for candidate in known:

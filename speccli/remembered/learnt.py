@@ -73,6 +73,9 @@ class LearntFile:
     def __init__(self, target: Model, draft: Model | None, warn: Callable[[str], None]) -> None:
         self.target, self.draft, self.warn = target, draft, warn
         self.pair = target.path.name + (f" + {draft.path.name}" if draft is not None else "")
+        # what else tells two files of one pair apart (`learnt_path`), for `speccli remembered` to say
+        self.setup = ", ".join([target.placement, f"{target.options.n_threads} threads" if target.options.n_threads
+                                else "every core", *([f"{target.n_seq} slots"] if target.n_seq > 1 else [])])
         self.active = os.environ.get(COLD_START, "0") in ("", "0")  # off: cold starts, or a file it cannot write
         self._kept_at = time.monotonic()
         self._started_ns = time.time_ns()
@@ -94,7 +97,8 @@ class LearntFile:
             return
         path = learnt_path(self.target, self.draft, sampling)
         profile = {} if costs is None or costs.measured is None else {"costs": costs_state(costs.measured, costs.asked)}
-        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "learnt": policy_state(policy),
+        text = json.dumps({"format": FORMAT, "pair": self.pair, "regime": regime(sampling), "setup": self.setup,
+                           "learnt": policy_state(policy),
                            **profile})
         try:
             private_folder(path.parent)
@@ -160,7 +164,7 @@ def describe(path: Path) -> str:
     """What `speccli remembered` says of a policy file: its pair and regime."""
     try:
         saved = json.loads(_read_regular(path))
-        label = f"{saved['pair']} ({saved['regime']})"
+        label = f"{saved['pair']} ({', '.join([saved['regime'], *([saved['setup']] if 'setup' in saved else [])])})"
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return "? (not a policy file)"
     return one_line(f"what auto learnt: {label}")
