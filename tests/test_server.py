@@ -319,6 +319,20 @@ def test_metrics_add_up_the_responses(chat_pair):
     assert metric(text, "target_seconds_total") > 0
 
 
+def test_time_to_first_token_counts_from_arrival_a_slow_prompt_included(chat_pair, monkeypatch):
+    """The clock had started once the prompt was tokenized and its grammar compiled: a burst of requests
+    whose schemas took seconds to compile showed a small time to the first token."""
+    from speccli.server.service import Service
+
+    tokenize = Service.text_prompt
+    monkeypatch.setattr(Service, "text_prompt", lambda self, prompt: (time.sleep(0.3), tokenize(self, prompt))[1])
+    with serving(chat_pair, k=3) as url:
+        client(url).completions.create(model=MODEL, prompt="hello", max_tokens=2)
+        text = get(url, "/metrics")[1]
+    assert metric(text, "time_to_first_token_seconds_count") == 1
+    assert metric(text, "time_to_first_token_seconds_sum") >= metric(text, "queue_wait_seconds_sum") >= 0.3
+
+
 def test_responses_and_metrics_show_where_drafting_time_went_and_take_overs() -> None:
     # A model draft of 5 whose last 3 the lookup took over (after a catch-up), then a plain step.
     stats = RunStats()
@@ -400,7 +414,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
         "unknown spec": {**good, "speculative": {"spec": "oracle"}},
         "unknown extension field": {**good, "speculative": {"turbo": True}},
         "not an object": [1, 2],
-        "negative seed": {**good, "seed": -1},
+        "negative seed": {**good, "seed": -2},  # -1 is llama-server's "random"
         "NaN temperature": {**good, "temperature": float("nan")},
         "max_tokens as a string": {**good, "max_tokens": "5"},
         "max_tokens as a boolean": {**good, "max_tokens": True},
@@ -423,7 +437,7 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
             ({**good, "speculative": "ngram"}, "speculative", 'must be an object: {"spec": ..., "k": ...}, or'),
             ({**good, "speculative": {"enabled": False, "k": 4}}, "speculative",
              "enabled: false runs the target alone, which takes no spec or k; leave them out"),
-            ({**good, "seed": -1}, "seed", "greater than or equal to 0"),
+            ({**good, "seed": -2}, "seed", "greater than or equal to -1"),
             ({**good, "max_completion_tokens": 7}, "max_completion_tokens", "differs from max_tokens (7 against 4): give one of them"),
             ({**good, "temperature": float("nan")}, "temperature", "Input should be a finite number"),
             # These had named pydantic's classes ("a valid dictionary or instance of TextPart"), or
@@ -445,8 +459,9 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
             error = post(url, path, json.dumps(body))[1]["error"]
             assert error["param"] == param and message in error["message"], error
             assert "Value error" not in error["message"] and "instance of" not in error["message"], error
-        # Other servers' and newer APIs' fields are not taken for typos (vLLM's min_tokens is 0.8 of max_tokens).
-        assert post(url, "/v1/chat/completions", {**good, "min_tokens": 2, "store": False, "logit_bias_type": "input_ids"})[0] == 200
+        # Other servers' and newer APIs' fields are not taken for typos (vLLM's min_tokens is 0.8 of max_tokens:
+        # at 0 it asks for nothing, and passes).
+        assert post(url, "/v1/chat/completions", {**good, "min_tokens": 0, "store": False, "logit_bias_type": "input_ids"})[0] == 200
         assert_openai_error(*post(url, "/v1/completions", b'{"model": ' + b"[" * 5000)[:2], 400)
         gzipped = urllib.request.Request(url + "/v1/completions", data=gzip.compress(json.dumps(good).encode()),
                                          headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
@@ -464,8 +479,17 @@ def test_malformed_requests_get_openai_errors_and_the_server_keeps_serving(chat_
         assert_openai_error(*post(url, "/v1/completions", {"model": MODEL, "prompt": ""})[:2], 400)
         long_message = {**good, "messages": [{"role": "user", "content": "word " * 400}]}
         assert_openai_error(*post(url, "/v1/chat/completions", long_message)[:2], 400, "context_length_exceeded")
-        assert_openai_error(*post(url, "/v1/chat/completions", {**good, "max_tokens": 1000})[:2], 400,
-                            "context_length_exceeded")
+        status, error, _ = post(url, "/v1/chat/completions", {**good, "max_tokens": 1000})
+        assert_openai_error(status, error, 400, "context_length_exceeded")
+        assert error["error"]["param"] == "max_tokens"  # the prompt alone fits: the limit is what is at fault
+        status, error, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "tools": [{"type": "function"}]})
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "tools"
+        unanswered = {**good, "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "call_1", "content": "4"}]}
+        status, error, _ = post(url, "/v1/chat/completions", unanswered)
+        assert_openai_error(status, error, 400)
+        assert error["error"]["param"] == "messages.1.tool_call_id"
+        assert error["error"]["message"] == "messages.1.tool_call_id: 'call_1' answers no call of the assistant's message before it"
         assert_openai_error(*post(url, "/v1/chat/completions", {**good, "model": "gpt-5"})[:2], 404, "model_not_found")
         status, body = get(url, "/v1/nothing-here")
         assert_openai_error(status, json.loads(body), 404)
@@ -492,10 +516,15 @@ def test_what_openai_clients_send_and_expect(chat_pair):
     asks_for_nothing = {"temperature": None, "top_p": None, "top_k": None, "min_p": None, "n": None, "stream": None,
                         "stream_options": None, "logprobs": False, "top_logprobs": None, "presence_penalty": 0,
                         "frequency_penalty": 0.0, "functions": [], "function_call": "none", "logit_bias": {},
-                        "response_format": {"type": "text"}, "user": "someone"}
+                        "response_format": {"type": "text"}, "user": "someone",
+                        # other servers' fields, at what asks for nothing; llama-server's seed -1: a random one
+                        "repeat_penalty": 1.0, "typical_p": 1, "min_tokens": 0, "ignore_eos": False, "seed": -1}
     unsupported = {"logprobs": True, "top_logprobs": 2, "presence_penalty": 0.5, "frequency_penalty": -1,
                    "functions": [{"name": "f"}], "function_call": {"name": "f"},
-                   "logit_bias": {"17": 5}, "best_of": True}
+                   "logit_bias": {"17": 5}, "best_of": True,
+                   # other servers' (llama-server's, vLLM's): ignored, the reply had looked as if they applied
+                   "repeat_penalty": 1.1, "repetition_penalty": 1.2, "min_tokens": 8, "ignore_eos": True,
+                   "guided_json": {"type": "object"}, "n_predict": 8, "mirostat": 2}
     with serving(chat_pair) as url:
         status, reply, _ = post(url, "/v1/chat/completions", {**good, **asks_for_nothing})
         assert status == 200 and reply["usage"]["completion_tokens"] > 0, reply
@@ -567,6 +596,10 @@ def test_a_json_schema_reply_follows_the_schema_whole_streamed_and_at_any_temper
         status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,
                                                          "grammar": 'root ::= ("yes" | "no") "!"'})
         assert status == 200 and reply["choices"][0]["text"] in ("yes!", "no!"), reply
+        # llama-server's top-level json_schema, as its clients send it (it had been ignored: free text)
+        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,
+                                                         "json_schema": {"enum": ["yes", "no"]}})
+        assert status == 200 and json.loads(reply["choices"][0]["text"]) in ("yes", "no"), reply
 
 
 def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
@@ -588,6 +621,9 @@ def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
     ({"response_format": {"type": "xml"}}, "response_format.type", None),
     ({"grammar": 'root ::= "a" missing'}, "grammar", "grammar: Failed to convert the grammar from GBNF to Lark: Rule 'missing' not found"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "grammar", "response_format and grammar: give one of them"),
+    # llama-server's own field for a schema is served, and checked as response_format's is.
+    ({"json_schema": {"type": "objekt"}}, "json_schema", "json_schema: at /type: Invalid type: objekt"),
+    ({"json_schema": {"type": "object"}, "grammar": "root ::= \"a\""}, "json_schema", "grammar and json_schema: give one of them"),
     # A stop string would cut the reply short of valid, yet it would end as "stop".
     ({"response_format": {"type": "json_object"}, "stop": ","}, "stop",
      "stop: a reply that follows response_format would be cut by a stop string before it is complete; leave stop out"),

@@ -209,7 +209,7 @@ def test_a_conversation_carries_calls_and_their_results(hermes_pair):
     ({"tools": None, "tool_choice": "required"}, "tool_choice", "tool_choice: asks for a tool call, and tools gives none"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "tools: two are named 'get_weather'"),
     ({"response_format": {"type": "json_object"}}, "tools",
-     'tools: a reply that may call a tool follows its grammar; leave out response_format and grammar, or set tool_choice to "none"'),
+     'tools: a reply that may call a tool follows its grammar; leave out response_format, or set tool_choice to "none"'),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}]},
      "tools.0.function.parameters", "tools.0.function.parameters: at /properties/a/type: Invalid type: objekt"),
     # The Responses API's shape of a named choice had named a class of the schema (NamedToolChoice).
@@ -279,3 +279,29 @@ def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(
         # Streamed, a reply that may still become one is held back; any other streams as before.
         shown = [style.shown_so_far(text, loose=True) for text in ("```", "```json\n{", "  {", "```python\nx = 1", "Sure")]
         assert shown == [0, 0, 0, 15, 4] and style.shown_so_far("```json\n{", loose=False) == 9
+
+
+def test_the_grammar_vocabulary_is_built_once_when_requests_ask_at_once(tiny_model: Path, monkeypatch) -> None:
+    """serve's first requests under schemas ask for it together: each had built its own (seconds each at
+    262k tokens, on 2 cores), and the first burst waited for all of them."""
+    import threading
+    import time
+
+    from speccli.llama.tokenizer import Tokenizer
+
+    builds, build = [], Tokenizer._build_grammar_vocabulary
+
+    def slow_build(self):
+        builds.append(1)
+        time.sleep(0.2)  # long enough that every thread asks while it runs
+        return build(self)
+
+    monkeypatch.setattr(Tokenizer, "_build_grammar_vocabulary", slow_build)
+    with load_vocab_only(tiny_model) as tokenizer:
+        start, got = threading.Barrier(4), []
+        threads = [threading.Thread(target=lambda: (start.wait(), got.append(tokenizer.grammar_vocabulary()))) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(builds) == 1 and len(got) == 4 and all(vocabulary is got[0] for vocabulary in got)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -80,6 +81,7 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._grammar_vocabulary: Any = None
+        self._grammar_building = threading.Lock()  # serve's requests ask at once: built once, the others wait
 
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8") if isinstance(text, str) else text
@@ -121,24 +123,28 @@ class Tokenizer:
         bytes, control tokens marked as llguidance's own reader marks them, every end-of-generation token
         as one it allows where a grammar may end. Built once, in seconds at 262k tokens (its index of
         the tokens' bytes is most of it), and kept with this tokenizer, whose model it calls to tokenize."""
-        if self._grammar_vocabulary is None:
-            import llguidance
-
-            lib = llama_cpp.llama_cpp._lib  # the C functions themselves: llama_cpp's wrappers cost 3x more per call
-            buffer = ctypes.create_string_buffer(256)
-            pieces, ends = [], []
-            for token in range(self.n_vocab):
-                length = lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
-                piece = buffer.raw[:length] if length >= 0 else self.token_bytes(token, special=True)
-                if self._marks_special(token, piece):
-                    piece = b"\xff" + piece
-                pieces.append(piece)
-                if lib.llama_vocab_is_eog(self._vocab, token):
-                    ends.append(token)
-            tokenize = ctypes.cast(lib.llama_tokenize, ctypes.c_void_p).value
-            self._grammar_vocabulary = llguidance.LLTokenizer.from_llamacpp(
-                tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=ends or [self.eos_id], slices=None)
+        with self._grammar_building:
+            if self._grammar_vocabulary is None:
+                self._grammar_vocabulary = self._build_grammar_vocabulary()
         return self._grammar_vocabulary
+
+    def _build_grammar_vocabulary(self) -> Any:
+        import llguidance
+
+        lib = llama_cpp.llama_cpp._lib  # the C functions themselves: llama_cpp's wrappers cost 3x more per call
+        buffer = ctypes.create_string_buffer(256)
+        pieces, ends = [], []
+        for token in range(self.n_vocab):
+            length = lib.llama_token_to_piece(self._vocab, token, buffer, len(buffer), 0, True)
+            piece = buffer.raw[:length] if length >= 0 else self.token_bytes(token, special=True)
+            if self._marks_special(token, piece):
+                piece = b"\xff" + piece
+            pieces.append(piece)
+            if lib.llama_vocab_is_eog(self._vocab, token):
+                ends.append(token)
+        tokenize = ctypes.cast(lib.llama_tokenize, ctypes.c_void_p).value
+        return llguidance.LLTokenizer.from_llamacpp(
+            tokens=pieces, vocab_ptr=self._vocab, tokenize_fptr=tokenize, eos_token=ends or [self.eos_id], slices=None)
 
     def _marks_special(self, token: int, piece: bytes) -> bool:
         """Whether llguidance reads the token as a special one, as its own reader of llama.cpp's vocabularies

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from contextlib import asynccontextmanager, contextmanager
 from typing import AsyncIterator, Callable, Iterator
 
@@ -62,6 +63,9 @@ def create_app(service: Service) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
+        if (i := body.unanswered_tool_result()) is not None:
+            raise APIError(400, f"messages.{i}.tool_call_id: {body.messages[i].tool_call_id!r} answers no call of "
+                                "the assistant's message before it", param=f"messages.{i}.tool_call_id")
         messages, tools = [message.as_template_message() for message in body.messages], body.tool_request()
         return await _generate(request, body, lambda: service.chat_prompt(messages, tools), chat=True)
 
@@ -70,6 +74,7 @@ def create_app(service: Service) -> Starlette:
         return await _generate(request, body, lambda: service.text_prompt(body.prompt), chat=False)
 
     async def _generate(request: Request, body: GenerationRequest, tokenize: Callable[[], list[int]], *, chat: bool) -> Response:
+        arrived = time.perf_counter()  # queue wait and time to first token count tokenizing and the grammar too
         if not service.serves(body.model):
             raise _unknown_model(body.model)
         if body.stream_options is not None and not body.stream:
@@ -93,7 +98,7 @@ def create_app(service: Service) -> Starlette:
         except BaseException:
             service.worker.withdraw()
             raise
-        job = Job(prompt, limits, sampling, body.seed, speculation, asyncio.get_running_loop())
+        job = Job(prompt, limits, sampling, body.seed, speculation, asyncio.get_running_loop(), arrived=arrived)
         with _worker_refusals():
             service.worker.submit(job)
         reply = Reply(service, job, body, speculation, chat)

@@ -64,7 +64,7 @@ class Metrics:
         outcomes = ("completed", "cancelled", "error", "rejected", "queue_full")
         metric("requests_total", "counter", "Requests by outcome (rejected: any 4xx answer).",
                [(f'{{outcome="{o}"}}', requests.get(o, 0)) for o in outcomes])
-        metric("queue_waiting", "gauge", "Requests waiting for a generation slot.", [("", waiting)])
+        metric("queue_waiting", "gauge", "Requests not yet running: being read (tokenized, a grammar compiled) or waiting for a slot.", [("", waiting)])
         worker = self._worker
         if worker is not None:
             metric("slots", "gauge", "Generation slots (--parallel).", [("", len(worker.slots))])

@@ -212,6 +212,12 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []), "function_call": (None, "none", "auto"),
     "echo": (None, False), "suffix": (None, ""), "best_of": (None, 1),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,),
+    # Other servers' fields that change the reply (llama-server's, vLLM's): ignored, the reply would
+    # look as if they had applied. llama-server's `grammar` and `json_schema` are served.
+    "repeat_penalty": (None, 1), "repetition_penalty": (None, 1), "typical_p": (None, 1), "mirostat": (None, 0),
+    "min_tokens": (None, 0), "ignore_eos": (None, False), "n_predict": (None, -1), "dry_multiplier": (None, 0),
+    "xtc_probability": (None, 0), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,),
 }
 
 
@@ -275,11 +281,17 @@ class GenerationRequest(Strict):
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = Field(None, ge=0)
+    seed: Optional[int] = Field(None, ge=-1)  # -1: none, a random stream (llama-server's)
     n: int = Field(1, ge=1, le=1)  # one sequence at a time: one choice
     speculative: Optional[SpeculationControl] = None
     response_format: Optional[ResponseFormat] = None
     grammar: Optional[str] = None  # llama-server's field: a grammar in GBNF (or Lark) syntax
+    json_schema: Optional[dict[str, Any]] = None  # llama-server's field: the reply follows this JSON schema
+
+    @field_validator("seed")
+    @classmethod
+    def _minus_one_is_none(cls, seed: Optional[int]) -> Optional[int]:
+        return None if seed == -1 else seed
 
     @field_validator("stream", "temperature", "top_p", "top_k", "min_p", "n", mode="before")
     @classmethod
@@ -336,6 +348,17 @@ class ChatCompletionRequest(GenerationRequest):
             raise ValueError("asks for a tool call, and tools gives none")
         return choice
 
+    def unanswered_tool_result(self) -> int | None:
+        """The first tool's message that answers no call of the assistant's message before it (OpenAI
+        refuses such a conversation: a model shown a result of no call writes nonsense); None if none."""
+        calls: set[str] = set()
+        for i, message in enumerate(self.messages):
+            if message.role == "assistant":
+                calls = {call.id for call in message.tool_calls or ()}
+            elif message.role == "tool" and message.tool_call_id not in calls:
+                return i
+        return None
+
     def tool_request(self) -> ToolRequest | None:
         if not self.tools and self.tool_choice is None:
             return None
@@ -346,13 +369,13 @@ class ChatCompletionRequest(GenerationRequest):
 
 class CompletionRequest(GenerationRequest):
     prompt: Union[str, list[int]]  # text, or token ids taken as they are
+    tools: Optional[list[Any]] = None  # chat's: refused here, by name
 
-    @model_validator(mode="before")
+    @field_validator("tools")
     @classmethod
-    def _no_tools(cls, body: Any) -> Any:
-        if isinstance(body, dict) and body.get("tools") not in (None, []):
-            raise ValueError("tools: only chat completions (/v1/chat/completions) call tools")
-        return body
+    def _no_tools(cls, tools: Optional[list[Any]]) -> None:
+        if tools:
+            raise ValueError("only chat completions (/v1/chat/completions) call tools")
 
     @field_validator("prompt", mode="before")
     @classmethod

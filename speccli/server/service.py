@@ -94,13 +94,15 @@ class Service:
 
     def _grammar_spec_for(self, body: GenerationRequest) -> GrammarSpec | None:
         form = body.response_format
-        if form is not None and form.type != "text" and body.grammar is not None:
-            raise APIError(400, "response_format and grammar: give one of them", param="grammar")
+        given = [name for name, value in (("response_format", form is not None and form.type != "text"),
+                                          ("grammar", body.grammar is not None), ("json_schema", body.json_schema is not None)) if value]
+        if len(given) > 1:
+            raise APIError(400, f"{' and '.join(given)}: give one of them", param=given[-1])
         tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
         if tools is not None and tools.calls:
-            if body.grammar is not None or (form is not None and form.type != "text"):
-                raise APIError(400, "tools: a reply that may call a tool follows its grammar; leave out "
-                                    "response_format and grammar, or set tool_choice to \"none\"", param="tools")
+            if given:
+                raise APIError(400, f"tools: a reply that may call a tool follows its grammar; leave out {given[0]}, "
+                                    "or set tool_choice to \"none\"", param="tools")
             for i, function in enumerate(tools.functions):
                 if "parameters" in function:
                     where = f"tools.{i}.function.parameters"
@@ -108,6 +110,8 @@ class Service:
             return _checked(self.tool_style.grammar(tools), "tools")
         if body.grammar is not None:
             spec, field = GrammarSpec("grammar", body.grammar, "grammar"), "grammar"
+        elif body.json_schema is not None:
+            spec, field = GrammarSpec.json_schema(body.json_schema, "json_schema"), "json_schema"
         elif form is None or form.type == "text":
             return None
         elif form.type == "json_object":
@@ -166,14 +170,16 @@ class Service:
             asked = f" plus {requested} max_tokens" if requested is not None else ""
             raise APIError(
                 400, f"this model's context holds {self.n_ctx} tokens; the prompt has {len(prompt)}{asked}",
-                param="messages" if isinstance(body, ChatCompletionRequest) else "prompt", code="context_length_exceeded",
+                param="max_tokens" if room >= 1 and requested is not None else "messages" if isinstance(body, ChatCompletionRequest)
+                else "prompt", code="context_length_exceeded",
             )
         return GenerationLimits(requested if requested is not None else room, stop + body.stop_strings(), grammar)
 
 
 def _field_of(spec: GrammarSpec) -> str:
     """The request's field a grammar came from."""
-    return "tools" if spec.name == "tools" else "grammar" if spec.kind == "grammar" else "response_format"
+    return ("tools" if spec.name == "tools" else "grammar" if spec.kind == "grammar"
+            else "json_schema" if spec.name == "json_schema" else "response_format")
 
 
 def _checked(spec: GrammarSpec, field: str) -> GrammarSpec:

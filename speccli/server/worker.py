@@ -68,7 +68,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenEvent, DoneEvent, Started or an error
     cancelled: threading.Event = field(default_factory=threading.Event)
-    submitted: float = field(default_factory=time.perf_counter)
+    arrived: float = field(default_factory=time.perf_counter)  # as the request's body was read
 
     def emit(self, item: object) -> None:
         try:
@@ -282,7 +282,7 @@ class Worker:
 
     def _serve(self, slot: Slot) -> None:
         while (job := self._next_job(slot)) is not None:
-            self.metrics.started(time.perf_counter() - job.submitted)
+            self.metrics.started(time.perf_counter() - job.arrived)
             self.rendezvous.enter()
             try:
                 if job.cancelled.is_set():  # its event loop went away (Job.emit) while it waited
@@ -343,7 +343,7 @@ class Worker:
                     return
                 if isinstance(event, TokenEvent):
                     if first:
-                        self.metrics.first_token(time.perf_counter() - job.submitted)
+                        self.metrics.first_token(time.perf_counter() - job.arrived)
                         first = False
                     job.emit(event)
                 elif isinstance(event, DoneEvent):
