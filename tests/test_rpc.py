@@ -453,6 +453,8 @@ def test_a_server_lost_mid_reply_makes_serve_answer_503_and_say_why_on_health(pa
                                   "-t", "1", "-c", "256", "--port", "0", "--rpc", link],
                                  env=ENV, stderr=subprocess.PIPE, text=True)
         try:
+            said = serve.stderr.readline()
+            assert said.startswith("note: the target has no chat template"), said  # told once, before serving
             url = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", serve.stderr.readline()).group(1)
             body = {"model": target_path.stem, "prompt": "hello world", "max_tokens": 200, "temperature": 0, "stream": True}
             with urllib.request.urlopen(post(f"{url}/v1/completions", body), timeout=60) as response:
