@@ -37,8 +37,8 @@ class PromptSet:
 
 def load_prompt_set(path: Path | None, structured: bool = False) -> PromptSet:
     """The built-in set (`structured`: its extraction set), or a file: JSONL of {"task": ..., "prompt": ...}
-    (task optional; a file named .jsonl, or whose first line is an object), or plain UTF-8 text with one prompt per line (task "text"; write a newline inside a
-    prompt as \\n)."""
+    (task optional; a file named .jsonl, or whose first line is an object), or plain UTF-8 text with one
+    prompt per line (task "text"; write a newline inside a prompt as \\n)."""
     if path is None:
         name = STRUCTURED_PROMPTS if structured else BUILTIN_PROMPTS
         data = resources.files("speccli.data").joinpath(name).read_bytes()

@@ -123,7 +123,8 @@ def _render(result, console) -> None:
         if c.skipped is not None:
             table.add_row(escape(c.name), "skipped", "", "", "", "", "", "", end_section=False)
             continue
-        table.add_row(escape(c.name), c.kind, f"{c.alpha:.2f}" if c.alpha is not None else "-", f"{c.proposing:.0%}", f"{c.c:.2f}", str(c.best_k or "-"),
+        alpha = f"{c.alpha:.2f}" if c.alpha is not None else "-"  # a lookup that proposed nothing
+        table.add_row(escape(c.name), c.kind, alpha, f"{c.proposing:.0%}", f"{c.c:.2f}", str(c.best_k or "-"),
                       f"{c.predicted:.2f}x", f"{c.measured:.2f}x" if c.measured is not None else "")
     console.print(table)
     for c in result.ranked:
