@@ -820,6 +820,19 @@ def test_a_message_longer_than_the_context_is_one_line_naming_what_it_counted(ch
                         r"shorten it or raise --ctx\n", result.stderr), result.stderr
 
 
+def test_a_system_prompt_longer_than_the_context_is_refused_once_naming_it(chat_pair):
+    """Piped, it had been blamed on every message in turn ("this message needs 409 tokens with the system
+    prompt"), each line a failure; `/system` keeps the prompt it had (the control: a short one is taken)."""
+    long = "word " * 600
+    result = chat(chat_pair, "--system", long, input="hi\nthere\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert re.fullmatch(r"error: --system: the system prompt takes \d+ tokens as the chat format frames it, and the "
+                        r"context holds 512; shorten it or raise --ctx\n", result.stderr), result.stderr
+    result = chat(chat_pair, input=f"/system {long}\n/system\n/system Be brief.\n/system\n")
+    assert "error: /system: the system prompt takes" in result.stderr
+    assert "(system prompt: none)" in result.stderr and "(system prompt: Be brief.)" in result.stderr
+
+
 def test_a_k_that_is_not_a_number_is_a_usage_error_as_a_temperature_that_is_not_is(tiny_pair):
     result = chat(tiny_pair, "-p", "hello", "--k", "two")
     assert (result.exit_code, result.stderr) == (2, "error: --k needs 'auto' or a whole number from 1 to 64, got 'two'\n")

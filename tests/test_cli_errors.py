@@ -586,3 +586,12 @@ def test_env_says_gpu_offload_only_where_a_gpu_is():
     line = next(line for line in result.stdout.splitlines() if line.startswith("gpu offload"))
     has_gpu = any(device.is_local_accelerator for device in rpc.devices())
     assert result.exit_code == 0 and (line.split(None, 2)[2] == "supported") == has_gpu, line
+
+
+@pytest.mark.parametrize(("schema", "line"), [
+    ("[1, 2]", "error: --json-schema: a JSON schema must be an object, got list"),  # had been "no such file"
+    ("true", "error: --json-schema: a JSON schema must be an object, got bool"),
+    ("missing.schema.json", "error: --json-schema missing.schema.json: no such file"),  # the control: a file's name
+])
+def test_json_that_is_no_object_is_read_as_a_schema_not_a_file_name(schema, line):
+    assert_one_line(speccli("chat", "--json-schema", schema, "-m", MISSING_MODEL), line, 2)

@@ -503,11 +503,12 @@ def test_a_derived_model_whose_base_is_cut_short_says_so_before_the_quantizer_ru
     whole = write_tiny_gguf(tmp_path / "whole.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(whole[:400_000])
     config = write(tmp_path / "d.toml", '[models.base]\npath = "cut.gguf"\n[models.half]\nderive = { from = "base", ftype = "F16" }\n')
-    with pytest.raises(UnreadableFileError) as caught:
-        resolve_model("half", load_registry(config), quiet=True)
-    assert str(caught.value) == (
-        f"model 'half': its base 'base': {tmp_path / 'cut.gguf'}: cut short: 400,000 bytes of the {len(whole):,} its tensors need"
-    )
+    # The entry that names the file, and where (it had said the file alone, as its loading found it).
+    for name in ("half", "base"):
+        with pytest.raises(UnreadableFileError) as caught:
+            resolve_model(name, load_registry(config), quiet=True)
+        assert str(caught.value) == (f"model 'base': {tmp_path / 'cut.gguf'}: cut short: 400,000 bytes of the {len(whole):,} "
+                                     f"its tensors need (path set in {config})")
 
 
 @pytest.fixture(scope="session")
@@ -901,6 +902,15 @@ def test_models_gives_a_split_models_size_as_all_its_parts(runner, tmp_path):
     assert table_row(result.stdout, "split") == ["split", format_size(total), str(first)]
 
 
+def test_a_path_entry_naming_a_folder_is_listed_with_why_it_is_not_cached(runner, tmp_path):
+    """It had read "not cached", where chat says the path is a directory (the control: a missing file)."""
+    (tmp_path / "folder.gguf").mkdir()
+    config = write(tmp_path / "dir.toml", '[models.d]\npath = "folder.gguf"\n[models.m]\npath = "missing.gguf"\n')
+    result = runner.invoke(app, ["models", "--config", str(config)])
+    assert table_row(result.stdout, "d") == ["d", "is a directory, not a GGUF file", str(tmp_path / "folder.gguf")]
+    assert table_row(result.stdout, "m") == ["m", "not cached", str(tmp_path / "missing.gguf")]
+
+
 def test_models_command_lists_models_and_pairs(runner, local_models, tmp_path):
     config = str(local_models.files[-1])
     result = runner.invoke(app, ["models", "--config", config])
@@ -995,7 +1005,7 @@ def test_a_local_model_cut_short_is_not_pulled_nor_listed_as_cached(runner, loca
     needed = f"cut short: {size - 100:,} bytes of the {size:,} its tensors need"
     config = str(local_models.files[-1])
     result = runner.invoke(app, ["pull", "big", "--config", config])
-    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: model 'big': {model}: {needed}\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", f"error: model 'big': {model}: {needed} (path set in {config})\n")
     assert table_row(runner.invoke(app, ["models", "--config", config]).stdout, "big")[1] == needed
 
 

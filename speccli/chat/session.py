@@ -92,6 +92,8 @@ class ChatSession:
         chat_format, self.fallback_reason = chat_format_for(target.tokenizer)
         self.conversation = Conversation(target.tokenizer, chat_format, system)
         self.n_ctx = shared_context(target, draft)
+        if system:  # once, naming it, not again at every message
+            self._require_fits(self.conversation, "--system")
         self._profile(PROFILED_SIZES if k == AUTO_K else ())
         self.totals = RunStats()
         self.replies = 0
@@ -234,6 +236,13 @@ class ChatSession:
         self._refuse_if_too_long(prompt)
         return prompt
 
+    def _require_fits(self, conversation: Conversation, name: str) -> None:
+        """A system prompt that leaves no room for any message and reply, refused as given."""
+        needed = len(conversation.prompt_alone("").tokens)
+        if needed >= self.n_ctx:
+            raise SpeccliError(f"{name}: the system prompt takes {needed} tokens as the chat format frames it, and "
+                               f"the context holds {self.n_ctx}; shorten it or raise --ctx")
+
     def _refuse_if_too_long(self, prompt: Prompt) -> None:
         if len(prompt.tokens) >= self.n_ctx:
             alongside = "with the system prompt" if self.conversation.system else "as the chat format frames it"
@@ -291,6 +300,7 @@ class ChatSession:
                 self.conversation.set_system(None)
                 self.display.notice("(system prompt removed; the next turn re-reads the conversation)")
             elif argument:
+                self._require_fits(Conversation(self.conversation.tokenizer, self.conversation.format, argument), "/system")
                 self.conversation.set_system(argument)
                 self.display.notice("(system prompt set; the next turn re-reads the conversation)")
             else:

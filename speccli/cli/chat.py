@@ -27,7 +27,7 @@ def chat(
     min_p: MinPOption = 0.05,
     seed: Annotated[
         Optional[int],
-        typer.Option("--seed", "-s", help="Random seed; -1 or none: random.", callback=checked(check_seed)),
+        typer.Option("--seed", "-s", help="Random seed; -1 or none: random. A reply repeats under a fixed --k with drafts from the prompt alone (docs/chat.md, Seeds).", callback=checked(check_seed)),
     ] = None,
     max_tokens: MaxTokensOption = 512,
     system: Annotated[Optional[str], typer.Option("--system", help="System prompt.")] = None,

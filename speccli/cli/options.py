@@ -234,7 +234,8 @@ def grammar_spec(json_schema: str | None, grammar: Path | None) -> Any:
     if grammar is not None:
         spec = GrammarSpec("grammar", read(grammar, "--grammar"), f"--grammar {grammar}")
     else:
-        inline = json_schema.lstrip().startswith("{")
+        # the schema itself: an object, or other JSON that names no file ('[1, 2]': refused as no object)
+        inline = json_schema.lstrip().startswith("{") or not Path(json_schema).exists() and _is_json(json_schema)
         text = json_schema if inline else read(Path(json_schema), "--json-schema")
         name = "--json-schema" if inline else f"--json-schema {json_schema}"
         try:
@@ -244,3 +245,13 @@ def grammar_spec(json_schema: str | None, grammar: Path | None) -> Any:
         spec = GrammarSpec.json_schema(schema, name)
     check_grammar(spec)
     return spec
+
+
+def _is_json(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

@@ -14,6 +14,7 @@ from speccli.errors import UnreadableFileError
 from speccli.gguf_files import model_files, require_loadable_gguf
 from speccli.models.config import Registry
 from speccli.models.resolve import RegistryFiles
+from speccli.models.sources import LocalSource, describe_missing
 from speccli.util.format import format_size
 
 
@@ -37,7 +38,7 @@ def model_statuses(registry: Registry) -> list[ModelStatus]:
                 source=entry.source.describe(),
                 path=cached[0] if cached else None,
                 size_bytes=_size_on_disk(cached) if cached else None,
-                problem=_problem(cached[0]) if cached else None,
+                problem=_problem(cached[0]) if cached else _not_a_file(entry.source),
             )
         )
     return statuses
@@ -54,6 +55,13 @@ def _size_on_disk(files: list[Path]) -> int:
     return sum(file.stat().st_size for file in files if file.is_file())
 
 
+def _not_a_file(source: object) -> str | None:
+    """Why a `path` entry's path, there but no file (a directory, a loop of links), is not cached."""
+    if isinstance(source, LocalSource) and (source.path.exists() or source.path.is_symlink()):
+        return describe_missing(source.path)
+    return None
+
+
 def _problem(path: Path) -> str | None:
     """What loading `path` would refuse, without its name: a file there is not yet a model (a path
     entry naming another kind of file, a copy cut short, a build emptied since)."""
@@ -68,7 +76,7 @@ def _problem(path: Path) -> str | None:
 def registry_view(registry: Registry, console: Console) -> Group:
     """The models (on disk or not, source) and the pairs: each a table where it fits the console with
     every name and word whole (names are typed back), else each entry's name with its fields below it."""
-    models = [(status.name, (status.problem or format_size(status.size_bytes)) if status.path else "not cached",
+    models = [(status.name, (status.problem or format_size(status.size_bytes)) if status.path else status.problem or "not cached",
                status.source) for status in model_statuses(registry)]
     pairs = [(pair.name + (" (default)" if pair.name == registry.default_pair else ""), pair.target,
               pair.draft or "none (lookup)", str(pair.k), pair.spec, f"{pair.target_n_gpu_layers}/{pair.draft_n_gpu_layers}")
