@@ -16,7 +16,7 @@ from speccli.llama.model import LoadOptions, Model, check_ctx_within_training, t
 from speccli.models.config import load_registry
 from speccli.models.resolve import ResolvedPair, resolve_pair
 from speccli.llama import rpc
-from speccli.drafting.registry import check_spec
+from speccli.drafting.registry import check_spec, uses_draft_model
 from speccli.validation import CHAT_CTX, Endpoint, check_ctx, check_gpu_layers, check_threads
 from speccli.vocab.check import checked_pair
 from speccli.vocab.report import VocabVerdict
@@ -68,6 +68,8 @@ class PairRequest:
         check_gpu_layers(self.draft_n_gpu_layers, "--ngl-draft")
         if self.spec is not None:
             check_spec(self.spec)
+            if self.draft_n_gpu_layers is not None and not uses_draft_model(self.spec):  # as a --draft given is
+                raise SpeccliError(f"--ngl-draft: --spec {self.spec} loads no draft model; drop --ngl-draft")
 
 
 @dataclass
