@@ -85,6 +85,7 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, line):
         (["chat", "--seed", "-2"], "error: --seed must be >= 0, or -1 for a random seed, got -2"),
         (["bench", "--seed", "-2"], "error: --seed must be >= 0, or -1 for a random seed, got -2"),
         (["chat", "--ctx", "8"], "error: --ctx must be at least 16 tokens, got 8"),
+        (["bench", "--json", ""], "error: --json: empty; give a file name, or - for stdout"),  # had been "--json .: is a directory"
         # an option for a model that will not load had been ignored, as --draft there is refused
         (["bench", "--spec", "ngram", "--ngl-draft", "5"], "error: --ngl-draft: --spec ngram loads no draft model; drop --ngl-draft"),
         (["chat", "--spec", "suffix", "--ngl-draft", "0"], "error: --ngl-draft: --spec suffix loads no draft model; drop --ngl-draft"),

@@ -11,12 +11,18 @@ from speccli.cli.options import (
     GrammarOption, JsonSchemaOption, MinPOption, TemperatureOption, TopKOption, TopPOption, checked, grammar_spec, with_pair_options,
 )
 from speccli.drafting.registry import DEFAULT_SPEC, spec_help
-from speccli.errors import UsageError
+from speccli.errors import SpeccliError, UsageError
 from speccli.drafting.registry import parse_spec_list
 from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep
 
 if TYPE_CHECKING:
     from speccli.models.pair import PairRequest
+
+
+def _file_name(text: str, name: str) -> Path:
+    if not text.strip():
+        raise SpeccliError(f"{name}: empty; give a file name, or - for stdout")
+    return Path(text)
 
 
 @with_pair_options(default_n_ctx=BENCH_CTX)
@@ -60,8 +66,9 @@ def bench(
         typer.Option("--prompts", metavar="FILE", help='Prompt file: JSONL {"task": ..., "prompt": ...} (named .jsonl, or its first line an object) or one prompt per line (default: built-in set).'),
     ] = None,
     json_path: Annotated[
-        Optional[Path],
-        typer.Option("--json", metavar="FILE", help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
+        Optional[str],  # as given: a Path would read '' as '.'
+        typer.Option("--json", metavar="FILE", callback=checked(_file_name),
+                     help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
     ] = None,
     compare: Annotated[
         Optional[tuple[Path, Path]], typer.Option("--compare", metavar="A.json B.json", help="Compare two --json reports (A.json B.json) and exit.")
