@@ -86,9 +86,6 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, line):
         (["bench", "--seed", "-2"], "error: --seed must be >= 0, or -1 for a random seed, got -2"),
         (["chat", "--ctx", "8"], "error: --ctx must be at least 16 tokens, got 8"),
         (["bench", "--json", ""], "error: --json: empty; give a file name, or - for stdout"),  # had been "--json .: is a directory"
-        # an option for a model that will not load had been ignored, as --draft there is refused
-        (["bench", "--spec", "ngram", "--ngl-draft", "5"], "error: --ngl-draft: --spec ngram loads no draft model; drop --ngl-draft"),
-        (["chat", "--spec", "suffix", "--ngl-draft", "0"], "error: --ngl-draft: --spec suffix loads no draft model; drop --ngl-draft"),
     ],
 )
 def test_bad_settings_are_refused_before_any_model_is_named_or_loaded(args, line):
@@ -579,6 +576,8 @@ def test_an_rpc_cache_that_is_a_file_is_named_so(tmp_path):
     afile.write_text("")
     result = speccli("rpc-server", "--cache", str(afile), "--port", "0")
     assert_one_line(result, f"error: --cache {afile}: a file, not a folder", 2)
+    # '' had served with the folder it was started in as the cache
+    assert_one_line(speccli("rpc-server", "--cache", "", "--port", "0"), "error: --cache: empty; give a folder", 1)
 
 
 def test_env_says_gpu_offload_only_where_a_gpu_is():
@@ -599,3 +598,14 @@ def test_env_says_gpu_offload_only_where_a_gpu_is():
 ])
 def test_json_that_is_no_object_is_read_as_a_schema_not_a_file_name(schema, line):
     assert_one_line(speccli("chat", "--json-schema", schema, "-m", MISSING_MODEL), line, 2)
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["bench", "--spec", "ngram", "--ngl-draft", "5"], "error: --ngl-draft: --spec ngram loads no draft model; drop --ngl-draft"),
+    (["chat", "--spec", "suffix", "--ngl-draft", "0"], "error: --ngl-draft: --spec suffix loads no draft model; drop --ngl-draft"),
+    (["chat", "--spec", "ngram", "--rpc", "127.0.0.1:50052", "--rpc-draft"],
+     "error: --rpc-draft: --spec ngram loads no draft model; drop --rpc-draft"),
+])
+def test_an_option_for_a_draft_model_that_will_not_load_cannot_go_with_that_spec(args, line):
+    """They had been ignored without a word, where a --draft given there is refused."""
+    assert_one_line(speccli(*args, "-m", MISSING_MODEL), line, 2)

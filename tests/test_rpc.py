@@ -377,8 +377,9 @@ def hello_reply(major: int, minor: int, patch: int) -> bytes:
     (b"HTTP/1.1 400 Bad Request\r\n\r\n", "RPC server 127.0.0.1:{port}: did not answer the RPC hello of protocol 7.0.0: "
                                           "not an RPC server, or one of another llama.cpp version (use the same speccli "
                                           "or llama.cpp release on both machines)"),
-    (None, "RPC server 127.0.0.1:{port}: no answer within 3 s (a wrong address, a firewall, or a server busy with "
-           "another client)"),
+    # It listens and says nothing: not "a wrong address, a firewall", which the connection rules out.
+    (None, "RPC server 127.0.0.1:{port}: connected, but no reply to the RPC hello within 3 s: not an RPC server, or "
+           "one busy with another client"),
 ], ids=["older", "newer", "not-rpc", "silent"])
 def test_a_server_of_another_protocol_or_none_is_named(pair_files, answer, line) -> None:
     with fake_server(answer) as port:

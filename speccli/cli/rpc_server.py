@@ -18,6 +18,13 @@ from speccli.errors import SpeccliError, UnreadableFileError
 LOOPBACK = "127.0.0.1"
 
 
+def _folder_name(text: str, name: str) -> Path:
+    """Read as text first: a Path option turns '' into '.', the folder it runs in."""
+    if not text.strip():
+        raise SpeccliError(f"{name}: empty; give a folder")
+    return Path(text)
+
+
 def rpc_server(
     host: Annotated[str, typer.Option("--host", "-H", help="Address to listen on; anything but 127.0.0.1 opens "
                                       "this machine to its network (the RPC protocol has no authentication).")] = LOOPBACK,
@@ -27,7 +34,8 @@ def rpc_server(
     device: Annotated[Optional[str], typer.Option("--device", "-d", metavar="DEV[,DEV...]",
                                                   help="Devices to serve, by name (see `speccli env`; default: every "
                                                   "GPU here, else the CPU).")] = None,
-    cache: Annotated[Optional[Path], typer.Option("--cache", "-c", metavar="DIR", help="Keep large tensors here, so "
+    cache: Annotated[Optional[str], typer.Option("--cache", "-c", metavar="DIR", callback=checked(_folder_name),
+                                                  help="Keep large tensors here, so "
                                                   "that a client's next load of the same model skips sending them.")] = None,
 ) -> None:
     """Serve this machine's devices to a speccli (or llama.cpp) client that runs the target with --rpc."""

@@ -47,8 +47,10 @@ def hello(endpoint: Endpoint, timeout: float = CONNECT_SECONDS) -> tuple[int, in
     """The protocol version `endpoint` speaks, by the protocol's own first exchange; one clear line
     where it cannot be had. The connection is closed after it: a server serves one client at a time."""
     where = f"RPC server {endpoint}"
+    connected = False
     try:
         with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout) as connection:
+            connected = True
             connection.sendall(struct.pack("<BQ", _HELLO, _CAPS_SIZE) + bytes(_CAPS_SIZE))
             reply = _receive(connection, 8 + 4 + _CAPS_SIZE)
     except socket.gaierror:
@@ -57,6 +59,9 @@ def hello(endpoint: Endpoint, timeout: float = CONNECT_SECONDS) -> tuple[int, in
         raise RpcServerError(f"{where}: nothing listens there (connection refused); start one there with "
                              f"`speccli rpc-server --port {endpoint.port}`") from None
     except (socket.timeout, TimeoutError):
+        if connected:  # something listens there, and says nothing
+            raise RpcServerError(f"{where}: connected, but no reply to the RPC hello within {timeout:g} s: not an RPC "
+                                 "server, or one busy with another client") from None
         raise RpcServerError(f"{where}: no answer within {timeout:g} s (a wrong address, a firewall, or a server "
                              "busy with another client)") from None
     except OSError as error:

@@ -68,8 +68,9 @@ class PairRequest:
         check_gpu_layers(self.draft_n_gpu_layers, "--ngl-draft")
         if self.spec is not None:
             check_spec(self.spec)
-            if self.draft_n_gpu_layers is not None and not uses_draft_model(self.spec):  # as a --draft given is
-                raise SpeccliError(f"--ngl-draft: --spec {self.spec} loads no draft model; drop --ngl-draft")
+            for option, given in (("--ngl-draft", self.draft_n_gpu_layers is not None), ("--rpc-draft", self.rpc_draft)):
+                if given and not uses_draft_model(self.spec):  # options that cannot go together, as --draft there
+                    raise UsageError(f"{option}: --spec {self.spec} loads no draft model; drop {option}")
 
 
 @dataclass
