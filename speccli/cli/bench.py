@@ -8,21 +8,15 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    GrammarOption, JsonSchemaOption, MinPOption, TemperatureOption, TopKOption, TopPOption, checked, grammar_spec, with_pair_options,
+    GrammarOption, JsonSchemaOption, MinPOption, TemperatureOption, TopKOption, TopPOption, checked, given_path, grammar_spec, with_pair_options,
 )
 from speccli.drafting.registry import DEFAULT_SPEC, spec_help
-from speccli.errors import SpeccliError, UsageError
+from speccli.errors import UsageError
 from speccli.drafting.registry import parse_spec_list
 from speccli.validation import BENCH_CTX, check_seed, parse_k_sweep
 
 if TYPE_CHECKING:
     from speccli.models.pair import PairRequest
-
-
-def _file_name(text: str, name: str) -> Path:
-    if not text.strip():
-        raise SpeccliError(f"{name}: empty; give a file name, or - for stdout")
-    return Path(text)
 
 
 @with_pair_options(default_n_ctx=BENCH_CTX)
@@ -67,7 +61,7 @@ def bench(
     ] = None,
     json_path: Annotated[
         Optional[str],  # as given: a Path would read '' as '.'
-        typer.Option("--json", metavar="FILE", callback=checked(_file_name),
+        typer.Option("--json", metavar="FILE", callback=checked(given_path("a file name, or - for stdout")),
                      help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
     ] = None,
     compare: Annotated[

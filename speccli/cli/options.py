@@ -30,6 +30,20 @@ def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.
     return callback
 
 
+def given_path(hint: str) -> Callable[[str, str], Path]:
+    """A check for a path option read as text (Typer's Path turns '' into '.', the folder it runs in):
+    an empty one is refused, naming what to give."""
+
+    def check(text: str, name: str) -> Path:
+        from speccli.errors import SpeccliError
+
+        if not text.strip():
+            raise SpeccliError(f"{name}: empty; give {hint}")
+        return Path(text)
+
+    return check
+
+
 ConfigOption = Annotated[
     Optional[list[Path]],
     typer.Option("--config", metavar="FILE", help="Extra models.toml, read after the shipped and user files (overrides them); "

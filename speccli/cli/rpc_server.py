@@ -6,23 +6,15 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from speccli import validation
-from speccli.cli.options import checked
+from speccli.cli.options import checked, given_path
 from speccli.errors import SpeccliError, UnreadableFileError
 
 LOOPBACK = "127.0.0.1"
-
-
-def _folder_name(text: str, name: str) -> Path:
-    """Read as text first: a Path option turns '' into '.', the folder it runs in."""
-    if not text.strip():
-        raise SpeccliError(f"{name}: empty; give a folder")
-    return Path(text)
 
 
 def rpc_server(
@@ -34,7 +26,7 @@ def rpc_server(
     device: Annotated[Optional[str], typer.Option("--device", "-d", metavar="DEV[,DEV...]",
                                                   help="Devices to serve, by name (see `speccli env`; default: every "
                                                   "GPU here, else the CPU).")] = None,
-    cache: Annotated[Optional[str], typer.Option("--cache", "-c", metavar="DIR", callback=checked(_folder_name),
+    cache: Annotated[Optional[str], typer.Option("--cache", "-c", metavar="DIR", callback=checked(given_path("a folder")),
                                                   help="Keep large tensors here, so "
                                                   "that a client's next load of the same model skips sending them.")] = None,
 ) -> None:

@@ -35,7 +35,6 @@ def serve(
     remember: RememberOption = None,
 ) -> None:
     """Serve a pair over an OpenAI-compatible HTTP API, decoding speculatively, until Ctrl-C."""
-    from speccli.chat.template import chat_format_for
     from speccli.server.launch import ServeSettings, bind, build_service, exposure_warning, open_models, run_server
 
     api_key = api_key_for(api_key)
@@ -53,7 +52,7 @@ def serve(
             aliases=(resolved.name,) if resolved.name else (),
         )
         service = build_service(model_id, loaded.target, loaded.draft, settings)
-        if (why := chat_format_for(loaded.target.tokenizer)[1]) is not None:  # as chat says it
+        if (why := service.plain_transcript_reason) is not None:  # as chat says it
             typer.echo(f"note: {why}: chat completions use a plain 'User:'/'Assistant:' transcript, each reply "
                        "ending at the next 'User:'", err=True)
         # llama.cpp may round a small --ctx up (64 becomes 256): say what requests get.

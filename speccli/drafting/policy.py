@@ -59,7 +59,7 @@ LOOKUP_REPLY_PRIOR = 0.5
 # profiled costs (a GPU's) is not ramped: the ramp would only hold it back (it had held one at 3 tokens
 # where 8 pay), so its estimates alone choose its length; and it weighs its earlier drafts by
 # LONG_RECENCY, where two misses in a row had ruled out a draft that keeps most of its tokens. Where the
-# best is within the ramp's start (this project's CPU pairs: 3 and 4 tokens), the ramp and the short
+# best is within the ramp's start (this project's CPU pairs), the ramp and the short
 # memory keep a compute-bound target from paying for long failed drafts (RESULTS.md, "At the H200's
 # costs", "The planner (2026-12-05)" and "Ramped from the profile").
 LONG_RECENCY = 0.95

@@ -91,8 +91,7 @@ class LocalSource:
         where = f"(path set in {entry.defined_in})"
         if not self.path.is_file():
             raise UnreadableFileError(f"model '{entry.name}': {self.path}: {describe_missing(self.path)} {where}")
-        try:  # a copy cut short too: named here with its entry, not later by the file alone
-            require_gguf(self.path)
+        try:  # not GGUF, or a copy cut short: named here with its entry, not later by the file alone
             require_whole_gguf(self.path)
         except UnreadableFileError as error:
             raise UnreadableFileError(f"model '{entry.name}': {error} {where}") from None

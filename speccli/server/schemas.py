@@ -236,7 +236,7 @@ def misspelt_parameter(body: dict[str, Any], schema: type[BaseModel]) -> tuple[s
     """A top-level field that is not the request's but nearly one of its fields ("max_token", "Stream"),
     and that field; None where there is none. Ignored, as the fields of other servers and newer APIs
     that clients send are, its setting would be lost. Other servers' own fields are not that near
-    (vLLM's min_tokens, llama-cpp-python's logit_bias_type: 0.8 of max_tokens' and logit_bias's)."""
+    (llama-cpp-python's logit_bias_type: 0.8 of logit_bias's)."""
     known = [field.alias or name for name, field in schema.model_fields.items()] + list(UNSUPPORTED)
     for name in body:
         if name not in known:

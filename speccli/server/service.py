@@ -42,7 +42,8 @@ class Service:
 
     def __post_init__(self) -> None:
         tokenizer = self.target.tokenizer
-        self.chat_format: ChatFormat = chat_format_for(tokenizer)[0]
+        self.chat_format: ChatFormat
+        self.chat_format, self.plain_transcript_reason = chat_format_for(tokenizer)  # the reason: None with a template
         self.tool_style = tool_style_for(tokenizer.chat_template, all(map(tokenizer.is_special_text, (OPEN, CLOSE))))
         self.created = int(time.time())
         # The last GRAMMARS_KEPT schemas and grammars compiled: clients send the same few again and again,
