@@ -531,3 +531,13 @@ def test_gemma_over_rpc_gives_the_greedy_output_of_gemma_here(gemma_pair, server
             speculative, _, _ = greedy_tokens(Generator(target, Planner(model=ModelDrafter(draft)), GREEDY, FixedK(4)), prompt, 32)
             parting = find_parting(alone, prompt, reference, speculative, 5)
             assert parting is None or parting.near_tie, f"{text!r}: {parting.describe()}"
+
+
+def test_env_lists_a_servers_device_as_rpc_not_gpu():
+    """ggml types every RPC device a GPU: `env --rpc` had listed this CPU's server as one."""
+    with rpc_server() as server:
+        done = subprocess.run([sys.executable, "-m", "speccli", "env", "--rpc", str(server.endpoint)],
+                              env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.endswith(str(server.endpoint)))
+    assert line.split()[:2] == ["RPC0", "RPC"]

@@ -57,15 +57,15 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Unmeasured warm-up runs first.")] = 1,
     prompts: Annotated[
         Optional[Path],
-        typer.Option("--prompts", metavar="FILE", help='Prompt file: JSONL {"task": ..., "prompt": ...} (named .jsonl, or its first line an object) or one prompt per line (default: built-in set).'),
+        typer.Option("--prompts", metavar="FILE", parser=given_path("a prompt file"), help='Prompt file: JSONL {"task": ..., "prompt": ...} (named .jsonl, or its first line an object) or one prompt per line (default: built-in set).'),
     ] = None,
     json_path: Annotated[
-        Optional[str],  # as given: a Path would read '' as '.'
-        typer.Option("--json", metavar="FILE", callback=checked(given_path("a file name, or - for stdout")),
+        Optional[Path],
+        typer.Option("--json", metavar="FILE", parser=given_path("a file name, or - for stdout"),
                      help="Also write every figure and the environment to this JSON file ('-': the JSON on stdout, the report on stderr)."),
     ] = None,
     compare: Annotated[
-        Optional[tuple[Path, Path]], typer.Option("--compare", metavar="A.json B.json", help="Compare two --json reports (A.json B.json) and exit.")
+        Optional[tuple[Path, Path]], typer.Option("--compare", metavar="A.json B.json", parser=given_path("two --json reports"), help="Compare two --json reports (A.json B.json) and exit.")
     ] = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON Schema of the --json report and exit.")] = False,
     json_schema: JsonSchemaOption = None,

@@ -29,5 +29,6 @@ def env(
     typer.echo("devices")
     for device in rpc_backend.devices(memory=True):
         memory = f"{device.total_bytes / 2**30:.1f} GiB, {device.free_bytes / 2**30:.1f} GiB free"
-        where = f"RPC {device.description}" if device.is_rpc else device.description
-        typer.echo(f"  {device.name:<16} {device.kind:<6} {memory:<28} {where}")
+        # ggml types every RPC device a GPU, whatever the server computes on: say RPC, not GPU.
+        kind = "RPC" if device.is_rpc else device.kind
+        typer.echo(f"  {device.name:<16} {kind:<6} {memory:<28} {device.description}")

@@ -30,23 +30,23 @@ def checked(check: Callable[[Any, str], Any]) -> Callable[[typer.Context, typer.
     return callback
 
 
-def given_path(hint: str) -> Callable[[str, str], Path]:
-    """A check for a path option read as text (Typer's Path turns '' into '.', the folder it runs in):
-    an empty one is refused, naming what to give."""
+def given_path(hint: str) -> Callable[[Any], Path]:
+    """A parser for a path option (`parser=`): Typer's own Path reads '' as '.', the folder it runs in,
+    so an empty one is refused here, naming what to give (Click names the option)."""
 
-    def check(text: str, name: str) -> Path:
-        from speccli.errors import SpeccliError
+    def parse(value: Any) -> Path:
+        if isinstance(value, Path):
+            return value
+        if not str(value).strip():
+            raise typer.BadParameter(f"empty; give {hint}")
+        return Path(value)
 
-        if not text.strip():
-            raise SpeccliError(f"{name}: empty; give {hint}")
-        return Path(text)
-
-    return check
+    return parse
 
 
 ConfigOption = Annotated[
     Optional[list[Path]],
-    typer.Option("--config", metavar="FILE", help="Extra models.toml, read after the shipped and user files (overrides them); "
+    typer.Option("--config", metavar="FILE", parser=given_path("a models.toml"), help="Extra models.toml, read after the shipped and user files (overrides them); "
                                   "given more than once, each overrides the ones before it."),
 ]
 PairArgument = Annotated[Optional[str], typer.Argument(metavar="PAIR", help="A pair from models.toml (default: its default_pair).")]
@@ -215,7 +215,7 @@ JsonSchemaOption = Annotated[
 ]
 GrammarOption = Annotated[
     Optional[Path],
-    typer.Option("--grammar", metavar="FILE", help="Every reply follows this grammar: GBNF (llama.cpp's) or Lark (llguidance's)."),
+    typer.Option("--grammar", metavar="FILE", parser=given_path("a grammar's file"), help="Every reply follows this grammar: GBNF (llama.cpp's) or Lark (llguidance's)."),
 ]
 
 

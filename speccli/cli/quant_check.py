@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from speccli.cli.options import (
-    ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked, rpc_option,
+    ConfigOption, ContextOption, MinPOption, ThreadsOption, TopKOption, TopPOption, checked, given_path, rpc_option,
 )
 from speccli.validation import check_temperature
 
@@ -15,9 +15,9 @@ from speccli.validation import check_temperature
 def quant_check(
     reference: Annotated[str, typer.Argument(metavar="REFERENCE", help="Reference model (e.g. the F32/F16 file): registry name or GGUF path.")],
     candidates: Annotated[list[str], typer.Argument(metavar="CANDIDATE", help="Candidate models (quants of it): registry names or GGUF paths.")],
-    text_file: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", help="Compare over this text file instead of the built-in mix.")] = None,
+    text_file: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", parser=given_path("a text file"), help="Compare over this text file instead of the built-in mix.")] = None,
     prompts_file: Annotated[
-        Optional[Path], typer.Option("--prompts", metavar="FILE", help="Compare over these prompts (JSON lines with \"prompt\" or \"text\", or one per line).")
+        Optional[Path], typer.Option("--prompts", metavar="FILE", parser=given_path("a prompt file"), help="Compare over these prompts (JSON lines with \"prompt\" or \"text\", or one per line).")
     ] = None,
     temperature: Annotated[
         float, typer.Option("--temp", help="Sampling temperature for acceptance; 0 is greedy.", callback=checked(check_temperature))

@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -26,7 +27,7 @@ def rpc_server(
     device: Annotated[Optional[str], typer.Option("--device", "-d", metavar="DEV[,DEV...]",
                                                   help="Devices to serve, by name (see `speccli env`; default: every "
                                                   "GPU here, else the CPU).")] = None,
-    cache: Annotated[Optional[str], typer.Option("--cache", "-c", metavar="DIR", callback=checked(given_path("a folder")),
+    cache: Annotated[Optional[Path], typer.Option("--cache", "-c", metavar="DIR", parser=given_path("a folder"),
                                                   help="Keep large tensors here, so "
                                                   "that a client's next load of the same model skips sending them.")] = None,
 ) -> None:

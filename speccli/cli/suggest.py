@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from speccli.cli.options import ConfigOption, ThreadsOption
+from speccli.cli.options import ConfigOption, ThreadsOption, given_path
 from speccli.errors import SpeccliError, UsageError
 
 
@@ -18,9 +18,9 @@ def suggest(
     candidates: Annotated[Optional[list[str]], typer.Argument(
         metavar="CANDIDATE", help="Drafts to weigh: registry names, GGUF paths, or 'ngram' (default: every registry model on disk, every "
         "GGUF in the Hugging Face cache, and ngram).")] = None,
-    text: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
+    text: Annotated[Optional[Path], typer.Option("--text", metavar="FILE", parser=given_path("a text file"), help="Measure acceptance on this text (such as your own prompts) instead of the built-in mix.")] = None,
     confirm: Annotated[bool, typer.Option("--confirm", help="Then run a short real bench of the best two and show it beside the prediction.")] = False,
-    write: Annotated[Optional[Path], typer.Option("--write", metavar="FILE", help="Add the winning pair to this models.toml (other entries untouched).")] = None,
+    write: Annotated[Optional[Path], typer.Option("--write", metavar="FILE", parser=given_path("a models.toml"), help="Add the winning pair to this models.toml (other entries untouched).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the ranking as JSON.")] = False,
     threads: ThreadsOption = None,
     config: ConfigOption = None,
