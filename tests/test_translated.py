@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import replace
 
 import numpy as np
 import pytest

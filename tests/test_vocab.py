@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.cli.app import app
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import UnreadableFileError
 from speccli.vocab.check import check_pair
 from speccli.vocab.sample_tokenization import SAMPLE_TEXTS
 from speccli.vocab.info import read_vocab
