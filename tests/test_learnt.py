@@ -40,8 +40,8 @@ def files(tmp_path, name: str = "target.gguf"):
     """Stand-ins for a loaded pair: what the file is keyed by (the files' names and sizes, where they run)."""
     (tmp_path / name).write_bytes(b"t" * 10)
     (tmp_path / "draft.gguf").write_bytes(b"d" * 5)
-    return (SimpleNamespace(path=tmp_path / name, placement="CPU", n_seq=1, options=SimpleNamespace(n_threads=None)),
-            SimpleNamespace(path=tmp_path / "draft.gguf", placement="CPU"))
+    return (SimpleNamespace(path=tmp_path / name, name=name, placement="CPU", n_seq=1, options=SimpleNamespace(n_threads=None)),
+            SimpleNamespace(path=tmp_path / "draft.gguf", name="a-draft", placement="CPU"))  # a registry name
 
 
 def lengths_planned(policy: AutoK) -> list[int]:
@@ -209,8 +209,8 @@ def test_remembered_lists_and_clears_what_auto_learnt(cache, tmp_path) -> None:
     os.mkfifo(fifo)  # a read of it would block for ever
     listed = CliRunner().invoke(app, ["remembered"])
     assert listed.exit_code == 0 and listed.stdout.splitlines() == sorted([
-        f"{path}  what auto learnt: target.gguf + draft.gguf (greedy, CPU, every core)",
-        f"{other}  what auto learnt: target.gguf + draft.gguf (greedy, CPU, 2 threads)", f"{fifo}  ? (not a policy file)"])
+        f"{path}  what auto learnt: target.gguf + a-draft (greedy, CPU, every core)",
+        f"{other}  what auto learnt: target.gguf + a-draft (greedy, CPU, 2 threads)", f"{fifo}  ? (not a policy file)"])
     cleared = CliRunner().invoke(app, ["remembered", "--clear"])
     assert cleared.exit_code == 0 and cleared.stdout == f"deleted 3 files from {cache / 'remembered'}\n"
     assert not path.exists()

@@ -541,3 +541,10 @@ def test_env_lists_a_servers_device_as_rpc_not_gpu():
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.endswith(str(server.endpoint)))
     assert line.split()[:2] == ["RPC0", "RPC"]
+    # A server that cannot be reached is the one line: no table of this machine above it (a script
+    # reading stdout had the table, then the failure)
+    port = free_port()
+    unreachable = subprocess.run([sys.executable, "-m", "speccli", "env", "--rpc", f"127.0.0.1:{port}"],
+                                 env=ENV, capture_output=True, text=True, timeout=60)
+    assert (unreachable.returncode, unreachable.stdout) == (1, "")
+    assert unreachable.stderr.startswith(f"error: RPC server 127.0.0.1:{port}: nothing listens there")

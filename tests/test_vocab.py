@@ -131,6 +131,17 @@ def run_cli(*args: str):
     return CliRunner().invoke(app, ["check-vocab", *args])
 
 
+def test_a_translated_pair_is_not_told_how_a_same_vocabulary_draft_treats_extra_ids(tmp_path):
+    """Its drafts are translated, so "the draft never proposes them ... shown token 0" does not apply
+    (check-vocab had listed it under "tolerated" for a Qwen draft of the Gemma target)."""
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", vocab(BASE.with_token(400, "zzz")))
+    target = write_tiny_gguf(tmp_path / "target.gguf", vocab(BASE.padded(64)))
+    report = check_pair(draft, target)
+    kinds = {difference.kind for difference in report.differences}
+    assert report.verdict is VocabVerdict.INCOMPATIBLE and "token-text" in kinds
+    assert "target-extra-tokens" not in kinds
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_verdict_reasons_and_exit_code(pair_files, name: str) -> None:
     case = CASES[name]

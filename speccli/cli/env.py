@@ -17,6 +17,7 @@ def env(
     from speccli.llama import rpc as rpc_backend
     from speccli.llama.build import backend_info
 
+    rpc_backend.connect(rpc or ())  # first: a server that cannot be reached is the one line printed
     info = backend_info()
     typer.echo(f"speccli            {__version__}")
     typer.echo(f"python             {sys.version.split()[0]}")
@@ -25,7 +26,6 @@ def env(
     typer.echo(f"gpu offload        {info.offload}")
     typer.echo(f"rpc                {'supported' if rpc_backend.available() else 'not in this build'}")
     typer.echo(f"system info        {info.system_info}")
-    rpc_backend.connect(rpc or ())
     typer.echo("devices")
     for device in rpc_backend.devices(memory=True):
         memory = f"{device.total_bytes / 2**30:.1f} GiB, {device.free_bytes / 2**30:.1f} GiB free"

@@ -96,8 +96,9 @@ def check_ctx_within_training(n_ctx: int, n_seq: int, path: Path, name: str | No
 class Model:
     """A loaded model with one sequence in its KV cache, decoded in batches."""
 
-    def __init__(self, path: Path, options: LoadOptions = LoadOptions()) -> None:
+    def __init__(self, path: Path, options: LoadOptions = LoadOptions(), name: str | None = None) -> None:
         self.path = Path(path)
+        self.name = Path(name).name if name else self.path.name  # as the user named it: a registry name, else its file's
         self.options = options  # as asked; n_ctx and n_batch below are what llama.cpp chose
         check_ctx_within_training(options.n_ctx, options.n_seq, self.path)
         devices = rpc.model_devices(options.rpc)  # kept referenced until the model is loaded

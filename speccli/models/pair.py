@@ -123,12 +123,12 @@ def open_pair(request: PairRequest, *, quiet: bool = False) -> LoadedPair:
                            rpc=servers if remote else (), tensor_split=tensor_split)
 
     target = Model(resolved.target_path, options(request.target_n_gpu_layers, resolved.target_n_gpu_layers,
-                                                 remote=True, tensor_split=request.tensor_split))
+                                                 remote=True, tensor_split=request.tensor_split), resolved.target_name)
     if resolved.draft_path is None:
         return LoadedPair(resolved, target, None)
     try:
         draft = Model(resolved.draft_path, options(request.draft_n_gpu_layers, resolved.draft_n_gpu_layers,
-                                                   remote=request.rpc_draft))
+                                                   remote=request.rpc_draft), resolved.draft_name)
     except BaseException:
         target.close()
         raise

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from speccli.errors import SpeccliError, UnreadableFileError
+from speccli.errors import SpeccliError, UnreadableFileError, UsageError
 from speccli.gguf_files import require_gguf, require_loadable_gguf
 from speccli.models.config import DEFAULT_K, DEFAULT_N_GPU_LAYERS, DEFAULT_SPEC, PairEntry, Registry, unknown_name
 from speccli.models.sources import describe_missing
@@ -119,7 +119,7 @@ def resolve_pair(
         if draft_name is None:
             raise SpeccliError(f"pair {pair.name} drafts by lookup and names no draft model; --spec {spec} needs one: give --draft")
     elif draft is not None:
-        raise SpeccliError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec {spec}+model")
+        raise UsageError(f"--spec {spec} drafts without a model, but a draft model was given ({draft}); drop --draft or use --spec {spec}+model")
     else:
         draft_name = None
     paths = resolve_models([target_name, *([draft_name] if draft_name is not None else [])], registry, fetch=fetch, quiet=quiet)

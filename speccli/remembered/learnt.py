@@ -72,7 +72,7 @@ class LearntFile:
 
     def __init__(self, target: Model, draft: Model | None, warn: Callable[[str], None]) -> None:
         self.target, self.draft, self.warn = target, draft, warn
-        self.pair = target.path.name + (f" + {draft.path.name}" if draft is not None else "")
+        self.pair = target.name + (f" + {draft.name}" if draft is not None else "")  # as the user named them
         # what else tells two files of one pair apart (`learnt_path`), for `speccli remembered` to say
         self.setup = ", ".join([target.placement, f"{target.options.n_threads} threads" if target.options.n_threads
                                 else "every core", *([f"{target.n_seq} slots"] if target.n_seq > 1 else [])])
