@@ -600,6 +600,11 @@ def test_a_json_schema_reply_follows_the_schema_whole_streamed_and_at_any_temper
         status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,
                                                          "json_schema": {"enum": ["yes", "no"]}})
         assert status == 200 and json.loads(reply["choices"][0]["text"]) in ("yes", "no"), reply
+        # and its response_format {"type": "json_object", "schema": ...} (instructor's JSON_SCHEMA mode): the
+        # schema had been dropped, any JSON object served as if it applied
+        status, reply, _ = post(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20, "temperature": 0.8,
+                                                         "response_format": {"type": "json_object", "schema": {"enum": ["yes", "no"]}}})
+        assert status == 200 and json.loads(reply["choices"][0]["text"]) in ("yes", "no"), reply
 
 
 def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
@@ -619,6 +624,10 @@ def test_a_reply_cut_mid_structure_is_length_never_stop(chat_pair):
     ({"response_format": {"type": "json_schema"}}, "response_format",
      'response_format: json_schema: give it with type "json_schema" and only then'),
     ({"response_format": {"type": "xml"}}, "response_format.type", None),
+    ({"response_format": {"type": "json_object", "schema": {"type": "objekt"}}},
+     "response_format", "response_format.schema: at /type: Invalid type: objekt"),
+    ({"response_format": {"type": "text", "schema": {"type": "object"}}}, "response_format",
+     'response_format: schema: give it with type "json_object" (llama-server\'s form), or as json_schema.schema'),
     ({"grammar": 'root ::= "a" missing'}, "grammar", "grammar: Failed to convert the grammar from GBNF to Lark: Rule 'missing' not found"),
     ({"grammar": "root ::= \"a\"", "response_format": {"type": "json_object"}}, "grammar", "response_format and grammar: give one of them"),
     # llama-server's own field for a schema is served, and checked as response_format's is.

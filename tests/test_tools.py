@@ -110,6 +110,27 @@ def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabul
     assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
 
 
+CITY = {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {"city": {"enum": ["Paris", "Rome"]}}}
+
+
+@pytest.mark.parametrize("text, allowed", [
+    ('{"city": "Paris"}', True),
+    (hermes(PARIS), True),
+    ("Let me look.\n" + hermes(PARIS), False),  # no text leads into a call here
+    ("It is sunny.", False),  # a reply that calls nothing is the answer's JSON
+    ('{"town": "Paris"}', False),
+    ('{"city": "Oslo"}', False),
+    ('{"name": "add", "arguments": {"a": 1, "b": 2}}', True),  # a call as bare JSON, as Qwen 2.5 Coder writes them
+    ('{"name": "add", "arguments": {"a": 1}}', False),
+])
+def test_under_auto_a_response_format_holds_a_reply_that_calls_nothing(qwen_vocabulary, text, allowed):
+    """tools with response_format (pydantic-ai's NativeOutput beside a tool, LangChain's ProviderStrategy):
+    a call, or JSON that follows the schema. It had been a 400."""
+    style = ToolStyle("hermes", special_markers=True)
+    spec = style.grammar(ToolRequest(FUNCTIONS, "auto", True, answer=CITY))
+    assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
+
+
 def test_a_hermes_reply_reads_back_as_content_and_calls():
     style = ToolStyle("hermes", True)
     content, calls = style.read("Let me look.\n" + hermes(PARIS, SUM) + "\n")
@@ -156,6 +177,30 @@ def valid_calls(message, named: str | None = None) -> int:
         assert named in (None, call.function.name)
         jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
     return len(message.tool_calls)
+
+
+@pytest.mark.parametrize("pair", ["json_pair", "hermes_pair"])
+def test_with_tools_a_reply_that_calls_nothing_follows_the_response_format(pair, request):
+    """The tiny pair's noise under `auto`, tools beside a json_schema response_format: each reply that ends
+    is calls of the functions offered, or content that is JSON following the schema (a json-style reply's
+    answer is given back as its JSON text)."""
+    form = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    with serving(request.getfixturevalue(pair), n_ctx=CONTEXT) as url:
+        c = client(url)
+        ended = 0
+        for temperature, seed in ((0, 0), (0.8, 1), (1.5, 2), (1.5, 3)):
+            reply = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], response_format=form, temperature=temperature,
+                        seed=seed, max_tokens=200).choices[0]
+            if reply.finish_reason == "length":
+                continue
+            ended += 1
+            if reply.finish_reason == "tool_calls":  # text may come before a hermes call
+                for call in reply.message.tool_calls:
+                    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+            else:
+                assert reply.finish_reason == "stop"
+                jsonschema.validate(json.loads(reply.message.content), CITY)
+        assert ended >= 2
 
 
 @pytest.mark.parametrize("pair", ["json_pair", "hermes_pair"])
@@ -208,8 +253,10 @@ def test_a_conversation_carries_calls_and_their_results(hermes_pair):
     ({"tool_choice": {"type": "function", "function": {"name": "send_mail"}}}, "tool_choice", "tool_choice: no tool is named 'send_mail'"),
     ({"tools": None, "tool_choice": "required"}, "tool_choice", "tool_choice: asks for a tool call, and tools gives none"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "tools: two are named 'get_weather'"),
-    ({"response_format": {"type": "json_object"}}, "tools",
-     'tools: a reply that may call a tool follows its grammar; leave out response_format, or set tool_choice to "none"'),
+    ({"grammar": 'root ::= "a"'}, "tools", 'tools: a reply that may call a tool follows its grammar; leave out grammar '
+     '(response_format may go with tools), or set tool_choice to "none"'),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+     "response_format", "response_format.json_schema.schema: at /type: Invalid type: objekt"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "objekt"}}}}}]},
      "tools.0.function.parameters", "tools.0.function.parameters: at /properties/a/type: Invalid type: objekt"),
     # The Responses API's shape of a named choice had named a class of the schema (NamedToolChoice).

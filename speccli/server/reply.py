@@ -57,13 +57,14 @@ class Reply:
         self.cached_tokens = 0
         tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
         self.reads_calls = tools is not None and tools.calls  # whether the reply's text may hold tool calls
+        self.answered_in_text = tools is None or tools.answer is None  # else JSON, under response_format
         self.loose_calls = service.loose_calls(tools)  # calls written as bare JSON, where they are read
 
     def _content_and_calls(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
         """The reply's content and tool calls: a reply cut short (by max_tokens) is all content."""
         if not self.reads_calls or FINISH_REASONS[reason] != "stop":
             return text, []
-        return self.service.tool_style.read(text, self.loose_calls)
+        return self.service.tool_style.read(text, self.loose_calls, self.answered_in_text)
 
     def _trailing_text(self, done: DoneEvent) -> str:
         """The text held back at the end, less any part of the chat format's end-of-turn marker that a

@@ -255,16 +255,21 @@ class JsonSchemaFormat(Strict):
 
 
 class ResponseFormat(Strict):
-    """OpenAI's `response_format`: plain text, any JSON object, or JSON following a schema."""
+    """OpenAI's `response_format`: plain text, any JSON object, or JSON following a schema; and
+    llama-server's `{"type": "json_object", "schema": {...}}` (instructor's JSON_SCHEMA mode sends it),
+    which had been read as any JSON object, its schema dropped."""
 
     shape = '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {...}}'
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
 
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError('json_schema: give it with type "json_schema" and only then')
+        if self.schema_ is not None and self.type != "json_object":
+            raise ValueError('schema: give it with type "json_object" (llama-server\'s form), or as json_schema.schema')
         return self
 
 
@@ -323,6 +328,17 @@ class GenerationRequest(Strict):
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema a reply follows, from response_format or llama-server's json_schema (None: none)."""
+        form = self.response_format
+        if self.json_schema is not None:
+            return self.json_schema
+        if form is None or form.type == "text":
+            return None
+        if form.type == "json_object":
+            return {"type": "object"} if form.schema_ is None else form.schema_
+        return form.json_schema.schema_
+
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[Message] = Field(min_length=1)
@@ -364,7 +380,7 @@ class ChatCompletionRequest(GenerationRequest):
             return None
         choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
         return ToolRequest(tuple(tool.function.definition() for tool in self.tools or ()), choice or "auto",
-                           self.parallel_tool_calls is not False)
+                           self.parallel_tool_calls is not False, self.answer_schema())
 
 
 class CompletionRequest(GenerationRequest):

@@ -99,27 +99,27 @@ class Service:
                                           ("grammar", body.grammar is not None), ("json_schema", body.json_schema is not None)) if value]
         if len(given) > 1:
             raise APIError(400, f"{' and '.join(given)}: give one of them", param=given[-1])
-        tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
-        if tools is not None and tools.calls:
-            if given:
-                raise APIError(400, f"tools: a reply that may call a tool follows its grammar; leave out {given[0]}, "
-                                    "or set tool_choice to \"none\"", param="tools")
-            for i, function in enumerate(tools.functions):
-                if "parameters" in function:
-                    where = f"tools.{i}.function.parameters"
-                    _checked(GrammarSpec.json_schema(function["parameters"], where), where)
-            return _checked(self.tool_style.grammar(tools), "tools")
         if body.grammar is not None:
-            spec, field = GrammarSpec("grammar", body.grammar, "grammar"), "grammar"
-        elif body.json_schema is not None:
-            spec, field = GrammarSpec.json_schema(body.json_schema, "json_schema"), "json_schema"
-        elif form is None or form.type == "text":
-            return None
-        elif form.type == "json_object":
-            spec, field = GrammarSpec.json_object(), "response_format"
+            asked = GrammarSpec("grammar", body.grammar, "grammar")
+        elif (schema := body.answer_schema()) is not None:
+            where = ("json_schema" if body.json_schema is not None else "response_format.json_schema.schema"
+                     if form.type == "json_schema" else "response_format.schema" if form.schema_ is not None else "json_object")
+            asked = GrammarSpec.json_schema(schema, where)
         else:
-            spec, field = GrammarSpec.json_schema(form.json_schema.schema_, "response_format.json_schema.schema"), "response_format"
-        return _checked(spec, field)
+            asked = None
+        tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
+        if tools is None or not tools.calls:
+            return None if asked is None else _checked(asked, given[0])
+        if body.grammar is not None:
+            raise APIError(400, "tools: a reply that may call a tool follows its grammar; leave out grammar "
+                                "(response_format may go with tools), or set tool_choice to \"none\"", param="tools")
+        if asked is not None:  # a reply that calls nothing follows it (`ToolRequest.answer`): checked as alone
+            _checked(asked, given[0])
+        for i, function in enumerate(tools.functions):
+            if "parameters" in function:
+                where = f"tools.{i}.function.parameters"
+                _checked(GrammarSpec.json_schema(function["parameters"], where), where)
+        return _checked(self.tool_style.grammar(tools), "tools")
 
     def grammar_for(self, spec: GrammarSpec | None) -> Grammar | None:
         """The checked spec for this target's vocabulary (llguidance's reader of it is built at the first

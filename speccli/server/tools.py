@@ -31,6 +31,7 @@ class ToolRequest:
     functions: tuple[dict[str, Any], ...]
     choice: str
     parallel: bool
+    answer: dict[str, Any] | None = None  # the JSON schema a reply that calls nothing follows (response_format)
 
     @property
     def calls(self) -> bool:
@@ -88,7 +89,8 @@ class ToolStyle:
         how = ('To call a tool, reply with one JSON object: {"tool_call": {"name": <tool name>, "arguments": {...}}}'
                + (', or {"tool_calls": [...]} for several' if tools.parallel else ""))
         if tools.choice == "auto":
-            how += '; to answer directly, reply {"response": <your answer>}'
+            answer = "<your answer>" if tools.answer is None else f"<your answer: JSON following {json.dumps(tools.answer)}>"
+            how += f'; to answer directly, reply {{"response": {answer}}}'
         return f"You can call these tools:\n{listed}\n\n{how}."
 
     def grammar(self, tools: ToolRequest) -> GrammarSpec | None:
@@ -102,15 +104,28 @@ class ToolStyle:
             if tools.parallel:
                 called = {"anyOf": [called, _object({"tool_calls": {"type": "array", "items": one, "minItems": 1}})]}
             if tools.choice == "auto":
-                called = {"anyOf": [called, _object({"response": {"type": "string"}})]}
+                called = {"anyOf": [called, _object({"response": tools.answer or {"type": "string"}})]}
             return GrammarSpec.json_schema({**called, "$defs": {k: v for _, d in calls for k, v in d.items()}}, "tools")
         open_, close = (OPEN, CLOSE) if self.special_markers else (json.dumps(OPEN), json.dumps(CLOSE))
-        # The template ends a turn right after </tool_call>; the model may write a newline first.
-        start = 'TEXT | TEXT? calls "\\n"?' if tools.choice == "auto" else 'calls "\\n"?'
+        # The template ends a turn right after </tool_call>; the model may write a newline first. Under
+        # `auto` a reply that calls nothing is free text, or where response_format asks for JSON, that JSON
+        # (then no text leads into a call: free text beside the JSON is more than llguidance parses).
+        start = 'calls "\\n"?'
+        if tools.choice == "auto":
+            start = f"answer | {start}" if tools.answer is not None else f"TEXT | TEXT? {start}"
         lines = [f"start: {start}",
                  "calls: call" + (' ("\\n" call)*' if tools.parallel else ""),
                  "call: " + " | ".join(f"call{i}" for i in range(len(calls))),
                  "TEXT: /(?s:.+)/"]
+        if tools.answer is not None:
+            # The answer's JSON, or a call written as bare JSON (`loose_call`: Qwen 2.5 Coder writes its
+            # calls so, which the answer's schema alone would have bent into an answer), laid out as the
+            # reply's JSON is alone unless the schema says how.
+            own = {key: value for key, value in tools.answer.items() if key != "x-guidance"}
+            definitions = {"answer": _rebased(own, "#/$defs/answer"), **{k: v for _, d in calls for k, v in d.items()}}
+            schema = {"anyOf": [{"$ref": "#/$defs/answer"}, *(call for call, _ in calls)], "$defs": definitions,
+                      "x-guidance": tools.answer.get("x-guidance", JSON_LAYOUT)}
+            lines.append(f"answer: %json {json.dumps(schema)}")
         for i, (schema, definitions) in enumerate(calls):
             schema = {**schema, "$defs": definitions, "x-guidance": JSON_LAYOUT}
             lines.append(f'call{i}: {open_} "\\n" %json {json.dumps(schema)} "\\n" {close}')
@@ -121,15 +136,17 @@ class ToolStyle:
         schema, definitions = _call_schema(function, 0)
         return GrammarSpec.json_schema({**schema, "$defs": definitions, "x-guidance": JSON_LAYOUT}, "tools")
 
-    def read(self, text: str, offered: Callable[[dict[str, Any]], bool] | None = None) -> tuple[str | None, list[dict[str, Any]]]:
+    def read(self, text: str, offered: Callable[[dict[str, Any]], bool] | None = None,
+             answered_in_text: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
         """The reply's content and its calls (OpenAI's `tool_calls`). A text that holds no whole call (one
         cut by max_tokens) is all content. `offered` (a hermes reply under `auto`): whether a call written
         as the whole reply's JSON (`loose_call`) is one the request offers, with arguments its tool takes."""
         try:
             if self.name == "json":
                 reply = json.loads(text)
-                if "response" in reply:
-                    return reply["response"], []
+                if "response" in reply:  # text; or, under response_format, JSON: as its text
+                    response = reply["response"]
+                    return (response if answered_in_text else json.dumps(response, ensure_ascii=False)), []
                 return None, [_call(c) for c in (reply["tool_calls"] if "tool_calls" in reply else [reply["tool_call"]])]
             before, _, rest = text.partition(OPEN)
             if not rest:
