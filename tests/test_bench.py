@@ -254,9 +254,9 @@ def test_ngram_runs_without_any_draft_model(bench_pair, tmp_path, schema, monkey
     loaded: list[Path] = []
 
     class RecordingModel(pair_module.Model):
-        def __init__(self, path, options):
+        def __init__(self, path, options, name=None):
             loaded.append(Path(path))
-            super().__init__(path, options)
+            super().__init__(path, options, name)
 
     monkeypatch.setattr(pair_module, "Model", RecordingModel)
     out = tmp_path / "ngram.json"

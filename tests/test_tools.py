@@ -110,7 +110,9 @@ def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabul
     assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
 
 
-CITY = {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {"city": {"enum": ["Paris", "Rome"]}}}
+# A reference into its own definitions, as pydantic writes a nested model: re-pointed where the grammar nests it.
+CITY = {"$defs": {"City": {"enum": ["Paris", "Rome"]}}, "type": "object", "additionalProperties": False,
+        "required": ["city"], "properties": {"city": {"$ref": "#/$defs/City"}}}
 
 
 @pytest.mark.parametrize("text, allowed", [

@@ -328,16 +328,17 @@ class GenerationRequest(Strict):
     def token_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def answer_schema(self) -> dict[str, Any] | None:
-        """The JSON schema a reply follows, from response_format or llama-server's json_schema (None: none)."""
+    def answer_schema(self) -> tuple[dict[str, Any], str] | None:
+        """The JSON schema a reply follows and the field that gives it: response_format's, or
+        llama-server's json_schema (None: neither asks for JSON)."""
         form = self.response_format
         if self.json_schema is not None:
-            return self.json_schema
+            return self.json_schema, "json_schema"
         if form is None or form.type == "text":
             return None
-        if form.type == "json_object":
-            return {"type": "object"} if form.schema_ is None else form.schema_
-        return form.json_schema.schema_
+        if form.type == "json_schema":
+            return form.json_schema.schema_, "response_format.json_schema.schema"
+        return ({"type": "object"}, "json_object") if form.schema_ is None else (form.schema_, "response_format.schema")
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -379,8 +380,9 @@ class ChatCompletionRequest(GenerationRequest):
         if not self.tools and self.tool_choice is None:
             return None
         choice = self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else self.tool_choice
+        answer = self.answer_schema()
         return ToolRequest(tuple(tool.function.definition() for tool in self.tools or ()), choice or "auto",
-                           self.parallel_tool_calls is not False, self.answer_schema())
+                           self.parallel_tool_calls is not False, None if answer is None else answer[0])
 
 
 class CompletionRequest(GenerationRequest):

@@ -101,10 +101,8 @@ class Service:
             raise APIError(400, f"{' and '.join(given)}: give one of them", param=given[-1])
         if body.grammar is not None:
             asked = GrammarSpec("grammar", body.grammar, "grammar")
-        elif (schema := body.answer_schema()) is not None:
-            where = ("json_schema" if body.json_schema is not None else "response_format.json_schema.schema"
-                     if form.type == "json_schema" else "response_format.schema" if form.schema_ is not None else "json_object")
-            asked = GrammarSpec.json_schema(schema, where)
+        elif (answer := body.answer_schema()) is not None:
+            asked = GrammarSpec.json_schema(*answer)
         else:
             asked = None
         tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None

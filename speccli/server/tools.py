@@ -98,14 +98,20 @@ class ToolStyle:
         if not tools.calls:
             return None
         calls = [_call_schema(function, i) for i, function in enumerate(tools.callable())]
+        # response_format's schema, where given, as a definition beside the calls' (its references re-pointed)
+        definitions = {k: v for _, d in calls for k, v in d.items()}
+        if tools.answer is not None:
+            own = {key: value for key, value in tools.answer.items() if key != "x-guidance"}
+            definitions["answer"] = _rebased(own, "#/$defs/answer")
         if self.name == "json":
             one = calls[0][0] if len(calls) == 1 else {"anyOf": [call for call, _ in calls]}
             called = _object({"tool_call": one})
             if tools.parallel:
                 called = {"anyOf": [called, _object({"tool_calls": {"type": "array", "items": one, "minItems": 1}})]}
             if tools.choice == "auto":
-                called = {"anyOf": [called, _object({"response": tools.answer or {"type": "string"}})]}
-            return GrammarSpec.json_schema({**called, "$defs": {k: v for _, d in calls for k, v in d.items()}}, "tools")
+                answer = {"type": "string"} if tools.answer is None else {"$ref": "#/$defs/answer"}
+                called = {"anyOf": [called, _object({"response": answer})]}
+            return GrammarSpec.json_schema({**called, "$defs": definitions}, "tools")
         open_, close = (OPEN, CLOSE) if self.special_markers else (json.dumps(OPEN), json.dumps(CLOSE))
         # The template ends a turn right after </tool_call>; the model may write a newline first. Under
         # `auto` a reply that calls nothing is free text, or where response_format asks for JSON, that JSON
@@ -121,14 +127,12 @@ class ToolStyle:
             # The answer's JSON, or a call written as bare JSON (`loose_call`: Qwen 2.5 Coder writes its
             # calls so, which the answer's schema alone would have bent into an answer), laid out as the
             # reply's JSON is alone unless the schema says how.
-            own = {key: value for key, value in tools.answer.items() if key != "x-guidance"}
-            definitions = {"answer": _rebased(own, "#/$defs/answer"), **{k: v for _, d in calls for k, v in d.items()}}
             schema = {"anyOf": [{"$ref": "#/$defs/answer"}, *(call for call, _ in calls)], "$defs": definitions,
                       "x-guidance": tools.answer.get("x-guidance", JSON_LAYOUT)}
             lines.append(f"answer: %json {json.dumps(schema)}")
-        for i, (schema, definitions) in enumerate(calls):
-            schema = {**schema, "$defs": definitions, "x-guidance": JSON_LAYOUT}
-            lines.append(f'call{i}: {open_} "\\n" %json {json.dumps(schema)} "\\n" {close}')
+        for i, (call, its_definitions) in enumerate(calls):
+            call = {**call, "$defs": its_definitions, "x-guidance": JSON_LAYOUT}
+            lines.append(f'call{i}: {open_} "\\n" %json {json.dumps(call)} "\\n" {close}')
         return GrammarSpec("grammar", "\n".join(lines) + "\n", "tools")
 
     def call_grammar(self, function: dict[str, Any]) -> GrammarSpec:
