@@ -35,8 +35,6 @@ def given_path(hint: str) -> Callable[[Any], Path]:
     so an empty one is refused here, naming what to give (Click names the option)."""
 
     def parse(value: Any) -> Path:
-        if isinstance(value, Path):
-            return value
         if not str(value).strip():
             raise typer.BadParameter(f"empty; give {hint}")
         return Path(value)
