@@ -231,10 +231,62 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
             chunks = [chunk.choices[0] for chunk in ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice,
                                                          max_tokens=200, stream=True) if chunk.choices]
             assert "".join(chunk.delta.content or "" for chunk in chunks) == (whole.message.content or "")
-            streamed = [call for chunk in chunks for call in chunk.delta.tool_calls or ()]
-            assert [(call.function.name, call.function.arguments) for call in streamed] == \
-                [(call.function.name, call.function.arguments) for call in whole.message.tool_calls or ()]
+            streamed = streamed_calls(chunks)
+            assert [(name, json.loads(arguments)) for name, arguments, _ in streamed] == \
+                [(call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls or ()]
+            assert all(pieces > 1 for _, _, pieces in streamed)  # the arguments came as they were written
             assert chunks[-1].finish_reason == whole.finish_reason
+        # Cut by max_tokens inside a call: "length", and arguments streamed short of their end never parse.
+        whole = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice="required", max_tokens=200)
+        written = whole.usage.completion_tokens
+        cut_short = 0
+        for tokens in sorted({written // 3, written // 2, 2 * written // 3, written - 3}):
+            chunks = [chunk.choices[0] for chunk in ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice="required",
+                                                         max_tokens=tokens, stream=True) if chunk.choices]
+            assert chunks[-1].finish_reason == "length"
+            for (_, arguments, _), call in zip(streamed_calls(chunks), whole.choices[0].message.tool_calls):
+                assert not "".join(chunk.delta.content or "" for chunk in chunks)  # the call's text is not content
+                try:
+                    parsed = json.loads(arguments)
+                except ValueError:
+                    cut_short += 1  # cut inside the arguments
+                else:
+                    assert parsed == json.loads(call.function.arguments)  # whole: the cut came after them
+        assert cut_short
+
+
+def streamed_calls(chunks) -> list[tuple[str, str, int]]:
+    """Each call a stream made, as a client puts its deltas together: (name, arguments, deltas it came in)."""
+    calls: dict[int, list] = {}
+    for chunk in chunks:
+        for delta in chunk.delta.tool_calls or ():
+            call = calls.setdefault(delta.index, [delta.function.name, "", 0])
+            assert delta.id is None or call[2] == 0  # the id and name come once, first
+            call[1] += delta.function.arguments or ""
+            call[2] += 1
+    return [tuple(call) for _, call in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("style, text", [
+    ("hermes", "Let me look.\n" + hermes(PARIS, ("book", {"src": "Paris", "dst": "Rome}{\"[]"}))),
+    ("json", json.dumps({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "}"}]}}, {"name": "now", "arguments": {}}]})),
+    ("json", json.dumps({"tool_call": {"name": "get_weather", "arguments": {"city": "Pa\\ris\"", "unit": "celsius"}}}, indent=2)),
+])
+def test_a_streamed_calls_arguments_grow_with_the_text_and_close_only_when_whole(style, text):
+    """At every cut of a reply's text, the calls read so far are those of the whole text, each one's
+    arguments a beginning of its whole arguments, which parse only once the text has them all (so a stream
+    cut short never hands a client arguments that parse). The read of the whole text is `read`'s calls."""
+    tool_style = ToolStyle(style)
+    whole = tool_style.calls_so_far(text)
+    assert [(name, json.loads(arguments)) for name, arguments in whole] == \
+        [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in tool_style.read(text)[1]]
+    for cut in range(len(text)):
+        for (name, arguments), (whole_name, whole_arguments) in zip(tool_style.calls_so_far(text[:cut]), whole):
+            assert name == whole_name and whole_arguments.startswith(arguments)
+            if arguments != whole_arguments:
+                with pytest.raises(ValueError):
+                    json.loads(arguments)
+    assert ToolStyle(style).calls_so_far(text.replace('"name"', '"nom"')) == []  # the control: not a call, nothing read
 
 
 def test_a_conversation_carries_calls_and_their_results(hermes_pair):

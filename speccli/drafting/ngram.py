@@ -11,11 +11,9 @@ how often the last token occurred, not with the context (tests/benchmarks/ngram_
 
 The policy key says what kind of match it is, and the K policy learns each kind apart: its length (a
 12-token match predicts far better than a 1-token one), and how the matched text went on wherever it
-occurred before (as llama.cpp's n-gram cache counts continuations): it occurred once, or each time
-with the token proposed now, or with different tokens. Their first tokens are kept at very different
-rates (1-2 token matches, the bench's prompts recorded on Qwen 1.5B: 0.51 once, 0.92 the same, 0.19
-varied; 12 prompts never tuned on: 0.46 / 0.77 / 0.12): a short match in prose is mostly a common
-word whose earlier occurrences went on differently.
+occurred before (as llama.cpp's n-gram cache counts continuations): once, each time with the token
+proposed now, or variously. Their first tokens are kept at very different rates (RESULTS.md): a short
+match in prose is mostly a common word whose earlier occurrences went on differently.
 """
 from __future__ import annotations
 

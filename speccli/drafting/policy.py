@@ -1,21 +1,16 @@
 """How many tokens to draft each step: a fixed K, or `auto`, chosen from this machine's own costs.
 
-`auto` picks, before each step, the draft length k (0 included: a plain target decode) that
-maximises expected tokens per second:
+`auto` picks, before each step, the draft length k (0: a plain target decode) that maximises
 
     E(k) = 1 + sum_{i=1..k} prod_{j<=i} a_j        tokens a step yields (its correction/bonus included)
-    T(k) = C(m) + k * d + V(k+1) + E(k) * C(P) / N  seconds: a catch-up, k drafted tokens at d each, a
-                                                    verify, and a share of the prompt still to take in
+    T(k) = C(m) + k * d + V(k+1) + E(k) * C(P) / N  seconds: a catch-up of m skipped tokens, k drafted
+                                                    tokens, a verify, a share of the prompt still owed
     k*   = argmax_k E(k) / T(k)
 
-a_j: acceptance.py, per proposal key. d, C(m) and V(n): costs.py, measured once per loaded pair and
-refreshed from every step's timings. C(P): a draft model takes in the P prompt tokens it lacks at its
-first draft of a reply, once, so that cost is spread over the N tokens its drafts are expected to yield
-in the rest of the reply (`_intake_per_token`). On top of the formula, per key and per reply, a schedule
-(`ModelSchedule`, `LookupSchedule`) ramps long drafts in (earned again in each reply) and re-checks a
-key the estimates have ruled out; a draft model stops at a token it is unsure of while unsure tokens
-mostly fail and would not pay; a reply whose lookups fail scales their first-token estimates down.
-docs/drafting.md explains each rule; tests/benchmarks/RESULTS.md measures each ("The redesigned policy").
+a_j per proposal key (acceptance.py); d, C(m), V(n) measured per pair and refreshed by every step
+(costs.py); C(P), a draft model's one-time intake of the prompt, spread over the N tokens it is expected
+to yield (`_intake_per_token`). The rules on top of the formula (ramps, re-checks, the stop at unsure
+tokens, the reply's lookup scale) are docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md.
 
 `plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
 `plan` reads is known before the step's verification, so the output distribution stays the target's.
@@ -31,37 +26,26 @@ from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, RECENCY, UNSUR
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
-# Longest draft `auto` chooses: each verified row is a row of logits in llama.cpp's output buffer (1 MB
-# at Gemma's vocabulary), and past ~24 a CPU's wider verify rarely pays (tests/benchmarks/ngram_memory.py).
+# Longest draft `auto` chooses: each verified row is a row of logits in llama.cpp's output buffer, and
+# past it a CPU's wider verify rarely pays.
 AUTO_MAX_K = 24
-# Verify sizes timed once per pair; the largest is the widest verify `auto` makes.
-PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)
-# A reply's first draft of a key is at most its ramp's start, each next at most twice what the last
-# kept: a long draft on the last reply's acceptance cost Gemma a quarter of a summary (RESULTS.md).
+PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)  # verify sizes timed once per pair
+# A key's first draft in a reply is at most RAMP_START tokens, each next at most twice what the last
+# kept: long drafts are earned again in each reply.
 RAMP_START = 4
-# A lookup's ramp starts at RAMP_START or, where longer, at the longest draft whose complete failure costs
-# at most RAMP_LOSS plain steps more than a plain step, and never falls below it (8 tokens on Gemma F32
-# here: RESULTS.md). A lookup whose drafts are kept whole may risk one plain step more per token they kept
-# (RESULTS.md, "A copy earns its length"). A draft model is re-checked where what it skipped costs at most
-# RAMP_LOSS plain steps to take in.
+# A lookup may start (and never falls below) the longest draft whose complete failure costs at most
+# RAMP_LOSS plain steps more than a plain step, plus one per token its whole drafts kept in a row; a
+# draft model is re-checked where what it skipped costs at most RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
-FIRST_PROBE_AFTER = 16  # idle steps of a lookup key before a 2-token re-check
+FIRST_PROBE_AFTER = 16  # idle steps of a key before a re-check of PROBE_LENGTH tokens, doubling
 PROBE_LENGTH = 2
-# A re-check weighs the key's earlier evidence by this: it asks whether this text differs (otherwise
-# a draft model ruled out on prose stayed out through code: Qwen K=4 1.25-1.38x, auto drafting on 3%).
+# A re-check weighs the key's earlier evidence by this: it asks whether this text differs.
 RECHECK_CARRY = 0.25
-# Where a reply's lookup proposals (drafted, or judged undrafted) keep their first token less often than
-# their kinds' estimates expect, every kind's first-token estimate in that reply is scaled down by the
-# ratio, kept over expected, each counted from this many proposals kept as expected (Qwen's story:
-# kinds kept half the time in code are kept almost never in prose; docs/results.md, "Never slower").
+# A reply's lookup first tokens kept over expected scales every lookup kind's first-token estimate in
+# that reply, both counted from this many proposals kept as expected.
 LOOKUP_REPLY_PRIOR = 0.5
-# A draft model whose best length, were its drafts kept at the prior's rate, is past RAMP_START at the
-# profiled costs (a GPU's) is not ramped: the ramp would only hold it back (it had held one at 3 tokens
-# where 8 pay), so its estimates alone choose its length; and it weighs its earlier drafts by
-# LONG_RECENCY, where two misses in a row had ruled out a draft that keeps most of its tokens. Where the
-# best is within the ramp's start (this project's CPU pairs), the ramp and the short
-# memory keep a compute-bound target from paying for long failed drafts (RESULTS.md, "At the H200's
-# costs", "The planner (2026-12-05)" and "Ramped from the profile").
+# A draft model whose best length at the prior's acceptance is past RAMP_START (a GPU's costs) is not
+# ramped, and weighs its earlier drafts by this longer memory.
 LONG_RECENCY = 0.95
 
 

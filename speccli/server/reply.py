@@ -13,6 +13,7 @@ from speccli.core.text import begins_a_stop
 from speccli.server.api_errors import ClientGone, api_error_for
 from speccli.server.schemas import ChatCompletionRequest, GenerationRequest
 from speccli.server.service import Service
+from speccli.server.tools import call_id
 from speccli.server.worker import GenerationError, Job, Speculation, Started
 
 # OpenAI's finish reasons for the Generator's.
@@ -98,6 +99,7 @@ class Reply:
             if self.chat:
                 yield self._chunk({"role": "assistant", "content": ""}, None)
             text, sent = "", 0  # with tool calls: the reply so far, and how much of it went out as content
+            calls_sent: list[int] = []  # each call streamed so far: how much of its arguments went out
             while True:
                 out: list[str] = []
                 for item in items:
@@ -108,17 +110,21 @@ class Reply:
                         if (shown := self.service.tool_style.shown_so_far(text, self.loose_calls is not None)) > sent:
                             out.append(self._chunk({"content": text[sent:shown]}, None))
                             sent = shown
+                        out += self._call_deltas(self.service.tool_style.calls_so_far(text), calls_sent)
                     elif isinstance(item, TokenEvent) and item.text:
                         out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
                     elif isinstance(item, DoneEvent):
                         finish = FINISH_REASONS[item.reason]
                         if self.reads_calls:
-                            content, calls = self._content_and_calls(text + self._trailing_text(item), item.reason)
-                            if content and content[sent:]:
+                            text += self._trailing_text(item)
+                            content, calls = self._content_and_calls(text, item.reason)
+                            if content and content[sent:] and not calls_sent:
                                 out.append(self._chunk({"content": content[sent:]}, None))
                             if calls:
                                 finish = "tool_calls"
-                                out.append(self._chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, None))
+                                begun = self._call_deltas(self.service.tool_style.calls_so_far(text)[:len(calls_sent)], calls_sent)
+                                rest = [{"index": i, **call} for i, call in enumerate(calls) if i >= len(calls_sent)]
+                                out += [*begun, *([self._chunk({"tool_calls": rest}, None)] if rest else [])]
                         elif trailing := self._trailing_text(item):
                             out.append(self._chunk({"content": trailing} if self.chat else trailing, None))
                         # With include_usage the usage comes once, on a last chunk of its own (as OpenAI
@@ -139,6 +145,23 @@ class Reply:
                 items = await next_items(self.job, None)
         finally:
             self.service.worker.cancel(self.job)  # the client left (or the reply is done, when it changes nothing)
+
+    def _call_deltas(self, calls: list[tuple[str, str]], calls_sent: list[int]) -> list[str]:
+        """Chunks for what `calls` (the reply's calls so far) add to what went out: a new call's id and
+        name with its arguments so far, then each call's arguments as they grow (OpenAI's deltas)."""
+        chunks = []
+        for index, (name, arguments) in enumerate(calls):
+            if index == len(calls_sent):
+                delta = {"index": index, "id": call_id(), "type": "function",
+                         "function": {"name": name, "arguments": arguments}}
+                calls_sent.append(0)
+            elif len(arguments) > calls_sent[index]:
+                delta = {"index": index, "function": {"arguments": arguments[calls_sent[index]:]}}
+            else:
+                continue
+            calls_sent[index] = len(arguments)
+            chunks.append(self._chunk({"tool_calls": [delta]}, None))
+        return chunks
 
     def _envelope(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.service.model_id}

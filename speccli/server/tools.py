@@ -176,6 +176,29 @@ class ToolStyle:
                 break
         return len(before.rstrip())
 
+    def calls_so_far(self, text: str) -> list[tuple[str, str]]:
+        """The calls a reply has begun, as far as it has written them, for streaming: each one's name (once
+        whole) and the JSON text of its arguments so far, up to their closing brace where written. A call
+        inside <tool_call> (hermes), or the json style's `tool_call`/`tool_calls`; not a `loose_call`,
+        which is one only once the reply ends. Arguments cut short never close, so never parse."""
+        calls: list[tuple[str, str]] = []
+        if self.name == "json":
+            lead = _JSON_CALLS.match(text)
+            at = lead.end() if lead else -1
+        else:
+            at = _after(text, OPEN, 0)
+        while at >= 0 and (head := _CALL_HEAD.match(text, at)):
+            end = _json_end(text, head.end())
+            calls.append((json.loads(head[1]), text[head.end():end]))
+            if end is None:
+                break
+            if self.name == "json":
+                following = _NEXT_CALL.match(text, end)
+                at = following.end() if following else -1
+            else:
+                at = _after(text, OPEN, end)
+        return calls
+
 
 # A whole reply that is one JSON object, bare or in a markdown block.
 _LOOSE_CALL = re.compile(r"\s*(?:```(?:json)?\s*(\{.*\})\s*```|(\{.*\}))\s*", re.S)
@@ -229,6 +252,34 @@ def _may_become_loose_call(text: str) -> bool:
     return not rest or rest.startswith("{")
 
 
+# A call's JSON as far as its arguments' opening brace (its name first, as the grammar writes it); the
+# json style's opening, and what lies between two of its calls.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
+_JSON_CALLS = re.compile(r'\s*\{\s*"tool_calls?"\s*:\s*\[?')
+_NEXT_CALL = re.compile(r'\s*\}\s*,')
+_JSON_PART = re.compile(r'"(?:[^"\\]|\\.)*(")?|[{}\[\]]')  # a string (closed or not), or a bracket
+
+
+def _after(text: str, marker: str, start: int) -> int:
+    at = text.find(marker, start)
+    return at + len(marker) if at >= 0 else -1
+
+
+def _json_end(text: str, start: int) -> int | None:
+    """Where the JSON object or array at `start` ends, None where the text ends first."""
+    depth = 0
+    for part in _JSON_PART.finditer(text, start):
+        if part[0][0] == '"':
+            if part[1] is None:
+                return None
+        elif part[0] in "{[":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return part.end()
+    return None
+
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
 
@@ -257,8 +308,12 @@ def _rebased(schema: Any, base: str) -> Any:
     return schema
 
 
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _call(call: dict[str, Any]) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    return {"id": call_id(), "type": "function",
             "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
 
 
