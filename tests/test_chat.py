@@ -166,6 +166,16 @@ def test_piped_lines_are_turns_with_the_models_chat_template(chat_pair):
         assert 0 < after["prefill_tokens"] <= new_tokens
 
 
+
+@pytest.mark.parametrize("piped", ["", "\n  \n\t\n"])
+def test_piped_input_with_no_message_is_refused_before_the_models_load(chat_pair, piped):
+    """It had loaded both models, then ended with nothing done; the control: one line after blank ones is a turn."""
+    result = chat(chat_pair, "-n", "2", input=piped)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == "error: no message was piped in (stdin ended before a line that is not blank)\n"
+    result = chat(chat_pair, "-n", "2", "--json", input=piped + "hello\n")
+    assert result.exit_code == 0 and [r["prompt"] for r in records(result.stdout)[:-1]] == ["hello"]
+
 # --- conversation and KV reuse, through the Python API ----------------------------------------------
 
 

@@ -2,6 +2,7 @@
 read as text the models can take, and how the session ends (exit status, Ctrl-C, a closed stdin)."""
 from __future__ import annotations
 
+import itertools
 import sys
 from typing import Iterator
 
@@ -54,9 +55,19 @@ def typed_lines(display: Display) -> Iterator[str]:
         yield line
 
 
-def piped_lines(display: Display) -> Iterator[str]:
-    """Piped stdin, one message per line, read as bytes so that one bad line costs nothing else."""
+def first_piped_line() -> bytes:
+    """Piped stdin's first line that is not blank, read before seconds of model loading: stdin that
+    holds none is refused then (as an empty `--prompt -` is), not after the models loaded."""
     for raw in sys.stdin.buffer:
+        if raw.strip():
+            return raw
+    raise SpeccliError("no message was piped in (stdin ended before a line that is not blank)")
+
+
+def piped_lines(display: Display, first: bytes) -> Iterator[str]:
+    """Piped stdin, one message per line (`first` before them), read as bytes so that one bad line
+    costs nothing else."""
+    for raw in itertools.chain([first], sys.stdin.buffer):
         line, repaired = as_text(raw)
         if line.strip():
             display.echo_user(line.strip())
@@ -104,6 +115,7 @@ def run_chat(
     _require_stdin(prompt)
     display = Display(_output_mode(json_output), provenance=provenance)
     message = one_message(prompt, display) if prompt is not None else None
+    piped = None if prompt is not None or sys.stdin.isatty() else first_piped_line()
     if system is not None:
         system, _ = as_text(system)
     with open_pair(request) as pair:
@@ -130,7 +142,7 @@ def run_chat(
             elif sys.stdin.isatty():
                 session.run(typed_lines(display))
             else:
-                failed = session.run(piped_lines(display), stopping_ends=True)
+                failed = session.run(piped_lines(display, piped), stopping_ends=True)
                 if session.finish_reason == "interrupted":  # a script must not take the replies for all it sent
                     raise KeyboardInterrupt
                 if failed:  # a script feeding chat must see that lines failed
