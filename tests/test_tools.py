@@ -12,7 +12,7 @@ import jsonschema
 import llguidance
 import pytest
 
-from speccli.core.constraint import Grammar
+from speccli.core.constraint import Grammar, GrammarError, GrammarSpec
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.server.tools import OPEN, ToolRequest, ToolStyle, tool_style_for
 from tests.test_server import CHAT_TEMPLATE, MODEL, assert_openai_error, ask, client, post, serving
@@ -110,6 +110,31 @@ def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabul
     assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
 
 
+
+@pytest.mark.parametrize("schema, reply, lead", [
+    ({"const": "</tool_call>"}, '"</tool_call>"', ""),
+    ({"type": "object", "required": ["tag"], "additionalProperties": False, "properties": {"tag": {"enum": ["</tool_call>"]}}},
+     '{"tag": "</tool_call>"}', '{"tag": '),
+])
+def test_forced_text_that_spells_a_special_token_is_written_as_text(qwen_vocabulary, schema, reply, lead):
+    """Forced bytes "</tool_call>" tokenize to Qwen's special token, which a grammar's string does not take:
+    the forced tokens stop before it (serve had answered 500, "the grammar allows no token here"), and the
+    text's ordinary tokens complete the reply. The control: llguidance's forced tokens, taken whole, fail."""
+    def ordinary(text: str) -> list[int]:  # a piece at a time: never a special token
+        return [token for piece in text for token in qwen_vocabulary.tokenize(piece, False, False)]
+
+    grammar = Grammar(GrammarSpec.json_schema(schema), qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab)
+    constraint = grammar.start()
+    constraint.push(ordinary(lead))
+    forced = constraint.forced(64)
+    constraint.push(forced)
+    rest = reply[len(lead) + len(qwen_vocabulary.detokenize(forced).decode()):]
+    assert "</tool_call>" in rest and constraint.accepts(ordinary(rest))
+    control = grammar.start()
+    control.push(ordinary(lead))
+    with pytest.raises(GrammarError, match="allows no token here"):
+        control.push(control._matcher.compute_ff_tokens())
+
 # A reference into its own definitions, as pydantic writes a nested model: re-pointed where the grammar nests it.
 CITY = {"$defs": {"City": {"enum": ["Paris", "Rome"]}}, "type": "object", "additionalProperties": False,
         "required": ["city"], "properties": {"city": {"$ref": "#/$defs/City"}}}
@@ -144,7 +169,8 @@ def test_a_hermes_reply_reads_back_as_content_and_calls():
     cut = "Sure.\n" + hermes(PARIS)[:30]  # max_tokens ended it inside a call: all of it is content
     assert style.read(cut) == (cut, [])
     # Streamed: the text up to where a call may begin, whitespace held back (it may lead into one).
-    assert [style.shown_so_far(text) for text in ("Sure", "Sure \n", "Sure <tool", "Sure.\n<tool_call>\n{", "a < b")] == [4, 4, 4, 5, 5]
+    assert [style.shown_so_far(text) for text in ("Sure", "Sure \n", "Sure <tool", "Sure.\n<tool_call>\n{", "a < b")] == \
+        ["Sure", "Sure", "Sure", "Sure.", "a < b"]
 
 
 def test_other_templates_get_the_tools_in_a_system_message_and_reply_in_json():
@@ -240,12 +266,12 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
         whole = ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice="required", max_tokens=200)
         written = whole.usage.completion_tokens
         cut_short = 0
-        for tokens in sorted({written // 3, written // 2, 2 * written // 3, written - 3}):
+        for tokens in sorted({2, written // 3, written // 2, 2 * written // 3, written - 3}):
             chunks = [chunk.choices[0] for chunk in ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice="required",
                                                          max_tokens=tokens, stream=True) if chunk.choices]
             assert chunks[-1].finish_reason == "length"
+            assert not "".join(chunk.delta.content or "" for chunk in chunks)  # the call's text is not content, begun or not
             for (_, arguments, _), call in zip(streamed_calls(chunks), whole.choices[0].message.tool_calls):
-                assert not "".join(chunk.delta.content or "" for chunk in chunks)  # the call's text is not content
                 try:
                     parsed = json.loads(arguments)
                 except ValueError:
@@ -253,6 +279,20 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
                 else:
                     assert parsed == json.loads(call.function.arguments)  # whole: the cut came after them
         assert cut_short
+
+
+@pytest.mark.parametrize("answer", ["Sunny, 21 \u00b0C \U0001F600 in \"Paris\"\\n", ""])
+def test_a_json_replys_text_answer_streams_as_it_is_written(answer):
+    """A json-style reply under `auto` is `{"response": "..."}`: its text had come only at the end. At every
+    cut, the content shown is a beginning of the answer (an escape begun, or half a surrogate pair, held
+    back), and all of it once whole; a cut reply's content is its answer so far. A call shows nothing."""
+    style = ToolStyle("json")
+    for text in (json.dumps({"response": answer}), json.dumps({"response": answer}, ensure_ascii=False, indent=1)):
+        shown = [style.shown_so_far(text[:cut]) for cut in range(len(text) + 1)]
+        assert all(answer.startswith(part) for part in shown) and shown[-1] == answer == style.read(text)[0]
+    assert style.shown_so_far('{"response": "x"}', answered_in_text=False) == ""  # JSON under response_format: at the end
+    call = json.dumps({"tool_call": {"name": "add", "arguments": {"a": "{\"response\": \"x"}}})
+    assert [style.shown_so_far(call[:cut]) for cut in range(len(call) + 1)] == [""] * (len(call) + 1)
 
 
 def streamed_calls(chunks) -> list[tuple[str, str, int]]:
@@ -378,8 +418,8 @@ def test_a_call_written_as_bare_json_under_auto_is_read_where_its_tool_takes_it(
             assert style.read(text, offered) == (text, []), text
         assert style.read(fenced(PARIS)) == (fenced(PARIS), [])  # not read where not asked (not under auto)
         # Streamed, a reply that may still become one is held back; any other streams as before.
-        shown = [style.shown_so_far(text, loose=True) for text in ("```", "```json\n{", "  {", "```python\nx = 1", "Sure")]
-        assert shown == [0, 0, 0, 15, 4] and style.shown_so_far("```json\n{", loose=False) == 9
+        shown = [len(style.shown_so_far(text, loose=True)) for text in ("```", "```json\n{", "  {", "```python\nx = 1", "Sure")]
+        assert shown == [0, 0, 0, 15, 4] and style.shown_so_far("```json\n{", loose=False) == "```json\n{"
 
 
 def test_the_grammar_vocabulary_is_built_once_when_requests_ask_at_once(tiny_model: Path, monkeypatch) -> None:

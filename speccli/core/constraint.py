@@ -183,8 +183,13 @@ class Constraint:
         return f"the grammar allows no token here{f' ({error})' if error else ''}"
 
     def forced(self, limit: int) -> list[int]:
-        """The tokens the grammar forces next (its canonical tokenization of the forced text), at most `limit`."""
-        return self._matcher.compute_ff_tokens()[:limit] if limit > 0 and not self._matcher.is_stopped() else []
+        """The tokens the grammar forces next (its canonical tokenization of the forced text), at most `limit`,
+        as far as the grammar takes them: forced text that spells a special token (`</tool_call>` inside a
+        string) tokenizes to that token, which the grammar does not take as text."""
+        if limit <= 0 or self._matcher.is_stopped():
+            return []
+        forced = self._matcher.compute_ff_tokens()[:limit]
+        return forced[: self.legal_prefix(forced)]
 
     def legal_prefix(self, tokens: Sequence[int]) -> int:
         """How many of `tokens`, in order, the grammar allows from here."""

@@ -63,8 +63,11 @@ class Reply:
 
     def _content_and_calls(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
         """The reply's content and tool calls: a reply cut short (by max_tokens) is all content."""
-        if not self.reads_calls or FINISH_REASONS[reason] != "stop":
+        if not self.reads_calls:
             return text, []
+        if FINISH_REASONS[reason] != "stop":
+            answer = self.service.tool_style.answer_so_far(text) if self.answered_in_text else None
+            return (text if answer is None else answer), []
         return self.service.tool_style.read(text, self.loose_calls, self.answered_in_text)
 
     def _trailing_text(self, done: DoneEvent) -> str:
@@ -98,7 +101,7 @@ class Reply:
         try:
             if self.chat:
                 yield self._chunk({"role": "assistant", "content": ""}, None)
-            text, sent = "", 0  # with tool calls: the reply so far, and how much of it went out as content
+            text, sent = "", 0  # with tool calls: the reply so far, and how much content went out
             calls_sent: list[int] = []  # each call streamed so far: how much of its arguments went out
             while True:
                 out: list[str] = []
@@ -107,9 +110,10 @@ class Reply:
                         self.cached_tokens = item.cached_tokens
                     elif isinstance(item, TokenEvent) and item.text and self.reads_calls:
                         text += item.text
-                        if (shown := self.service.tool_style.shown_so_far(text, self.loose_calls is not None)) > sent:
-                            out.append(self._chunk({"content": text[sent:shown]}, None))
-                            sent = shown
+                        shown = self.service.tool_style.shown_so_far(text, self.loose_calls is not None, self.answered_in_text)
+                        if len(shown) > sent:
+                            out.append(self._chunk({"content": shown[sent:]}, None))
+                            sent = len(shown)
                         out += self._call_deltas(self.service.tool_style.calls_so_far(text), calls_sent)
                     elif isinstance(item, TokenEvent) and item.text:
                         out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
@@ -118,7 +122,9 @@ class Reply:
                         if self.reads_calls:
                             text += self._trailing_text(item)
                             content, calls = self._content_and_calls(text, item.reason)
-                            if content and content[sent:] and not calls_sent:
+                            if finish != "stop":  # cut short: a call begun went out as far as it went, its text not as content
+                                content = self.service.tool_style.shown_so_far(text, False, self.answered_in_text)
+                            if content and content[sent:]:
                                 out.append(self._chunk({"content": content[sent:]}, None))
                             if calls:
                                 finish = "tool_calls"

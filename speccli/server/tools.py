@@ -163,18 +163,29 @@ class ToolStyle:
         except (ValueError, KeyError, TypeError):
             return text, []
 
-    def shown_so_far(self, text: str, loose: bool = False) -> int:
-        """How much of a reply's text can be streamed as content before it ends: a hermes reply's text up to
-        where a call may begin (whitespace held back: it may lead into one), none while it may be a
-        `loose_call` where those are read; nothing of a json reply."""
-        if self.name == "json" or loose and _may_become_loose_call(text):
-            return 0
+    def shown_so_far(self, text: str, loose: bool = False, answered_in_text: bool = True) -> str:
+        """The content a reply's text can stream before it ends: a hermes reply's text up to where a call
+        may begin (whitespace held back: it may lead into one), none while it may be a `loose_call` where
+        those are read; a json reply's answer as far as it is written, where it is text."""
+        if self.name == "json":
+            return (self.answer_so_far(text) or "") if answered_in_text else ""
+        if loose and _may_become_loose_call(text):
+            return ""
         before = text.partition(OPEN)[0]
         for cut in range(min(len(OPEN) - 1, len(before)), 0, -1):  # a marker begun at the end
             if OPEN.startswith(before[-cut:]):
                 before = before[:-cut]
                 break
-        return len(before.rstrip())
+        return before.rstrip()
+
+    def answer_so_far(self, text: str) -> str | None:
+        """A json reply's text answer, `{"response": "..."}`, decoded as far as it is written (an escape
+        begun at the end left out); None where the reply is not one (a call, or not yet either)."""
+        written = _TEXT_ANSWER.match(text) if self.name == "json" else None
+        if written is None:
+            return None
+        answer = json.loads(f'"{written[1]}"')
+        return answer[:-1] if answer and "\ud800" <= answer[-1] <= "\udbff" else answer  # half a surrogate pair
 
     def calls_so_far(self, text: str) -> list[tuple[str, str]]:
         """The calls a reply has begun, as far as it has written them, for streaming: each one's name (once
@@ -257,6 +268,7 @@ def _may_become_loose_call(text: str) -> bool:
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
 _JSON_CALLS = re.compile(r'\s*\{\s*"tool_calls?"\s*:\s*\[?')
 _NEXT_CALL = re.compile(r'\s*\}\s*,')
+_TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"((?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*)')
 _JSON_PART = re.compile(r'"(?:[^"\\]|\\.)*(")?|[{}\[\]]')  # a string (closed or not), or a bracket
 
 
