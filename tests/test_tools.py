@@ -320,7 +320,9 @@ def test_a_streamed_calls_arguments_grow_with_the_text_and_close_only_when_whole
     whole = tool_style.calls_so_far(text)
     assert [(name, json.loads(arguments)) for name, arguments in whole] == \
         [(call["function"]["name"], json.loads(call["function"]["arguments"])) for call in tool_style.read(text)[1]]
+    scanned: dict = {}  # as a stream keeps it: each read goes on from the last
     for cut in range(len(text)):
+        assert tool_style.calls_so_far(text[:cut], scanned) == tool_style.calls_so_far(text[:cut])
         for (name, arguments), (whole_name, whole_arguments) in zip(tool_style.calls_so_far(text[:cut]), whole):
             assert name == whole_name and whole_arguments.startswith(arguments)
             if arguments != whole_arguments:

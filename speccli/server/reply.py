@@ -103,6 +103,7 @@ class Reply:
                 yield self._chunk({"role": "assistant", "content": ""}, None)
             text, sent = "", 0  # with tool calls: the reply so far, and how much content went out
             calls_sent: list[int] = []  # each call streamed so far: how much of its arguments went out
+            scanned: dict[int, tuple[int, int, bool]] = {}  # how far the calls' arguments were read (`calls_so_far`)
             while True:
                 out: list[str] = []
                 for item in items:
@@ -114,7 +115,7 @@ class Reply:
                         if len(shown) > sent:
                             out.append(self._chunk({"content": shown[sent:]}, None))
                             sent = len(shown)
-                        out += self._call_deltas(self.service.tool_style.calls_so_far(text), calls_sent)
+                        out += self._call_deltas(self.service.tool_style.calls_so_far(text, scanned), calls_sent)
                     elif isinstance(item, TokenEvent) and item.text:
                         out.append(self._chunk({"content": item.text} if self.chat else item.text, None))
                     elif isinstance(item, DoneEvent):
@@ -128,7 +129,7 @@ class Reply:
                                 out.append(self._chunk({"content": content[sent:]}, None))
                             if calls:
                                 finish = "tool_calls"
-                                begun = self._call_deltas(self.service.tool_style.calls_so_far(text)[:len(calls_sent)], calls_sent)
+                                begun = self._call_deltas(self.service.tool_style.calls_so_far(text, scanned)[:len(calls_sent)], calls_sent)
                                 rest = [{"index": i, **call} for i, call in enumerate(calls) if i >= len(calls_sent)]
                                 out += [*begun, *([self._chunk({"tool_calls": rest}, None)] if rest else [])]
                         elif trailing := self._trailing_text(item):

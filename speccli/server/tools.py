@@ -187,11 +187,12 @@ class ToolStyle:
         answer = json.loads(f'"{written[1]}"')
         return answer[:-1] if answer and "\ud800" <= answer[-1] <= "\udbff" else answer  # half a surrogate pair
 
-    def calls_so_far(self, text: str) -> list[tuple[str, str]]:
+    def calls_so_far(self, text: str, scanned: dict[int, tuple[int, int, bool]] | None = None) -> list[tuple[str, str]]:
         """The calls a reply has begun, as far as it has written them, for streaming: each one's name (once
         whole) and the JSON text of its arguments so far, up to their closing brace where written. A call
         inside <tool_call> (hermes), or the json style's `tool_call`/`tool_calls`; not a `loose_call`,
-        which is one only once the reply ends. Arguments cut short never close, so never parse."""
+        which is one only once the reply ends. Arguments cut short never close, so never parse.
+        `scanned`: kept between calls on a growing text, so that each reads only what was added."""
         calls: list[tuple[str, str]] = []
         if self.name == "json":
             lead = _JSON_CALLS.match(text)
@@ -199,7 +200,7 @@ class ToolStyle:
         else:
             at = _after(text, OPEN, 0)
         while at >= 0 and (head := _CALL_HEAD.match(text, at)):
-            end = _json_end(text, head.end())
+            end = _json_end(text, head.end(), {} if scanned is None else scanned)
             calls.append((json.loads(head[1]), text[head.end():end]))
             if end is None:
                 break
@@ -269,7 +270,8 @@ _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"argume
 _JSON_CALLS = re.compile(r'\s*\{\s*"tool_calls?"\s*:\s*\[?')
 _NEXT_CALL = re.compile(r'\s*\}\s*,')
 _TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"((?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*)')
-_JSON_PART = re.compile(r'"(?:[^"\\]|\\.)*(")?|[{}\[\]]')  # a string (closed or not), or a bracket
+_JSON_PART = re.compile(r'["{}\[\]]')  # a string's opening quote, or a bracket
+_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*(")?', re.S)  # a string's characters, and its closing quote if written
 
 
 def _after(text: str, marker: str, start: int) -> int:
@@ -277,20 +279,29 @@ def _after(text: str, marker: str, start: int) -> int:
     return at + len(marker) if at >= 0 else -1
 
 
-def _json_end(text: str, start: int) -> int | None:
-    """Where the JSON object or array at `start` ends, None where the text ends first."""
-    depth = 0
-    for part in _JSON_PART.finditer(text, start):
-        if part[0][0] == '"':
-            if part[1] is None:
+def _json_end(text: str, start: int, scanned: dict[int, tuple[int, int, bool]]) -> int | None:
+    """Where the JSON object or array at `start` ends, None where the text ends first. `scanned[start]`:
+    how far an earlier call read a beginning of this text, the depth there, and whether inside a string."""
+    at, depth, in_string = scanned.get(start, (start, 0, False))
+    while True:
+        if in_string:
+            rest = _STRING_REST.match(text, at)
+            at = rest.end()
+            if rest[1] is None:  # the string goes on past the text (an escape begun at its end left unread)
+                scanned[start] = (at, depth, True)
                 return None
-        elif part[0] in "{[":
+        part = _JSON_PART.search(text, at)
+        if part is None:
+            scanned[start] = (len(text), depth, False)
+            return None
+        at, in_string = part.end(), part[0] == '"'
+        if part[0] in "{[":
             depth += 1
-        else:
+        elif part[0] in "}]":
             depth -= 1
             if depth == 0:
-                return part.end()
-    return None
+                return at
+
 
 def _object(properties: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
