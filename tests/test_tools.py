@@ -257,6 +257,8 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
             chunks = [chunk.choices[0] for chunk in ask(c, "Weather in Paris?", tools=[WEATHER, ADD], tool_choice=choice,
                                                          max_tokens=200, stream=True) if chunk.choices]
             assert "".join(chunk.delta.content or "" for chunk in chunks) == (whole.message.content or "")
+            # As OpenAI sends it: a reply that can only be calls has no content, not an empty one.
+            assert (chunks[0].delta.role, chunks[0].delta.content) == ("assistant", None if choice == "required" else "")
             streamed = streamed_calls(chunks)
             assert [(name, json.loads(arguments)) for name, arguments, _ in streamed] == \
                 [(call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls or ()]

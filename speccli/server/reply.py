@@ -58,6 +58,7 @@ class Reply:
         self.cached_tokens = 0
         tools = body.tool_request() if isinstance(body, ChatCompletionRequest) else None
         self.reads_calls = tools is not None and tools.calls  # whether the reply's text may hold tool calls
+        self.only_calls = self.reads_calls and tools.choice != "auto"  # required, or a function named: no content
         self.answered_in_text = tools is None or tools.answer is None  # else JSON, under response_format
         self.loose_calls = service.loose_calls(tools)  # calls written as bare JSON, where they are read
 
@@ -100,7 +101,7 @@ class Reply:
     async def stream(self, items: list[object]) -> AsyncIterator[str]:
         try:
             if self.chat:
-                yield self._chunk({"role": "assistant", "content": ""}, None)
+                yield self._chunk({"role": "assistant", "content": None if self.only_calls else ""}, None)
             text, sent = "", 0  # with tool calls: the reply so far, and how much content went out
             calls_sent: list[int] = []  # each call streamed so far: how much of its arguments went out
             scanned: dict[int, tuple[int, int, bool]] = {}  # how far the calls' arguments were read (`calls_so_far`)
