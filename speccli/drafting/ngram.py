@@ -1,19 +1,11 @@
 """Draft-free drafting by lookup: propose what followed the longest earlier match of the context's end.
 
-Text that repeats its input (rewriting code given in the prompt, quoting, filling a repetitive
-structure) is predicted exactly by its own history. The index keeps, for every token id, the
-positions where it occurs (a growing array of 32-bit ints: 0.4 MiB for 16k tokens of text-like ids,
-where a dict of every 1..8-gram took 8 MiB), and grows incrementally: a new token is one append. A
-lookup starts from the earlier occurrences of the context's last token and narrows them in numpy,
-comparing one position further back per pass while they are many and eight once they are few, to
-those that match the context's end longest; the most recent of them is the match. Its cost grows with
-how often the last token occurred, not with the context (tests/benchmarks/ngram_lookup.py).
-
-The policy key says what kind of match it is, and the K policy learns each kind apart: its length (a
-12-token match predicts far better than a 1-token one), and how the matched text went on wherever it
-occurred before (as llama.cpp's n-gram cache counts continuations): once, each time with the token
-proposed now, or variously. Their first tokens are kept at very different rates (RESULTS.md): a short
-match in prose is mostly a common word whose earlier occurrences went on differently.
+The index keeps, for every token id, the positions where it occurs, and grows by one append a token.
+A lookup narrows the earlier occurrences of the last token, in numpy, to those that match the
+context's end longest; the most recent of them is the match (docs/drafting.md, *The lookup*). Its key
+tells the K policy what kind of match it is: its length, and how the matched text went on wherever it
+occurred before (once, each time as now, or variously), whose first tokens are kept at very different
+rates.
 """
 from __future__ import annotations
 

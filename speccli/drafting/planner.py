@@ -1,24 +1,10 @@
 """The planner: it owns each step's drafting, from asking the sources to learning from the verdict.
 
-A step, in the order the planner asks (docs/drafting.md walks through it):
-
-1. The lookup (if the spec has one) is asked for its match at the context's end: tokens, length and
-   kind. The K policy plans a length for that kind; a plan of none leaves the match to be judged
-   against what the step yields (`Draft.judged`), so the lookup's estimates follow the text for free.
-2. With a draft model as well, the lookup's draft stands where the model is not expected to do better
-   (`Plan.rate`, the model's catch-up and owed prompt priced in).
-3. Otherwise the draft model drafts: the policy plans its length; the model takes in what it lacks,
-   then gives one token at a time. After each, the policy may stop it on its confidence
-   (`KPolicy.keep_drafting`), and the lookup is asked to continue from there: a continuation expected
-   to pay at least as well as more of the model's tokens takes the rest of the draft over (where a
-   reply starts to copy, the model's first tokens lead the lookup into the copied text).
-4. After the target's decode, `observe` tells the policy what was drafted and kept, and the lookup what
-   was kept (the suffix store).
-
-Under a fixed K (no estimates, `Plan.rate` None) the same loop runs: the first source that proposes
-drafts all K tokens, nothing stops early and nothing takes over. Sources never see the policy: a lookup
-returns a `Match`, a draft model a `NextToken` (or, of another vocabulary, a block of tokens). Each rule
-replayed with it removed: tests/benchmarks/RESULTS.md.
+The order it asks them in (the grammar's forced tokens, the lookup, which source drafts, the draft
+model token by token with its stop and the lookup's take-over, then `observe`) is docs/drafting.md's
+*One step, as the planner runs it*; the numbers in `_draft` follow it. Sources never see the policy: a
+lookup returns a `Match`, a draft model a `NextToken` (or, of another vocabulary, a block of tokens).
+Under a fixed K (`Plan.rate` None) the first source that proposes drafts all K tokens.
 """
 from __future__ import annotations
 

@@ -1,21 +1,10 @@
-"""Drafts from earlier replies as well as the context: the lookup (speccli/drafting/ngram.py), and the
-same lookup in a store of what the target said before, in other requests and other sessions.
-
-Much of what people run locally repeats across requests rather than within one: the same JSON keys
-over many inputs, one action format in an agent's every step, a reply regenerated. The store keeps
-each reply with the few prompt tokens before it (so that a reply's first tokens match too), one token
-array with a separator between replies, indexed as the lookup indexes the context. A step looks up the
-context's end in both; the longer match drafts (the context's on a tie: it is this text's own). In the
-store, a match's continuation is walked as in a suffix tree (SuffixDecoding, Oliaro et al. 2024): of
-the earlier occurrences that match, the token that followed most of them is proposed, the occurrences
-narrowed to those it followed, and so on while the share of them that went on that way, multiplied
-along the walk, stays at least MIN_SHARE. The K policy learns each kind of store match apart
-(`suffix:12+/same`, ...), as it learns the lookup's.
+"""Drafts from earlier replies as well as the context: the lookup (ngram.py), and the same lookup in a
+store of what the target said before, its match's continuation walked as in a suffix tree
+(SuffixDecoding); docs/drafting.md, *Earlier replies*.
 
 The store is filled only with tokens the target kept, after they were kept, so a draft depends on the
-past alone; its tokens are proposed with certainty and verified by the lookup's rule. Where it lives:
-one per chat session, one per target in serve, and, with `--remember`, a file per target vocabulary in
-speccli's cache (speccli/remembered/stores.py).
+past alone; its tokens are proposed with certainty and verified by the lookup's rule. Where it lives
+(a chat session, a serve process, a file with `--remember`: speccli/remembered/stores.py) is the caller's.
 """
 from __future__ import annotations
 

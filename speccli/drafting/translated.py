@@ -1,24 +1,10 @@
-"""A draft model of another vocabulary: its drafted text, re-tokenized by the target, is the proposal.
+"""A draft model of another vocabulary: its drafted text, re-tokenized by the target, is the proposal
+(string-level drafting, SLEM; or, sampling where the vocabularies share enough tokens, token-level
+intersection, TLI). docs/drafting.md, *A draft of another vocabulary*, says how each works and when.
 
-String-level drafting (SLEM, Timor et al., ICML 2025; transformers' Universal Assisted Generation).
-Each step the draft model reads the context as text (the target's tokens rendered, special tokens
-included, and tokenized by the draft's own vocabulary: its cache keeps the longest prefix that still
-matches), drafts k tokens of its own, and the target's tokenizer turns a short window of the context's
-last tokens plus the drafted text into target ids. Where the window comes back as the same ids, the
-ids after it are the proposal; where it does not (the drafted text would merge into the context's last
-token), nothing is proposed this step. Drafted text that ends inside a word is cut before that word:
-the text after it could have made the word other tokens.
-
-The proposal carries no q: it is verified as a lookup's is (accept x with probability p(x), else draw
-from p without x), which is exact for any proposal chosen from the past and the draft's own randomness
-(docs/exactness.md). The draft pays for re-tokenizing the context each step.
-
-Token-level intersection (TLI; transformers' UniversalSpeculativeDecodingGenerator, vLLM) is the other
-mode: the draft draws only among the tokens both vocabularies spell alike (its distribution restricted
-to them and renormalised), each proposed as the target's token of that text with that distribution as
-its q, verified by the standard rule: at temperature > 0 a token is then kept with min(1, p/q) rather
-than p. A pair whose vocabularies share enough tokens (TLI_MIN_SHARE) drafts shared tokens when sampling
-and text when greedy, where each was kept more often (docs/results.md, "Drafts of another vocabulary").
+Text proposals carry no q: they are verified as a lookup's are (x kept with probability p(x), else a
+draw from p without x), exact for any proposal made from the past and the draft's own randomness. A
+TLI token's q is the draft's distribution restricted to the shared tokens, verified by the usual rule.
 """
 from __future__ import annotations
 
