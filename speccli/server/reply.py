@@ -63,7 +63,8 @@ class Reply:
         self.loose_calls = service.loose_calls(tools)  # calls written as bare JSON, where they are read
 
     def _content_and_calls(self, text: str, reason: str) -> tuple[str | None, list[dict]]:
-        """The reply's content and tool calls: a reply cut short (by max_tokens) is all content."""
+        """The reply's content and tool calls: a reply cut short (by max_tokens) is all content (a json
+        reply's text answer: the answer so far)."""
         if not self.reads_calls:
             return text, []
         if FINISH_REASONS[reason] != "stop":
