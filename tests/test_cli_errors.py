@@ -598,8 +598,9 @@ def test_env_says_gpu_offload_only_where_a_gpu_is():
 
 
 @pytest.mark.parametrize(("schema", "line"), [
-    ("[1, 2]", "error: --json-schema: a JSON schema must be an object, got list"),  # had been "no such file"
-    ("true", "error: --json-schema: a JSON schema must be an object, got bool"),
+    ("[1, 2]", "error: --json-schema: a JSON schema must be an object or a boolean, got list"),  # had been "no such file"
+    ("3", "error: --json-schema: a JSON schema must be an object or a boolean, got int"),
+    ("false", "error: --json-schema: no text satisfies it (false, the schema nothing satisfies)"),
     ("missing.schema.json", "error: --json-schema missing.schema.json: no such file"),  # the control: a file's name
 ])
 def test_json_that_is_no_object_is_read_as_a_schema_not_a_file_name(schema, line):

@@ -395,6 +395,13 @@ def test_a_schema_that_cannot_be_compiled_is_refused_naming_where_and_what(schem
     assert str(refused.value) == f"response_format: {says}"
 
 
+def test_the_boolean_schemas_are_any_json_and_nothing() -> None:
+    assert GrammarSpec.json_schema(True) == GrammarSpec.json_schema({})  # true: any JSON (it had been refused)
+    check_grammar(GrammarSpec.json_schema(True))
+    with pytest.raises(GrammarError, match="no text satisfies it"):
+        GrammarSpec.json_schema(False, "response_format")
+
+
 def test_a_schema_nested_past_llguidances_depth_is_refused_not_a_crash() -> None:
     deep: dict = {"type": "string"}
     for _ in range(300):

@@ -198,7 +198,7 @@ class ChatSession:
             next_turn = "" if self.one_shot else "; the next turn drops the oldest turns"
             self.display.notice(f"(the {self.n_ctx}-token context is full: reply cut{next_turn})")
         elif reason == "max_tokens":
-            self.display.notice(f"(reply cut at {self.max_tokens} tokens: --max-tokens)")
+            self.display.notice(f"(reply cut at {self.max_tokens} token{'s' if self.max_tokens > 1 else ''}: --max-tokens)")
         drafting = self.generator.policy.reply
         if run.steps and drafting is not None and not drafting.chosen and not self._said_no_pay:
             self._said_no_pay = True

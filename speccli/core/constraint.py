@@ -55,9 +55,12 @@ class GrammarSpec:
 
     @staticmethod
     def json_schema(schema: Any, name: str = "the JSON schema") -> GrammarSpec:
-        if not isinstance(schema, dict):
-            raise GrammarError(f"{name}: a JSON schema must be an object, got {type(schema).__name__}")
-        return GrammarSpec("json_schema", json.dumps(schema), name)
+        """`schema` (true, the boolean schema any JSON satisfies, as {}; false, which none does, refused)."""
+        if schema is False:
+            raise GrammarError(f"{name}: no text satisfies it (false, the schema nothing satisfies)")
+        if not isinstance(schema, dict) and schema is not True:
+            raise GrammarError(f"{name}: a JSON schema must be an object or a boolean, got {type(schema).__name__}")
+        return GrammarSpec("json_schema", json.dumps({} if schema is True else schema), name)
 
     @staticmethod
     def json_object() -> GrammarSpec:
