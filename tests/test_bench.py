@@ -174,6 +174,20 @@ def test_an_interrupted_run_reports_the_rounds_it_finished(pair_args, tmp_path, 
     assert report["stopped"] in " ".join(result.stdout.decode().split())
 
 
+def test_a_grammar_that_lets_the_target_end_at_once_is_one_line_not_a_report(pair_args, tmp_path) -> None:
+    """Every output empty, the report had shown 0/0 tokens beside a 1.62x predicted speedup, 8/8 drafts
+    kept and a greedy check passed. The control: a grammar that asks for a token measures."""
+    empty = tmp_path / "empty.gbnf"
+    empty.write_text('root ::= ""\n')  # a reply may only end at once
+    result = invoke(*pair_args, "--spec", "model", "--k", "3", *FAST, "--grammar", str(empty))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.splitlines()[-1] == ("error: the target alone ended its reply to the 'extract' prompt at once (--json-schema "
+                                              "or --grammar lets a reply end there): there is nothing to time")
+    letter = tmp_path / "letter.gbnf"
+    letter.write_text('root ::= [a-z]+\n')
+    assert invoke(*pair_args, "--spec", "model", "--k", "3", *FAST, "--grammar", str(letter)).exit_code == 0
+
+
 def test_an_interrupt_in_the_warm_up_has_nothing_to_report(pair_args, tmp_path, monkeypatch) -> None:
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

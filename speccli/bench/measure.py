@@ -198,6 +198,10 @@ def run_bench(
                 sides = {"mode": "speculative", "spec": configuration.spec, "k": configuration.k}
             done[configuration] = measure_generation(generator, tokenized[index], settings.n_predict, grammar, **sides, **labels)
         baseline = done.pop(None)
+        if not baseline.measurement.stats.generated:  # no tokens: tokens per second, and every ratio to them, undefined
+            allows = " (--json-schema or --grammar lets a reply end there)" if grammar is not None else ""
+            raise SpeccliError(f"the target alone ended its reply to the {task!r} prompt at once{allows}: "
+                               "there is nothing to time")
         if settings.greedy and run >= 0:
             for generation in done.values():
                 check.check(
