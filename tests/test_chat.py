@@ -780,12 +780,19 @@ def test_a_reply_taller_than_a_short_terminal_is_printed_once(endless_pair):
         assert "live" not in history, history  # the panel went with the live region
 
 
+def _letters(directory: Path) -> Path:
+    grammar = directory / "letters.gbnf"
+    grammar.write_text("root ::= [a-z ]+\n")
+    return grammar
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install tmux)")
 def test_a_pasted_block_of_lines_is_one_message(endless_pair, tmp_path):
     """Pasted (as a terminal marks a paste) and sent with Enter: one turn, not one per line."""
     pasted = tmp_path / "paste.txt"
     pasted.write_text("first line\nsecond line\nthird line")
-    with chat_in_tmux(endless_pair, "-n 3 -c 4096 --k 4", width=100, height=30) as session:
+    with chat_in_tmux(endless_pair, "-n 3 -c 4096 --k 4 --grammar " + str(_letters(tmp_path)), width=100, height=30) as session:
+        assert "replies follow --grammar" in _wait_for(session, lambda s: "replies follow" in s)  # the header says so
         buffer = session  # tmux buffers are global: named after the session, so tests in parallel keep theirs
         subprocess.run(["tmux", "load-buffer", "-b", buffer, str(pasted)], check=True)
         subprocess.run(["tmux", "paste-buffer", "-p", "-d", "-b", buffer, "-t", session], check=True)

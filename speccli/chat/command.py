@@ -134,6 +134,7 @@ def run_chat(
             drafting = f"draft {resolved.draft_name}{draft_place}" if resolved.draft_name else "no draft model"
             session.announce(
                 f"target {resolved.target_name}{target_place} · {drafting} · spec {resolved.spec} · k={session.generator.policy.name}"
+                + ("" if grammar is None else f" · replies follow {grammar.name}")
             )
             if message is not None:
                 session.send(message)
