@@ -55,7 +55,7 @@ class GrammarSpec:
 
     @staticmethod
     def json_schema(schema: Any, name: str = "the JSON schema") -> GrammarSpec:
-        """`schema` (true, the boolean schema any JSON satisfies, as {}; false, which none does, refused)."""
+        """A JSON schema: an object, or `true` (any JSON: taken as {}); `false` (no JSON) is refused."""
         if schema is False:
             raise GrammarError(f"{name}: no text satisfies it (false, the schema nothing satisfies)")
         if not isinstance(schema, dict) and schema is not True:
