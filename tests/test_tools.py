@@ -110,7 +110,6 @@ def test_a_hermes_models_calls_follow_the_choice_and_the_parameters(qwen_vocabul
     assert accepts(qwen_vocabulary, Grammar(spec, qwen_vocabulary.grammar_vocabulary(), qwen_vocabulary.n_vocab), text) is allowed
 
 
-
 @pytest.mark.parametrize("schema, reply, lead", [
     ({"const": "</tool_call>"}, '"</tool_call>"', ""),
     ({"type": "object", "required": ["tag"], "additionalProperties": False, "properties": {"tag": {"enum": ["</tool_call>"]}}},
@@ -134,6 +133,7 @@ def test_forced_text_that_spells_a_special_token_is_written_as_text(qwen_vocabul
     control.push(ordinary(lead))
     with pytest.raises(GrammarError, match="allows no token here"):
         control.push(control._matcher.compute_ff_tokens())
+
 
 # A reference into its own definitions, as pydantic writes a nested model: re-pointed where the grammar nests it.
 CITY = {"$defs": {"City": {"enum": ["Paris", "Rome"]}}, "type": "object", "additionalProperties": False,
