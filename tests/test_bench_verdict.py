@@ -178,3 +178,6 @@ def test_the_best_configuration_is_not_called_a_gain_when_every_one_is_slower(mi
     assert slower.reason.startswith(f"none is faster than the target alone; {slower.label} comes closest: 0.80x measured")
     faster = best_configuration(with_speedups(mixed_report, 1.2).results)
     assert faster.reason.startswith(f"{faster.label} has the highest measured speedup: 1.20x measured")
+    # Every one at 1.2x: the ranges overlap, said of the best by name (after "next is X", "its range
+    # overlaps that of X" had read as X's own).
+    assert f"; {faster.label}'s min-max range overlaps that of " in faster.reason

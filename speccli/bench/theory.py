@@ -60,7 +60,7 @@ def best_configuration(results: Sequence[ConfigResult]) -> Best | None:
             reason += f". Of the fixed-K model configurations, the prediction from measured alpha, c and v puts {theory.label} first"
     close = [r.label for r in scored if r is not best and r.overall.speedup.max >= speedup.min]
     if close:
-        reason += f"; its min-max range overlaps that of {', '.join(close)}, so more --runs may change the order"
+        reason += f"; {best.label}'s min-max range overlaps that of {', '.join(close)}, so more --runs may change the order"
     return Best(label=best.label, spec=best.spec, k=best.k, speedup=speedup.median, reason=reason + ".")
 
 
