@@ -60,7 +60,9 @@ class SuffixStore:
 
     def match(self, context: Sequence[int], limit: int) -> Match | None:
         """The longest match of the context's end among the replies, and up to `limit` tokens of what
-        followed it, walked as the docstring says; None where nothing followed."""
+        followed it: of the occurrences that match, the token most of them went on with (of equals the
+        most recent), then the same among those it followed, while the share that went that way,
+        multiplied along the walk, stays at least MIN_SHARE; None where nothing followed."""
         if context[-1] not in self._positions:
             return None
         tokens = np.frombuffer(self._tokens, dtype=np.int32)

@@ -67,7 +67,7 @@ class TranslatedDrafter:
         intake = Intake(catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
         # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
         k = min(k, model.n_ctx - model.n_past + 1)
-        if self.shared is not None and not sampling.greedy:  # greedy, text is kept more (module docstring)
+        if self.shared is not None and not sampling.greedy:  # greedy, text is kept more (docs/drafting.md)
             proposal, q = self._draft_shared_tokens(logits, min(k, limit), sampling, rng)
             self._covered = len(context) + len(proposal)
             return proposal, q, intake
