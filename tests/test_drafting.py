@@ -383,7 +383,7 @@ def test_auto_leaves_catch_up_out_of_a_draft_models_token_cost() -> None:
     policy = calibrated(MEMORY_BOUND, {"model": 0.5})
     observe(policy, drafted_by("model", 4), StepEvent(4, 4, draft_seconds=4 * 0.01 + 0.3, target_seconds=policy.verify(5),
                                                       other_seconds=0.0, source="model", catch_up_seconds=0.3))
-    assert policy.keys["model"].cost.token_seconds == pytest.approx(0.0125 + 0.2 * (0.01 - 0.0125))
+    assert policy.keys["model"].cost.token_seconds == pytest.approx(0.0125 + TIMING_WEIGHT * (0.01 - 0.0125))
 
 
 # --- chain ------------------------------------------------------------------------------------------
@@ -831,8 +831,8 @@ def test_auto_follows_a_lookup_it_does_not_draft_through_its_unverified_proposal
 
 def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_until_the_next_reply() -> None:
     """Qwen's story: short matches of every kind, kept about half the time on the earlier replies, keep
-    nothing in this prose. Two proposals of other kinds that missed their first token (one drafted, one
-    judged undrafted) scale this kind's first-token estimate down before its own first draft in the
+    nothing in this prose. Proposals of other kinds that missed their first token (drafted, or judged
+    undrafted) scale this kind's first-token estimate down before its own first draft in the
     reply, so it is not drafted; a new reply starts from the estimates again."""
     qwen = {1: 1.0, 2: 1.48, 4: 1.59, 8: 3.15, 16: 4.08}
     policy = calibrated(qwen, {})
@@ -841,8 +841,11 @@ def test_a_reply_whose_lookup_proposals_fail_scales_every_kind_of_match_down_unt
             learn(policy, key, 3, accepted, 1)
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0
+    for _ in range(2):
+        learn(policy, "ngram:3-5/once", 3, 0, 1)
+        policy.observe(judged_only("ngram:1-2/varied", [1, 2]), step(0, 0), [7])
+        assert policy.plan("ngram:1-2/once", 8).k > 0  # the scale counts from PRIOR_WEIGHT kept as expected
     learn(policy, "ngram:3-5/once", 3, 0, 1)
-    policy.observe(judged_only("ngram:1-2/varied", [1, 2]), step(0, 0), [7])
     assert policy.plan("ngram:1-2/once", 8).k == 0
     policy.begin_reply()
     assert policy.plan("ngram:1-2/once", 8).k > 0
@@ -984,8 +987,8 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
     gaps = np.diff([reply for reply, _ in expensive]).tolist()
     assert gaps[:3] == [2, 4, 8] and set(gaps[3:]) == {MEMORY}, expensive  # ever rarer, up to a bound
     cheap = probes(0.01)
-    mid_reply = [index for _, index in cheap if index]
-    # After the first ask's re-check failed: 32 idle steps (FIRST_PROBE_AFTER, doubled once), then 64.
+    mid_reply = [index for reply, index in cheap if index and not reply]
+    # After the first ask's re-check failed: FIRST_PROBE_AFTER idle steps doubled once, then twice more.
     first = 2 * FIRST_PROBE_AFTER + 1
     assert mid_reply == [first, first + 4 * FIRST_PROBE_AFTER + 1], cheap
 
@@ -1113,11 +1116,11 @@ def test_verify_costs_interpolate_and_extend_the_measured_points() -> None:
 
 def test_verify_costs_follow_load_at_every_size_and_refine_the_shape_where_measured() -> None:
     costs = VerifyCosts({1: 1.0, 4: 2.5, 8: 3.0})
-    for _ in range(30):  # the machine runs 50% slower, and only one-row steps (plain decodes) measure it
+    for _ in range(60):  # the machine runs 50% slower, and only one-row steps (plain decodes) measure it
         costs.update(1, 1.5, other_seconds=0.0)
     assert costs.decode(1) == pytest.approx(1.5, rel=0.01) and costs.decode(4) == pytest.approx(3.75, rel=0.01)
     costs.update(8, 1.2 * costs.decode(8), other_seconds=0.8)  # eight rows cost more than the shape said
-    assert costs.decode(8) / costs.decode(1) > 3.0 and costs.per_row_seconds == pytest.approx(0.02)
+    assert costs.decode(8) / costs.decode(1) > 3.0 and costs.per_row_seconds == pytest.approx(TIMING_WEIGHT * 0.1)
     before = costs.decode(8)
     costs.update(8, 100.0, other_seconds=0.0)  # a decode slowed by something else moves it a bounded step
     assert before < costs.decode(8) <= 1.36 * before
@@ -1204,7 +1207,8 @@ def test_no_circle_of_imports_spans_speccli_s_folders() -> None:
     edges = folder_imports(Path(__file__).resolve().parents[1] / "speccli")
     assert "drafting" in edges["chat"] and "core" in edges["drafting"]  # the graph is read at all
     assert circles(edges) == []
-    assert circles({**edges, "core": edges["core"] | {"drafting"}}) == [["core", "drafting"]]  # an arrow back up is seen
+    back_up = circles({**edges, "core": edges["core"] | {"drafting"}})  # an arrow back up is seen
+    assert len(back_up) == 1 and {"core", "drafting"} <= set(back_up[0])
 
 
 def test_the_engine_and_the_drafters_do_not_import_llama_cpp():

@@ -17,10 +17,12 @@ from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.verify import DraftVerdict, sample, verify_sampled, without_token
 from speccli.core.seam import Plan
 from speccli.drafting.policy import FixedK
-from speccli.drafting.specs import make_drafter, vocabularies_differ
+from speccli.drafting.specs import make_drafter
+from speccli.vocab.check import vocabularies_differ
 from speccli.drafting import translated as translated_module
 from speccli.drafting.planner import Planner
-from speccli.drafting.translated import SharedTokens, TranslatedDrafter, on_shared_tokens
+from speccli.drafting.translated import TranslatedDrafter
+from speccli.vocab.shared import SharedTokens, on_shared_tokens
 from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.vocab.info import read_vocab

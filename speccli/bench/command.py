@@ -40,7 +40,7 @@ from speccli.bench.prompts import PromptSet, load_prompt_set
 from speccli.bench.render import render_report
 from speccli.bench.report import KIND, NOTES, SCHEMA_VERSION, BenchReport, Environment, Models, PromptsInfo, Settings
 from speccli.bench.settings import BenchRequest, BenchSettings
-from speccli.drafting.specs import draft_proposes
+from speccli.vocab.check import draft_proposes
 from speccli.errors import SpeccliError
 from speccli.llama.model import naming_non_finite_logits
 from speccli.models.pair import open_pair

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
-PRIOR_WEIGHT = 2.0  # in judged drafts
+PRIOR_WEIGHT = 1.55  # in judged drafts
 # Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
 # moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
 RECENCY = 0.9

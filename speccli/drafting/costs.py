@@ -10,7 +10,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-TIMING_WEIGHT = 0.2  # how much one step's timing moves a cost estimate (the level, a size's shape, d)
+from speccli.drafting.acceptance import RECENCY
+
+# How much one step's timing moves a cost estimate (the level, a size's shape, d): the estimates' one memory.
+TIMING_WEIGHT = 1 - RECENCY
 
 
 class VerifyCosts:

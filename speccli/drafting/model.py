@@ -150,11 +150,14 @@ class ModelDrafter:
         self._rows = np.empty((0, 0), dtype=np.float32)
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
-        """One draft decode of one token, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each
-        timed at the cache's end and dropped again (the one-token decode twice, the second timed, so a
-        first decode's set-up cost is not counted)."""
-        model, start = self.model, self.model.n_past
-        token = self.visible([context[-1]])  # any token costs the same: the cache may hold more than `context`
-        seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
-        catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if start + n <= model.n_ctx}
-        return {self.name: DraftCosts(seconds[-1], catch_up)}
+        # any token costs the same: the cache may hold more than `context`
+        return {self.name: timed_costs(self.model, self.visible([context[-1]]))}
+
+
+def timed_costs(model: Model, token: list[int]) -> DraftCosts:
+    """One draft decode of `token`, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each timed at
+    the cache's end and dropped again (the one-token decode twice, the second timed, so a first
+    decode's set-up cost is not counted)."""
+    seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
+    catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if model.n_past + n <= model.n_ctx}
+    return DraftCosts(seconds[-1], catch_up)

@@ -98,9 +98,6 @@ class NgramLookup:
 
     def match(self, context: Sequence[int], limit: int) -> Match | None:
         """The longest earlier match of the context's end, and up to `limit` tokens of what followed it."""
-        return self.context_match(context, limit)
-
-    def context_match(self, context: Sequence[int], limit: int) -> Match | None:
         self._index(context)
         match = self._longest_match()
         if match is None:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, RECENCY, UNSURE, Acceptance
+from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENCY, UNSURE, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -37,13 +37,11 @@ RAMP_START = 4
 # RAMP_LOSS plain steps more than a plain step, plus one per token its whole drafts kept in a row; a
 # draft model is re-checked where what it skipped costs at most RAMP_LOSS plain steps to take in.
 RAMP_LOSS = 1.0
-FIRST_PROBE_AFTER = 16  # idle steps of a key before a re-check of PROBE_LENGTH tokens, doubling
+# Idle steps of a key before a re-check of PROBE_LENGTH tokens, doubling: the estimates' memory.
+FIRST_PROBE_AFTER = MEMORY
 PROBE_LENGTH = 2
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs.
 RECHECK_CARRY = 0.25
-# A reply's lookup first tokens kept over expected scales every lookup kind's first-token estimate in
-# that reply, both counted from this many proposals kept as expected.
-LOOKUP_REPLY_PRIOR = 0.5
 # A draft model whose best length at the prior's acceptance is past RAMP_START (a GPU's costs) is not
 # ramped, and weighs its earlier drafts by this longer memory.
 LONG_RECENCY = 0.95
@@ -221,8 +219,9 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
-        # This reply's lookup first tokens kept, and what the estimates expected, from LOOKUP_REPLY_PRIOR.
-        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
+        # This reply's lookup first tokens kept, and what the estimates expected: their ratio scales every
+        # lookup kind's first-token estimate in this reply; both counted from PRIOR_WEIGHT kept as expected.
+        self.lookup_kept = self.lookup_expected = PRIOR_WEIGHT
         # A lookup's longest draft after its drafts kept m tokens whole, by m (0: the reply's start);
         # priced once per reply from the verify curve (`price_ramps`).
         self.lookup_ramps: list[int] = [RAMP_START]
@@ -251,7 +250,7 @@ class AutoK:
             self.reply_lengths = [*self.reply_lengths, self.reply_tokens][-MEMORY:]
         self.reply_tokens = 0
         self.reply = ReplyDrafting()
-        self.lookup_kept = self.lookup_expected = LOOKUP_REPLY_PRIOR
+        self.lookup_kept = self.lookup_expected = PRIOR_WEIGHT
         for state in self.keys.values():
             state.schedule.begin_reply()
         if self.verify.decode_seconds:

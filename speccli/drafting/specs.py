@@ -1,7 +1,6 @@
 """A `--spec` (speccli.drafting.registry) and K (`--k`) -> the planner and K policy that implement them."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from speccli.core.seam import KPolicy
@@ -15,8 +14,6 @@ from speccli.validation import AUTO_K, K
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.drafting.suffix import SuffixStore
     from speccli.llama.model import Model
-    from speccli.vocab.report import VocabReport
-    from speccli.vocab.shared import SharedVocabulary
 
 
 def make_policy(k: K) -> KPolicy:
@@ -37,38 +34,9 @@ def make_drafter(spec: str, draft_model: Model | None, target: Model, store: Suf
 def model_source(inputs: DraftInputs) -> DraftModel:
     """The draft model: its own ids where its vocabulary is the target's, else translated tokens
     (speccli/drafting/translated.py)."""
+    from speccli.vocab.check import shared_tokens, vocabularies_differ  # loads tokenizers: not at import
+
     draft, target = inputs.draft_model, inputs.target
     if vocabularies_differ(draft.path, target.path):
         return TranslatedDrafter(draft, target.tokenizer, shared_tokens(draft.path, target.path))
     return ModelDrafter(draft)
-
-
-def shared_tokens(draft: Path, target: Path) -> SharedVocabulary | None:
-    """The shared tokens a draft of another vocabulary draws among, where they are enough (TLI_MIN_SHARE)."""
-    shared = _checked(draft, target).shared
-    return shared if shared.mode == "shared tokens" else None
-
-
-def vocabularies_differ(draft: Path, target: Path) -> bool:
-    """Whether check-vocab finds that the draft's ids cannot be proposed as the target's."""
-    from speccli.vocab.report import VocabVerdict
-
-    return _checked(draft, target).verdict is VocabVerdict.INCOMPATIBLE
-
-
-def _checked(draft: Path, target: Path) -> VocabReport:
-    """The pair's check-vocab report, made once as the pair was resolved. Imported here: the check loads
-    tokenizers through speccli.llama, which the drafters never import themselves."""
-    from speccli.vocab.check import checked_pair
-
-    return checked_pair(draft, target)
-
-
-def draft_proposes(draft: Path | None, target: Path) -> str | None:
-    """What a draft model proposes to this target: "ids" (its vocabulary is the target's), "shared tokens"
-    or "text" (another vocabulary, in the mode `make_drafter` picks); None without a draft model."""
-    if draft is None:
-        return None
-    if not vocabularies_differ(draft, target):
-        return "ids"
-    return "text" if shared_tokens(draft, target) is None else "shared tokens"

@@ -147,7 +147,7 @@ class SuffixLookup(NgramLookup):
         self._head, self._in_reply = list(context[-HEAD_TOKENS:]), False
 
     def match(self, context: Sequence[int], limit: int) -> Match | None:
-        here = self.context_match(context, limit)
+        here = super().match(context, limit)
         earlier = self.store.match(context, min(limit, JUDGED_TOKENS))
         if earlier is not None and (here is None or self.store_drafts(here, earlier)):
             return earlier

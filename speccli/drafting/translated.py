@@ -15,12 +15,12 @@ import numpy as np
 
 from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution, greedy_token, sample
 from speccli.core.seam import DraftCosts
-from speccli.drafting.model import CATCH_UP_SIZES, Intake
+from speccli.drafting.model import Intake, timed_costs
+from speccli.vocab.shared import SharedTokens, SharedVocabulary, on_shared_tokens
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
     from speccli.llama.tokenizer import Tokenizer
-    from speccli.vocab.shared import SharedVocabulary
 
 WINDOW = 4  # target tokens of context re-tokenized with the drafted text, to find where the proposal starts
 
@@ -166,11 +166,7 @@ class TranslatedDrafter:
         self._q_row = RowBuffer()  # a row of the draft's vocabulary: not kept idle
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
-        """One draft decode of one token, and catch-ups of CATCH_UP_SIZES tokens, timed at the cache's end."""
-        model, token = self.model, [0]
-        seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
-        catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if model.n_past + n <= model.n_ctx}
-        return {self.name: DraftCosts(seconds[-1], catch_up)}
+        return {self.name: timed_costs(self.model, [0])}
 
 
 def whole_words(text: bytes) -> bytes:
@@ -186,29 +182,3 @@ def whole_words(text: bytes) -> bytes:
 
 def _in_word(byte: int) -> bool:
     return byte >= 0x80 or chr(byte).isalnum() or byte == ord("_")  # UTF-8 beyond ASCII counts as letters
-
-
-class SharedTokens:
-    """The tokens both vocabularies spell alike (a `SharedVocabulary`), looked up either way."""
-
-    def __init__(self, shared: SharedVocabulary, target_vocab: int) -> None:
-        by_target = np.argsort(shared.target_ids, kind="stable")
-        self.draft_ids, self.target_ids = shared.draft_ids[by_target], shared.target_ids[by_target]
-        self.target_of_draft = np.full(int(shared.draft_ids.max(initial=-1)) + 1, -1, dtype=np.int64)
-        self.target_of_draft[shared.draft_ids] = shared.target_ids
-        self.draft_of_target = dict(zip(shared.target_ids.tolist(), shared.draft_ids.tolist()))
-        self.target_vocab = target_vocab
-
-
-def on_shared_tokens(q: Distribution, shared: SharedTokens) -> Distribution | None:
-    """The draft's distribution restricted to the shared tokens and renormalised, each token's probability
-    at the target's id of the same text; None where the shared tokens have no mass."""
-    if q.ids is None:
-        target_ids, weights = shared.target_ids, q.weights[shared.draft_ids]
-    else:
-        mapped = shared.target_of_draft[np.minimum(q.ids, len(shared.target_of_draft) - 1)]
-        keep = (mapped >= 0) & (q.ids < len(shared.target_of_draft))
-        order = np.argsort(mapped[keep])
-        target_ids, weights = mapped[keep][order], q.weights[keep][order]
-    mass = float(weights.sum(dtype=np.float64))
-    return Distribution(target_ids, weights, shared.target_vocab, mass) if mass > 0 else None

@@ -41,6 +41,7 @@ from speccli.vocab.compare import blocks, compare_metadata, llama_cpp_rule, same
 from speccli.vocab.info import read_vocab
 from speccli.vocab.report import VocabVerdict, VocabReport
 from speccli.vocab.sample_tokenization import TokenizerLoader, compare_sample_tokenization
+from speccli.vocab.shared import SharedVocabulary
 
 
 def check_pair(draft: str | Path, target: str | Path, *, load_tokenizer: TokenizerLoader | None = None) -> VocabReport:
@@ -80,3 +81,24 @@ def checked_pair(draft: Path, target: Path) -> VocabReport:
     """check_pair, once per pair and process: resolving a pair, making its drafter and naming how it
     drafts all ask (a check loads both tokenizers where their metadata differs)."""
     return check_pair(draft, target)
+
+
+def vocabularies_differ(draft: Path, target: Path) -> bool:
+    """Whether the draft's ids cannot be proposed as the target's."""
+    return checked_pair(draft, target).verdict is VocabVerdict.INCOMPATIBLE
+
+
+def shared_tokens(draft: Path, target: Path) -> SharedVocabulary | None:
+    """The shared tokens a draft of another vocabulary draws among, where they are enough (TLI_MIN_SHARE)."""
+    shared = checked_pair(draft, target).shared
+    return shared if shared.mode == "shared tokens" else None
+
+
+def draft_proposes(draft: Path | None, target: Path) -> str | None:
+    """What a draft model proposes to this target: "ids" (its vocabulary is the target's), "shared tokens"
+    or "text" (another vocabulary: speccli/drafting/translated.py); None without a draft model."""
+    if draft is None:
+        return None
+    if not vocabularies_differ(draft, target):
+        return "ids"
+    return "text" if shared_tokens(draft, target) is None else "shared tokens"

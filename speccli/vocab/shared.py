@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from speccli.core.sampling import Distribution
 from speccli.vocab.info import VocabInfo
 
 # A draft of another vocabulary draws among the tokens it shares with the target (TLI, with q) where at
@@ -79,3 +80,29 @@ def shared_vocabulary(draft: VocabInfo, target: VocabInfo) -> SharedVocabulary:
     pairs = [(draft_id, target_texts[text]) for text, draft_id in draft_texts.items() if text in target_texts]
     ids = np.array(pairs, dtype=np.int64).reshape(-1, 2)
     return SharedVocabulary(ids[:, 0], ids[:, 1], len(draft_texts))
+
+
+class SharedTokens:
+    """The tokens both vocabularies spell alike (a `SharedVocabulary`), looked up either way."""
+
+    def __init__(self, shared: SharedVocabulary, target_vocab: int) -> None:
+        by_target = np.argsort(shared.target_ids, kind="stable")
+        self.draft_ids, self.target_ids = shared.draft_ids[by_target], shared.target_ids[by_target]
+        self.target_of_draft = np.full(int(shared.draft_ids.max(initial=-1)) + 1, -1, dtype=np.int64)
+        self.target_of_draft[shared.draft_ids] = shared.target_ids
+        self.draft_of_target = dict(zip(shared.target_ids.tolist(), shared.draft_ids.tolist()))
+        self.target_vocab = target_vocab
+
+
+def on_shared_tokens(q: Distribution, shared: SharedTokens) -> Distribution | None:
+    """The draft's distribution restricted to the shared tokens and renormalised, each token's probability
+    at the target's id of the same text; None where the shared tokens have no mass."""
+    if q.ids is None:
+        target_ids, weights = shared.target_ids, q.weights[shared.draft_ids]
+    else:
+        mapped = shared.target_of_draft[np.minimum(q.ids, len(shared.target_of_draft) - 1)]
+        keep = (mapped >= 0) & (q.ids < len(shared.target_of_draft))
+        order = np.argsort(mapped[keep])
+        target_ids, weights = mapped[keep][order], q.weights[keep][order]
+    mass = float(weights.sum(dtype=np.float64))
+    return Distribution(target_ids, weights, shared.target_vocab, mass) if mass > 0 else None
