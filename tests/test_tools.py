@@ -287,11 +287,15 @@ def test_every_call_follows_its_functions_parameters_whole_and_streamed(pair, re
 def test_a_json_replys_text_answer_streams_as_it_is_written(answer):
     """A json-style reply under `auto` is `{"response": "..."}`: its text had come only at the end. At every
     cut, the content shown is a beginning of the answer (an escape begun, or half a surrogate pair, held
-    back), and all of it once whole; a cut reply's content is its answer so far. A call shows nothing."""
+    back), and all of it once whole; a cut reply's content is its answer so far. A call shows nothing. A
+    stream keeps how far it decoded (each token decodes only what it added) and shows the same."""
     style = ToolStyle("json")
     for text in (json.dumps({"response": answer}), json.dumps({"response": answer}, ensure_ascii=False, indent=1)):
         shown = [style.shown_so_far(text[:cut]) for cut in range(len(text) + 1)]
         assert all(answer.startswith(part) for part in shown) and shown[-1] == answer == style.read(text)[0]
+        decoded: dict = {}
+        assert [style.shown_so_far(text[:cut], decoded=decoded) for cut in range(len(text) + 1)] == shown
+        assert decoded["answer"][1] == answer
     assert style.shown_so_far('{"response": "x"}', answered_in_text=False) == ""  # JSON under response_format: at the end
     call = json.dumps({"tool_call": {"name": "add", "arguments": {"a": "{\"response\": \"x"}}})
     assert [style.shown_so_far(call[:cut]) for cut in range(len(call) + 1)] == [""] * (len(call) + 1)

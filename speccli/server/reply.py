@@ -106,6 +106,7 @@ class Reply:
             text, sent = "", 0  # with tool calls: the reply so far, and how much content went out
             calls_sent: list[int] = []  # each call streamed so far: how much of its arguments went out
             scanned: dict[int, tuple[int, int, bool]] = {}  # how far the calls' arguments were read (`calls_so_far`)
+            decoded: dict[str, tuple[int, str]] = {}  # how far a json reply's answer was decoded (`answer_so_far`)
             while True:
                 out: list[str] = []
                 for item in items:
@@ -113,7 +114,8 @@ class Reply:
                         self.cached_tokens = item.cached_tokens
                     elif isinstance(item, TokenEvent) and item.text and self.reads_calls:
                         text += item.text
-                        shown = self.service.tool_style.shown_so_far(text, self.loose_calls is not None, self.answered_in_text)
+                        shown = self.service.tool_style.shown_so_far(text, self.loose_calls is not None, self.answered_in_text,
+                                                                         decoded)
                         if len(shown) > sent:
                             out.append(self._chunk({"content": shown[sent:]}, None))
                             sent = len(shown)

@@ -163,12 +163,14 @@ class ToolStyle:
         except (ValueError, KeyError, TypeError):
             return text, []
 
-    def shown_so_far(self, text: str, loose: bool = False, answered_in_text: bool = True) -> str:
+    def shown_so_far(self, text: str, loose: bool = False, answered_in_text: bool = True,
+                     decoded: dict[str, tuple[int, str]] | None = None) -> str:
         """The content a reply's text can stream before it ends: a hermes reply's text up to where a call
         may begin (whitespace held back: it may lead into one), none while it may be a `loose_call` where
-        those are read; a json reply's answer as far as it is written, where it is text."""
+        those are read; a json reply's answer as far as it is written, where it is text (`decoded`: see
+        `answer_so_far`)."""
         if self.name == "json":
-            return (self.answer_so_far(text) or "") if answered_in_text else ""
+            return (self.answer_so_far(text, decoded) or "") if answered_in_text else ""
         if loose and _may_become_loose_call(text):
             return ""
         before = text.partition(OPEN)[0]
@@ -178,14 +180,25 @@ class ToolStyle:
                 break
         return before.rstrip()
 
-    def answer_so_far(self, text: str) -> str | None:
+    def answer_so_far(self, text: str, decoded: dict[str, tuple[int, str]] | None = None) -> str | None:
         """A json reply's text answer, `{"response": "..."}`, decoded as far as it is written (an escape
-        begun at the end left out); None where the reply is not one (a call, or not yet either)."""
-        written = _TEXT_ANSWER.match(text) if self.name == "json" else None
-        if written is None:
-            return None
-        answer = json.loads(f'"{written[1]}"')
-        return answer[:-1] if answer and "\ud800" <= answer[-1] <= "\udbff" else answer  # half a surrogate pair
+        begun at the end, or half a surrogate pair, left out); None where the reply is not one (a call, or
+        not yet either). `decoded`: kept between calls on a growing text, so that each decodes only what
+        was added (a streamed answer of 20 KB would cost seconds of the event loop otherwise)."""
+        at, answer = (decoded or {}).get("answer", (-1, ""))
+        if at < 0:
+            head = _TEXT_ANSWER.match(text) if self.name == "json" else None
+            if head is None:
+                return None
+            at = head.end()
+        raw = _ANSWER_CHARS.match(text, at)[0]
+        part = json.loads(f'"{raw}"')
+        if part and "\ud800" <= part[-1] <= "\udbff" and raw[-6:-4] == "\\u":  # half a surrogate pair
+            raw, part = raw[:-6], part[:-1]
+        at, answer = at + len(raw), answer + part
+        if decoded is not None:
+            decoded["answer"] = (at, answer)
+        return answer
 
     def calls_so_far(self, text: str, scanned: dict[int, tuple[int, int, bool]] | None = None) -> list[tuple[str, str]]:
         """The calls a reply has begun, as far as it has written them, for streaming: each one's name (once
@@ -269,7 +282,8 @@ def _may_become_loose_call(text: str) -> bool:
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\{)')
 _JSON_CALLS = re.compile(r'\s*\{\s*"tool_calls?"\s*:\s*\[?')
 _NEXT_CALL = re.compile(r'\s*\}\s*,')
-_TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"((?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*)')
+_TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')  # a json reply's text answer begins
+_ANSWER_CHARS = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*')  # its string's whole characters
 _JSON_PART = re.compile(r'["{}\[\]]')  # a string's opening quote, or a bracket
 _STRING_REST = re.compile(r'(?:[^"\\]|\\.)*(")?', re.S)  # a string's characters, and its closing quote if written
 
