@@ -914,6 +914,9 @@ def test_k_auto_and_the_panel_shows_the_k_chosen_and_each_source(tiny_pair):
     stats.add(StepEvent(5, 5, 0.03, 0.02, 0.0, "model", catch_up_seconds=0.01, continuation=("ngram", 3)))
     record = stats_record(stats, 0.02)
     assert record["take_overs"] == {"ngram": 1} and record["catch_up_seconds"] == 0.01
+    assert record["acceptance_rate"] == round(10 / 11, 4) and record["by_source"]["ngram"]["acceptance_rate"] == 1.0
+    plain = stats_record(RunStats(generated=2, steps=2), 0.02)  # nothing drafted: no rate, not 0%
+    assert plain["acceptance_rate"] is None and plain["drafted"] == 0
     assert set(record) == {  # what `--json` records of a reply's statistics
         "prompt_tokens", "generated_tokens", "mean_draft_length", "drafted", "accepted", "acceptance_rate",
         "acceptance_by_position", "target_decodes", "tokens_per_target_decode", "draft_lengths", "by_source",

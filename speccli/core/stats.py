@@ -273,13 +273,13 @@ def drafting_record(stats: RunStats) -> dict:
     return {
         "drafted": stats.drafted_counted,
         "accepted": stats.accepted,
-        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "acceptance_rate": _rate(stats.positions),  # null where nothing was drafted: no rate, not 0%
         "acceptance_by_position": [round(rate, 4) for rate in stats.acceptance_by_position()],
         "target_decodes": stats.steps,
         "tokens_per_target_decode": round(stats.tokens_per_target_decode, 4),
         "draft_lengths": {str(length): count for length, count in sorted(stats.draft_lengths.items())},
         "by_source": {
-            source: {"drafted": counts.drafted, "accepted": counts.accepted, "acceptance_rate": round(counts.acceptance_rate, 4)}
+            source: {"drafted": counts.drafted, "accepted": counts.accepted, "acceptance_rate": _rate(counts)}
             for source, counts in sorted(stats.by_source.items())
         },
         "take_overs": dict(sorted(stats.take_overs.items())),  # steps, by the source that took a draft over
@@ -291,3 +291,7 @@ def drafting_record(stats: RunStats) -> dict:
 
 
 Event = TokenEvent | StepEvent | DoneEvent
+
+
+def _rate(counts: PositionCounts) -> float | None:
+    return round(counts.acceptance_rate, 4) if counts.drafted else None
