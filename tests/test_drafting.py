@@ -953,7 +953,7 @@ def test_a_plan_is_not_an_ask_only_an_observed_draft_counts() -> None:
         assert [policy.plan("ngram:1-2", 8) for _ in range(7)] == [policy.plan("ngram:1-2", 8)] * 7
         assert ask(policy, "ngram:1-2", 8) == 0  # the step's own ask
     plan = policy.plan("ngram:1-2", 8)
-    assert plan.k == 2 and plan.probe  # due after 16 idle steps
+    assert plan.k == 2 and plan.probe  # due after FIRST_PROBE_AFTER idle steps
 
 
 def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_to_take_in() -> None:
@@ -1008,7 +1008,7 @@ def test_auto_does_not_price_again_a_draft_model_that_drafted_nothing_last_step(
     for index in range(1, 2 * FIRST_PROBE_AFTER):
         assert ask(policy, "model", 16, token_cost=0.3, catch_up=index) == 0
     # Priced once, on the step after the re-check (it learnt from it), then not while idle: the next
-    # re-check is due after 32 idle steps.
+    # re-check is due after 2 * FIRST_PROBE_AFTER idle steps.
     assert len(priced) == 1
 
 

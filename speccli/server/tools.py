@@ -193,8 +193,8 @@ class ToolStyle:
             at = head.end()
         raw = _ANSWER_CHARS.match(text, at)[0]
         part = json.loads(f'"{raw}"')
-        if part and "\ud800" <= part[-1] <= "\udbff" and raw[-6:-4] == "\\u":  # half a surrogate pair
-            raw, part = raw[:-6], part[:-1]
+        if part and "\ud800" <= part[-1] <= "\udbff":  # half a surrogate pair: kept for its other half
+            raw, part = (raw[:-1] if raw[-1] == part[-1] else raw[:-6]), part[:-1]
         at, answer = at + len(raw), answer + part
         if decoded is not None:
             decoded["answer"] = (at, answer)

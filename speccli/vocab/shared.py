@@ -1,4 +1,5 @@
-"""The tokens two vocabularies share: ids whose text is the same in both (metadata only).
+"""The tokens two vocabularies share: ids whose text is the same in both (read from metadata), and a
+draft's distribution carried over to the target's ids of those tokens (`on_shared_tokens`).
 
 A token's text is what it stands for once decoded: SentencePiece's "▁" is a space, a byte-level BPE's
 symbols map back to their bytes (GPT-2's table), byte-fallback tokens (<0x41>) and special tokens are
