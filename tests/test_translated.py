@@ -27,6 +27,7 @@ from speccli.llama.model import LoadOptions, Model
 from speccli.llama.tokenizer import load_vocab_only
 from speccli.vocab.info import read_vocab
 from speccli.vocab.shared import shared_vocabulary
+from speccli.vocab.translate import translate
 from tests.test_engine_greedy import PROMPTS, greedy_tokens, reference_tokens
 from tests.test_verify_exact import TinyLanguageModel, step_distribution, target_sequences
 from tests.tiny_gguf import TinyConfig, gpt2_vocabulary, write_tiny_gguf
@@ -56,16 +57,15 @@ def test_check_vocab_finds_the_two_vocabularies_differ(two_vocabularies) -> None
 def test_drafted_text_becomes_the_target_ids_that_follow_the_context(two_vocabularies) -> None:
     target_path, draft_path = two_vocabularies
     with load_vocab_only(target_path) as target, load_vocab_only(draft_path) as draft:
-        drafter = TranslatedDrafter(None, target)
         context = target.tokenize(b"the cat", add_special=False)
         # The drafted text, from the draft's own tokens: " sat on the mat."
         drafted = draft.detokenize(draft.tokenize(b" sat on the mat.", add_special=False))
-        proposal = drafter._translate(context, drafted)
+        proposal = translate(target, context, drafted)
         assert target.detokenize(proposal) == b" sat on the mat."
         assert context + proposal == target.tokenize(b"the cat sat on the mat.", add_special=False)
         # Ending inside a word, the word is left out: " ma" could have become " mat", other tokens.
-        assert target.detokenize(drafter._translate(context, b" sat on the ma")) == b" sat on the"
-        assert drafter._translate(context, b"ma") == []
+        assert target.detokenize(translate(target, context, b" sat on the ma")) == b" sat on the"
+        assert translate(target, context, b"ma") == []
 
 
 # --- the enumeration -----------------------------------------------------------------------------------
@@ -76,16 +76,15 @@ DRAFT_TEXTS = [b" a", b"b", b" ab", b"ba", b".", b" ca"]  # the draft's tokens, 
 def translated_step(target_vocabulary, draft: TinyLanguageModel, target: TinyLanguageModel, ids: list[int], k: int,
                     verify=verify_sampled) -> tuple[dict[tuple[int, ...], float], int]:
     """The exact distribution of the first n target tokens after the context "x", and n: every sequence
-    of k draft tokens (over DRAFT_TEXTS, drawn from `draft`), translated by the real TranslatedDrafter
+    of k draft tokens (over DRAFT_TEXTS, drawn from `draft`), translated by the real translation
     into target ids, verified with certainty by the real rule (its verdicts read off the whole partition
     of its uniforms), then topped up with target-only tokens to n, one past the longest proposal.
     `target` is over positions in `ids` (the target ids it may emit)."""
-    drafter = TranslatedDrafter(None, target_vocabulary)
     context = target_vocabulary.tokenize(b"x", add_special=False)
     proposals = {}
     for drafted in itertools.product(range(len(DRAFT_TEXTS)), repeat=k):
         text = b"".join(DRAFT_TEXTS[token] for token in drafted)
-        proposals[drafted] = [ids.index(token) for token in drafter._translate(context, text)]
+        proposals[drafted] = [ids.index(token) for token in translate(target_vocabulary, context, text)]
     length = max(map(len, proposals.values())) + 1
     joint: dict[tuple[int, ...], float] = {}
     for drafted, proposal in proposals.items():
@@ -98,10 +97,9 @@ def translated_step(target_vocabulary, draft: TinyLanguageModel, target: TinyLan
 
 
 def target_ids_of_every_translation(target_vocabulary, k: int) -> list[int]:
-    drafter = TranslatedDrafter(None, target_vocabulary)
     context = target_vocabulary.tokenize(b"x", add_special=False)
     found = {token for drafted in itertools.product(DRAFT_TEXTS, repeat=k)
-             for token in drafter._translate(context, b"".join(drafted))}
+             for token in translate(target_vocabulary, context, b"".join(drafted))}
     return sorted(found) + [target_vocabulary.eos_id]  # one the drafts never propose
 
 

@@ -1,10 +1,9 @@
 """Per key, per draft position: how often a draft token is kept, recent drafts weighing most.
 
 a_j is the acceptance of draft position j given that 1..j-1 were kept, shrunk towards the position
-before it while few have been seen; a position never judged takes the key's continuation rate (what
-positions past the first have kept, pooled: the geometric model behind speculative decoding's
-analysis), so a draft that is always kept grows past any depth it has tried. The evidence for each
-constant: docs/results.md and tests/benchmarks/RESULTS.md, "K per step".
+before it while few have been seen; a position never judged takes the key's continuation rate (positions
+past the first, pooled: speculative decoding's geometric model), so a draft always kept grows past any
+depth it has tried. The evidence for each constant: tests/benchmarks/RESULTS.md, "K per step".
 """
 from __future__ import annotations
 
@@ -13,18 +12,15 @@ from dataclasses import dataclass, field
 PRIOR_ACCEPTANCE = 0.9  # optimistic, so that a new source is tried before its costs rule it out
 PRIOR_WEIGHT = 1.55  # in judged drafts
 # Each new judged draft of a key weighs the earlier ones by this (a memory of ~10 drafts): acceptance
-# moves with the text (code, then prose; a chat's next question), and the estimates must follow it.
+# moves with the text (code, then prose; a chat's next question).
 RECENCY = 0.9
-# The same memory counted in replies: the replies whose lengths spread a draft model's prompt intake
-# (`AutoK._intake_per_token`), and the most replies between re-checks of a draft model ruled out.
-# Replayed, 2 to 32 replies alike for the first and 8 to unbounded for the second (RESULTS.md).
+# The same memory in replies: those whose lengths spread a draft model's prompt intake, and the most
+# between re-checks of a draft model ruled out (2 to 32 and 8 to unbounded replay alike: RESULTS.md).
 MEMORY = round(1 / (1 - RECENCY))
-# Even odds, twice. A draft model's token is unsure where its top probability is below UNSURE (as
-# llama.cpp's p_min marks one, at 0.75 by default: 0.5 to 0.9 replay alike, RESULTS.md). A quantized
-# copy of the target agrees with it even there (Gemma: 0.99 kept), a smaller model often does not: a
-# key stops at unsure tokens only while their measured rate (from PRIOR_ACCEPTANCE, as every estimate
-# here) is below UNSURE, kept less often than not, and tokens kept at that rate would not pay at the
-# measured costs (on a GPU they do; RESULTS.md, "The redesigned policy").
+# Even odds, twice. A draft's token is unsure where its top probability is below UNSURE (llama.cpp's
+# p_min, 0.75 by default; 0.5 to 0.9 replay alike). A quantized copy of the target agrees with it even
+# there (Gemma: 0.99 kept), a smaller model often does not: a key stops at unsure tokens only while
+# their measured rate is below UNSURE and tokens kept at that rate would not pay (RESULTS.md).
 UNSURE = 0.5
 
 
@@ -72,9 +68,8 @@ class Acceptance:
 
     def rates(self, positions: int) -> list[float]:
         """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first
-        towards the key's pooled rate); a position never judged gets the continuation rate. A draft that
-        is mostly all-or-nothing (a lookup is either the text being copied or not) then keeps a low
-        first rate but a high continuation rate, as it should."""
+        towards the pooled rate); one never judged gets the continuation rate. An all-or-nothing draft (a
+        lookup copies the text or not) keeps a low first rate and a high continuation rate, as it should."""
         pooled = shrunk(sum(self.kept_at), sum(self.judged_at), PRIOR_ACCEPTANCE)
         continuation = shrunk(sum(self.kept_at[1:]), sum(self.judged_at[1:]), PRIOR_ACCEPTANCE)
         rates, previous = [], pooled

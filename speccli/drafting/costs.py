@@ -1,9 +1,8 @@
 """What drafting and verifying cost on this machine: the target's V(n) and each key's drafting cost.
 
-Timings on a shared machine are noisy one way only: something else running makes a decode slower,
-never faster. So one step's timing moves an estimate by a bounded step (clipped at twice the
-estimate), and the curve read from V's points is the largest non-decreasing one under them: a spike
-at one size is pulled down by the sizes above it.
+Timings on a shared machine are noisy one way only (load makes a decode slower, never faster), so one
+step's timing moves an estimate by a bounded step (clipped at twice the estimate), and V's curve is the
+largest non-decreasing one under its points: a spike at one size is pulled down by the sizes above it.
 """
 from __future__ import annotations
 
@@ -12,18 +11,16 @@ from dataclasses import dataclass
 
 from speccli.drafting.acceptance import RECENCY
 
-# How much one step's timing moves a cost estimate (the level, a size's shape, d): the estimates' one memory.
-TIMING_WEIGHT = 1 - RECENCY
+TIMING_WEIGHT = 1 - RECENCY  # how much one step's timing moves a cost estimate: the estimates' one memory
 
 
 class VerifyCosts:
     """V(n): seconds of one target decode with n logit rows, plus the per-row work after it.
 
-    Load slows every size alike, but steps measure mostly the sizes chosen most (one row, where
-    drafting does not pay): a curve refreshed size by size would compare a one-row cost measured under
-    today's load with a four-row cost from the profile, and draft where it cannot pay (Qwen n-gram
-    drafts on prose, 0.91x). So each timing moves a level that scales the whole curve, and what the
-    level does not explain refines the curve's shape at that size (the smallest size anchors it)."""
+    Load slows every size alike, but steps measure mostly the sizes chosen most: refreshed size by size,
+    today's one-row cost would be compared with the profile's four-row cost (Qwen n-gram drafts on
+    prose, 0.91x). So each timing moves a level that scales the whole curve, and what the level does not
+    explain refines the shape at that size (the smallest size anchors it)."""
 
     def __init__(self, decode_seconds: dict[int, float] | None = None) -> None:
         self.level = 1.0  # how much slower than the shape every decode runs now
@@ -51,10 +48,7 @@ class VerifyCosts:
         return self.decode(n) + self.per_row_seconds * n
 
     def decode(self, n: int) -> float:
-        """The decode part of V(n), from the measured points: beside other slots' rows, n rows' share of
-        the whole decode (a compute-bound decode of many rows costs about its rows, so a draft pays
-        there only where nearly all of it is kept; a memory-bound one costs what one row does, which
-        the slots then share)."""
+        """The decode part of V(n): beside other slots' rows, n rows' share of the whole decode."""
         total = n + self.companions
         return self.level * (self._shapes[total] if total < len(self._shapes) else self._shape(total)) * n / total
 
@@ -81,8 +75,7 @@ class VerifyCosts:
         return max(values[low] + slope * (n - sizes[low]), values[0])
 
     def update(self, n: int, decode_seconds: float, other_seconds: float, companions: int = 0) -> None:
-        """One step's timing: a decode of n rows (and `companions` rows of other slots), and the per-row
-        work after it."""
+        """One step's timing: a decode of n rows (and `companions` of other slots), the per-row work after."""
         own, n = n, n + companions
         self.companions = 0
         if not self.decode_seconds:  # nothing profiled (a context too full): this is the curve

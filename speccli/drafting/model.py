@@ -22,9 +22,7 @@ if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to imp
     from speccli.llama.model import Model
 
 
-# Catch-up sizes timed at calibration: a catch-up of n tokens is priced on the line through them
-# (within 8% of a line as timed here).
-CATCH_UP_SIZES = (2, 16)
+CATCH_UP_SIZES = (2, 16)  # timed at calibration: a catch-up is priced on the line through them
 
 
 @dataclass(frozen=True)
@@ -67,11 +65,9 @@ class ModelDrafter:
         self._drawn = 0
 
     def sync(self, context: Sequence[int]) -> None:
-        """Owe context[:-1] (the cache holds a prefix of it already: see `forget`): taken in at this
-        model's first draft of the reply, so a reply that other sources draft throughout never pays
-        for it (docs/results.md: Qwen's agent workload), and the policy weighs that one-time cost
-        (`owed_prompt_tokens`). Only the part more than one batch from the end is taken in now, in the
-        prefill, where a stop request is seen between batches."""
+        """Owe context[:-1], taken in at this model's first draft of the reply: a reply other sources draft
+        throughout never pays for it (docs/results.md: Qwen's agent workload). Only the part more than one
+        batch from the end is taken in now, in the prefill, where a stop request is seen between batches."""
         self._prompt_end = len(context) - 1
         taken_in_now = self._prompt_end - self.model.n_batch
         if self.model.n_past < taken_in_now:
@@ -82,11 +78,9 @@ class ModelDrafter:
         return min(limit, self.model.n_ctx - len(context) + 1)
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
-        """Tokens taken in as one batched decode before drafting at the end of `context`: the context
-        grew without this model (lookup drafts or plain steps meanwhile) by more than the two a drafting
-        step leaves behind (the pending token, and the previous bonus token if the draft never decoded
-        it). All but the last: that one is decoded with the first draft token. The prompt it owes is
-        counted apart (`owed_prompt_tokens`): paid once a reply, not at every draft that follows."""
+        """Tokens taken in as one decode before drafting at the end of `context`, where it grew without
+        this model by more than the two a drafting step leaves behind; all but the last, decoded with the
+        first draft token. The prompt it owes is counted apart (`owed_prompt_tokens`)."""
         pending = len(context) - max(self.model.n_past, self._prompt_end)
         return pending - 1 if pending > 2 else 0
 
@@ -95,8 +89,8 @@ class ModelDrafter:
         return max(0, self._prompt_end - self.model.n_past)
 
     def begin(self, context: Sequence[int], k: int) -> Intake:
-        """Take in what drafting at the end of `context` needs (the deferred prompt, a catch-up: each
-        timed apart, so the policy's per-token cost stays what drafting costs), for up to k tokens."""
+        """Take in what drafting at the end of `context` needs (the deferred prompt, a catch-up: each timed
+        apart, so the policy's per-token cost stays what drafting costs), for up to k tokens."""
         model = self.model
         prompt_seconds, prompt_tokens = 0.0, self.owed_prompt_tokens()
         if prompt_tokens:
@@ -116,8 +110,8 @@ class ModelDrafter:
         return Intake(prompt_seconds, prompt_tokens, catch_up_seconds, catch_up)
 
     def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken:
-        """Decode what is pending and draw the next token from the row (its argmax when greedy), read
-        through the grammar's mask where the reply has one: the draft proposes only what it allows."""
+        """Decode what is pending and draw the next token (the argmax when greedy), through the grammar's
+        mask where the reply has one."""
         logits = self.model.decode(self._pending, n_logit_rows=1)[0]
         self._pending = []
         ids, values = (None, logits) if constraint is None else constraint.read(logits)
@@ -129,14 +123,12 @@ class ModelDrafter:
         return NextToken(sample(q, rng), q, values, row)
 
     def take(self, *tokens: int) -> None:
-        """The planner keeps `tokens` (a drafted one, or what a grammar forces): the next decode takes
-        them in. The last tokens of a draft are never decoded here; if all pass, the next step catches up."""
+        """The planner keeps `tokens` (drafted, or forced by a grammar): the next decode takes them in."""
         self._pending += self.visible(tokens)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
-        """Tokens as the draft can take them: a target may have ids past a smaller draft's vocabulary
-        (padding that check-vocab tolerates). The draft sees token 0 there instead. That changes only
-        what the draft proposes, never the output distribution: verification uses the q it sampled."""
+        """Tokens as the draft can take them: a target's ids past a smaller draft's vocabulary (padding
+        check-vocab tolerates) read as token 0, which changes what it proposes, never the output's law."""
         return [token if token < self.model.n_vocab else 0 for token in tokens]
 
     def forget(self, n_tokens: int) -> None:
@@ -155,9 +147,8 @@ class ModelDrafter:
 
 
 def timed_costs(model: Model, token: list[int]) -> DraftCosts:
-    """One draft decode of `token`, and catch-up decodes of CATCH_UP_SIZES tokens that fit, each timed at
-    the cache's end and dropped again (the one-token decode twice, the second timed, so a first
-    decode's set-up cost is not counted)."""
+    """One draft decode of `token` (the second of two: a first decode's set-up is not counted), and
+    catch-up decodes of CATCH_UP_SIZES tokens that fit, each timed at the cache's end and dropped."""
     seconds = [model.time_decode(token, n_logit_rows=1) for _ in range(2)]
     catch_up = {n: model.time_decode(token * n, n_logit_rows=0) for n in CATCH_UP_SIZES if model.n_past + n <= model.n_ctx}
     return DraftCosts(seconds[-1], catch_up)

@@ -1,11 +1,10 @@
 """Draft-free drafting by lookup: propose what followed the longest earlier match of the context's end.
 
-The index keeps, for every token id, the positions where it occurs, and grows by one append a token.
-A lookup narrows the earlier occurrences of the last token, in numpy, to those that match the
-context's end longest; the most recent of them is the match (docs/drafting.md, *The lookup*). Its key
-tells the K policy what kind of match it is: its length, and how the matched text went on wherever it
-occurred before (once, each time as now, or variously), whose first tokens are kept at very different
-rates.
+The index keeps, for every token id, the positions where it occurs. A lookup narrows the earlier
+occurrences of the last token, in numpy, to those that match the context's end longest; the most recent
+is the match (docs/drafting.md, *The lookup*). Its key tells the K policy its length and how the matched
+text went on before (once, each time as now, or variously): their first tokens are kept at very
+different rates.
 """
 from __future__ import annotations
 
@@ -21,16 +20,13 @@ MATCH_LENGTHS = ((12, "12+"), (6, "6-11"), (3, "3-5"), (1, "1-2"))  # a key's ma
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
-# Tokens of a proposal not drafted that are judged against what the step yields (`Draft.judged`): as
-# many as a step of the longest draft `auto` makes (24) yields.
-JUDGED_TOKENS = 25
+JUDGED_TOKENS = 25  # of a proposal not drafted, judged against what the step yields: a 24-token step's
 
 
 @dataclass(frozen=True)
 class Match:
-    """A lookup's find: which lookup found it (`source`), how long the match of the context's end is, how
-    the matched text went on where it occurred before ("once", "same", "varied": see
-    `NgramLookup._match`), and what followed it."""
+    """A lookup's find: which lookup, the match's length, how the matched text went on before ("once",
+    "same", "varied": `NgramLookup._match`), and what followed it."""
 
     source: str
     length: int
@@ -71,17 +67,12 @@ def longest_matches(
 
 
 class NgramLookup:
-    """The lookup in the context. Passive: the planner asks it for a match and tells it where the context
-    was cut back."""
+    """The lookup in the context. Passive: the planner asks it for a match."""
 
     name = "ngram"
 
     def __init__(self) -> None:
         self.new_conversation()
-
-    @classmethod
-    def from_inputs(cls, inputs: object) -> NgramLookup:
-        return cls()
 
     def new_conversation(self) -> None:
         self._tokens = array("i")  # the indexed prefix of the context
@@ -94,7 +85,7 @@ class NgramLookup:
         self._index(context)
 
     def kept(self, tokens: Sequence[int]) -> None:
-        """A step kept these tokens: the context's index takes them in as the context grows."""
+        """The index takes kept tokens in as the context grows."""
 
     def match(self, context: Sequence[int], limit: int) -> Match | None:
         """The longest earlier match of the context's end, and up to `limit` tokens of what followed it."""
@@ -104,10 +95,8 @@ class NgramLookup:
             return None
         end, length, went_on = match
         period = len(context) - end  # what followed the match runs up to the context's end
-        # A match at least that long covers a whole period: the text just before the end has repeated
-        # itself (at least twice in a row), so the proposal repeats it on past the context's end. (A
-        # reply caught in a loop, "la la la", had one token to draft a step: its most recent match ends
-        # one token before the end; a longer loop had at most one period's tokens.)
+        # A match at least that long covers a whole period: the text before the end repeated itself, so
+        # the proposal repeats it on past the end (a loop, "la la la", would otherwise draft one period).
         available = min(limit, MAX_K) if length >= period else min(period, limit, MAX_K)
         return Match(NgramLookup.name, length, went_on, [context[end + i % period] for i in range(available)])
 
@@ -132,11 +121,9 @@ class NgramLookup:
             positions.append(position)
 
     def _longest_match(self) -> tuple[int, int, str] | None:
-        """(end of the earlier occurrence, match length, how the match went on: see `_match`) for the
-        longest suffix of the indexed context that occurred earlier with a continuation, the most
-        recent such occurrence; None if none did.
-
-        The numpy views of the arrays live only in this call: an array cannot grow while viewed."""
+        """(end of the earlier occurrence, match length, how it went on: `_match`) for the longest suffix
+        of the indexed context that occurred earlier with a continuation, the most recent; None if none.
+        The numpy views live only in this call: an array cannot grow while viewed."""
         tokens = np.frombuffer(self._tokens, dtype=np.int32)
         # Earlier positions of the last token; the last one is that token itself, which has no continuation.
         candidates = np.frombuffer(self._positions[int(tokens[-1])], dtype=np.int32)[:-1]

@@ -68,8 +68,8 @@ class Planner:
 
     def draft(self, context: Sequence[int], limit: int, sampling: SamplingParams, rng: np.random.Generator,
               policy: KPolicy, constraint: Constraint | None = None) -> Draft:
-        """0. Under a grammar, the tokens it forces come first; the sources draft after them, each token
-        one the grammar allows (the state advanced along the draft, and left where it was found)."""
+        """0. Under a grammar, the tokens it forces come first, then the sources' (each one it allows; the
+        state advanced along the draft, and left where it was found)."""
         if constraint is None:
             return self._draft(context, limit, sampling, rng, policy, None)
         forced = constraint.forced(limit)
@@ -105,7 +105,7 @@ class Planner:
         return replace(self._model_draft(context, limit, sampling, rng, policy), judged=drafted or judged)
 
     def _match(self, context: Sequence[int], limit: int) -> Match | None:
-        """The lookup's match, cut at the first token the grammar forbids (the target's p is 0 there)."""
+        """The lookup's match, cut at the first token the grammar forbids."""
         match = self.lookup.match(context, limit)
         if match is None or self._constraint is None:
             return match
@@ -113,8 +113,8 @@ class Planner:
         return replace(match, following=match.following[:legal]) if legal else None
 
     def _offer(self, match: Match | None, policy: KPolicy) -> tuple[Segment | None, Segment | None]:
-        """A lookup's match as (a segment to verify, None) or, where the policy plans none, (None, the
-        match to judge); (None, None) where there is no match."""
+        """A lookup's match as (a segment to verify, None), or (None, the match to judge) where the policy
+        plans none."""
         if match is None:
             return None, None
         plan = policy.plan(match.key, len(match.following))
@@ -149,8 +149,7 @@ class Planner:
         continuation = None
         while len(tokens) < plan.k:
             if constraint is not None and (forced := constraint.forced(plan.k - len(tokens))):
-                # What the grammar forces next is certain: drafted without the model's steps (it takes
-                # them in with its next token), and verified with the rule for certain drafts.
+                # Forced tokens are certain: drafted without the model's steps, verified as certain.
                 if len(confidences) == len(tokens):
                     confidences += [1.0] * len(forced)
                 tokens += forced
@@ -185,7 +184,7 @@ class Planner:
 
     def _take_over(self, context: Sequence[int], drafted: Sequence[int], limit: int, policy: KPolicy) -> Segment | None:
         """The lookup's draft from the model's tokens on, where it is expected to pay at least as well as
-        more of the model's would; its index is cut back after the look."""
+        more of the model's would (its index cut back after the look)."""
         rest = limit - len(drafted)
         rate_of_more = policy.plan(self.model.name, rest).rate  # it is drafting: caught up
         match = self._match([*context, *drafted], rest)
@@ -198,10 +197,9 @@ class Planner:
     # --- learning ---------------------------------------------------------------------------------
 
     def observe(self, draft: Draft, step: StepEvent, kept: Sequence[int], policy: KPolicy) -> None:
-        """The one place a step is learnt from: the policy's estimates and the lookup's store.
-        The grammar's forced tokens are no source's: the sources' part of the step is learnt from where
-        the target judged it (all the forced tokens kept), and a step with none counts as a plain one;
-        the forced rows stay in `forced`, as verifying them cost (the policy's verify curve)."""
+        """The one place a step is learnt from: the policy's estimates and the lookup's store. The grammar's
+        forced tokens are no source's: the sources are judged only past them (if all were kept); their
+        rows stay in `forced`, as verifying them cost."""
         yielded = kept
         if step.forced:
             forced = step.forced

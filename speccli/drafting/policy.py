@@ -7,13 +7,11 @@
                                                     tokens, a verify, a share of the prompt still owed
     k*   = argmax_k E(k) / T(k)
 
-a_j per proposal key (acceptance.py); d, C(m), V(n) measured per pair and refreshed by every step
+a_j per proposal key (acceptance.py); d, C(m), V(n) measured per pair, refreshed by every step
 (costs.py); C(P), a draft model's one-time intake of the prompt, spread over the N tokens it is expected
-to yield (`_intake_per_token`). The rules on top of the formula (ramps, re-checks, the stop at unsure
-tokens, the reply's lookup scale) are docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md.
-
-`plan` reads the state and changes nothing; `observe` is the one place the policy learns. Everything
-`plan` reads is known before the step's verification, so the output distribution stays the target's.
+to yield. The rules on top (ramps, re-checks, the stop at unsure tokens, the reply's lookup scale) are
+docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md. `plan` changes nothing; `observe` is
+the one place the policy learns, after the verdict, so the output distribution stays the target's.
 """
 from __future__ import annotations
 
@@ -26,12 +24,9 @@ from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, 
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
-# Longest draft `auto` chooses: each verified row is a row of logits in llama.cpp's output buffer, and
-# past it a CPU's wider verify rarely pays.
-AUTO_MAX_K = 24
+AUTO_MAX_K = 24  # each verified row is a row of llama.cpp's output buffer; past 24 a CPU's verify rarely pays
 PROFILED_SIZES = (1, 2, 4, 8, 16, AUTO_MAX_K + 1)  # verify sizes timed once per pair
-# A key's first draft in a reply is at most RAMP_START tokens, each next at most twice what the last
-# kept: long drafts are earned again in each reply.
+# A key's first draft in a reply is at most RAMP_START tokens, each next at most twice what the last kept.
 RAMP_START = 4
 # A lookup may start (and never falls below) the longest draft whose complete failure costs at most
 # RAMP_LOSS plain steps more than a plain step, plus one per token its whole drafts kept in a row; a
@@ -42,9 +37,7 @@ FIRST_PROBE_AFTER = MEMORY
 PROBE_LENGTH = 2
 # A re-check weighs the key's earlier evidence by this: it asks whether this text differs.
 RECHECK_CARRY = 0.25
-# A draft model whose best length at the prior's acceptance is past RAMP_START (a GPU's costs) is not
-# ramped, and weighs its earlier drafts by this longer memory.
-LONG_RECENCY = 0.95
+LONG_RECENCY = 0.95  # the memory of a draft model not ramped (its best length at the prior is past RAMP_START)
 
 
 class FixedK:
@@ -62,7 +55,7 @@ class FixedK:
         return Plan(min(self.k, available))
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
-        return True  # K tokens every step, as asked: the confidence is never computed
+        return True  # K tokens, as asked: the confidence is never computed
 
     def calibrate(self, costs: CostProfile) -> None:
         pass
@@ -78,12 +71,12 @@ class FixedK:
 class Schedule:
     """A key's drafting within and across replies: what its ramp allows, when it is re-checked."""
 
-    idle_steps: int = 0  # steps in a row that drafted nothing of this key
-    idle_replies: int = 0  # replies in a row, before this one, in which this key drafted nothing
+    idle_steps: int = 0  # steps in a row without a draft of this key
+    idle_replies: int = 0  # replies in a row, before this one, without one
     asked_in_reply: bool = False
     drafted_in_reply: bool = False
     failed_probes: int = 0  # re-checks in a row after which drafting still did not pay
-    last_kept: int | None = None  # tokens this key's last draft in this reply led to (None: none yet)
+    last_kept: int | None = None  # tokens its last draft in this reply led to (None: none yet)
     last_kept_whole: bool = False
     last_drafted: int = 0  # tokens its last draft drafted itself
     copied: int = 0  # tokens its drafts in this reply kept in a row, each kept whole
@@ -107,21 +100,18 @@ class Schedule:
         return 2 ** min(self.failed_probes, 8)
 
     def explore(self, k: int, longest: int) -> int:
-        """The length drafted where the estimates chose `k` (up to `longest`): `k`."""
-        return k
+        return k  # the length drafted where the estimates chose k
 
 
 @dataclass
 class ModelSchedule(Schedule):
-    """A draft model: ramped from RAMP_START in each reply (unless its best length at the prior is past
-    it: then unramped); re-checked where a reply first asks it and, as a lookup is, after idle steps within
-    a reply, but once measured only where what it skipped costs at most RAMP_LOSS plain steps to take
-    in: a chain may first ask it after the lookup drafted dozens of tokens (RESULTS.md), and a model
-    ruled out by two misses in a row must come back within the reply where it can (docs/gpu.md)."""
+    """A draft model: ramped from RAMP_START in each reply (unless unramped); re-checked where a reply
+    first asks it and after idle steps within a reply (two misses must not rule it out for the reply:
+    docs/gpu.md), once measured only where what it skipped is cheap to take in (RESULTS.md)."""
 
     unramped: bool = False  # its best length at the prior is past RAMP_START: its estimates alone set it
     share: float = 1.0  # of a reply's tokens from its first draft on, the share its steps yielded
-    yielded_by_it: int = 0  # this reply's tokens drafted by it,
+    yielded_by_it: int = 0  # this reply's tokens from steps it drafted,
     yielded_since_its_first: int = 0  # and all of this reply's since its first draft
 
     def begin_reply(self) -> None:
@@ -144,9 +134,9 @@ class ModelSchedule(Schedule):
         return max(1, 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
-        """The best length, or the ramp's where the best is past it: that is how long drafts are earned.
-        A ramp cut below RAMP_START drafts the shortest length up to RAMP_START that pays, or RAMP_START's
-        where none does, so a failed draft never ends drafting for the reply (RESULTS.md)."""
+        """The best length, or the ramp's where the best is past it. A ramp cut below RAMP_START drafts
+        the shortest length up to RAMP_START that pays, or RAMP_START's: a failed draft never ends
+        drafting for the reply (RESULTS.md)."""
         best = fastest(rates)
         if best <= ramp:
             return best
@@ -154,13 +144,13 @@ class ModelSchedule(Schedule):
         return next((k for k in cautious if rates[k] > rates[0]), cautious[-1])
 
     def horizon(self, ramp: int) -> int:
-        """The longest length `choose` needs priced: all, as its best may lie past the ramp (and the
-        rates need not have one peak: on Qwen's CPU curve they fall past 4 rows and rise again)."""
+        """The longest length `choose` needs priced: all (the rates need not have one peak: on Qwen's
+        CPU curve they fall past 4 rows and rise again)."""
         return AUTO_MAX_K
 
     def explore(self, k: int, longest: int) -> int:
-        """Unramped, a draft whose own tokens were all kept is followed by one a token longer at least:
-        the estimates past it are refreshed only by drafting there (RESULTS.md, "Fewer constants")."""
+        """Unramped, a draft kept whole is followed by one a token longer at least: the estimates past
+        it are refreshed only by drafting there (RESULTS.md, "Fewer constants")."""
         if self.unramped and k and self.last_kept_whole:
             return max(k, min(self.last_drafted + 1, longest))
         return k
@@ -173,8 +163,7 @@ class ModelSchedule(Schedule):
 
 class LookupSchedule(Schedule):
     """A lookup: ramped from the lookup start; while its drafts are kept whole (text being copied goes on
-    until it stops), as long as the tokens they kept have earned (`AutoK.lookup_ramps`: RESULTS.md);
-    re-checked after FIRST_PROBE_AFTER idle steps, doubling."""
+    until it stops), as long as the tokens they kept have earned (`AutoK.lookup_ramps`)."""
 
     def ramp(self, lookup_ramps: Sequence[int]) -> int:
         if self.last_kept is None:
@@ -184,12 +173,10 @@ class LookupSchedule(Schedule):
         return max(lookup_ramps[0], 2 * self.last_kept)
 
     def choose(self, rates: list[float], ramp: int) -> int:
-        """The best length within the ramp, none where none pays: a lone long draft past it rests on
-        positions its drafts seldom reach (Qwen 1.5B's steep curve)."""
+        """The best length within the ramp: a long draft past it rests on positions seldom reached."""
         return fastest(rates[: ramp + 1])
 
     def horizon(self, ramp: int) -> int:
-        """The longest length `choose` needs priced: the ramp's."""
         return ramp
 
     def probe_due(self) -> bool:
@@ -219,11 +206,10 @@ class AutoK:
         self.verify = VerifyCosts()
         self.keys: dict[str, KeyState] = {}
         self.reply = ReplyDrafting()
-        # This reply's lookup first tokens kept, and what the estimates expected: their ratio scales every
-        # lookup kind's first-token estimate in this reply; both counted from PRIOR_WEIGHT kept as expected.
+        # This reply's lookup first tokens kept, and what the estimates expected (both from PRIOR_WEIGHT
+        # kept as expected): their ratio scales every lookup kind's first-token estimate in this reply.
         self.lookup_kept = self.lookup_expected = PRIOR_WEIGHT
-        # A lookup's longest draft after its drafts kept m tokens whole, by m (0: the reply's start);
-        # priced once per reply from the verify curve (`price_ramps`).
+        # A lookup's longest draft after its drafts kept m tokens whole, by m (`price_ramps`).
         self.lookup_ramps: list[int] = [RAMP_START]
         self.reply_lengths: list[int] = []  # tokens of the last MEMORY replies
         self.reply_tokens = 0  # of the reply under way
@@ -238,8 +224,7 @@ class AutoK:
             state = self.keys.setdefault(key, KeyState(ModelSchedule()))
             state.cost.calibrate(draft.token_seconds, draft.catch_up_seconds, self.verify.level)
             # Decided from the profile, once: a token's cost learnt from steps holds its draft's fixed part
-            # (the H200's first decode of a draft) spread over the draft, so short drafts would price it
-            # dear and keep the model ramped, drafting short (the device pair's `story`: RESULTS.md).
+            # spread over the draft, so short drafts would price it dear and stay short (RESULTS.md).
             rates = self._rates(state, [PRIOR_ACCEPTANCE] * self.max_k)
             state.schedule.unramped = fastest(rates) > RAMP_START
             state.acceptance.recency = LONG_RECENCY if state.schedule.unramped else RECENCY
@@ -262,8 +247,7 @@ class AutoK:
         intake = self._intake_per_token(state, owed_prompt, available) if owed_prompt else 0.0
         recheck = state.schedule.probe_due() and self._recheck_affordable(state, catch_up, intake)
         if isinstance(state.schedule, ModelSchedule) and state.schedule.idle_steps and not recheck:
-            # It drafted nothing last step, and nothing learnt of it since: only what it has skipped grew,
-            # so it still would not pay. Not priced again: a plain step's cost is the target's alone.
+            # Nothing learnt of it since it last drafted nothing; only what it skipped grew: not priced.
             return Plan(0, 1.0 / self.verify(1))
         ramp = state.schedule.ramp(self.lookup_ramps)
         # Only the lengths `choose` compares are priced: this runs for every source at every step.
@@ -273,17 +257,15 @@ class AutoK:
         rates = self._rates(state, acceptance, catch_up, intake)
         k = state.schedule.choose(rates, ramp)
         if recheck and intake and not k:
-            # Ruled out by the prompt it must take in, not by its drafts: a re-check would pay for the
-            # prompt to measure nothing new (RESULTS.md, "The prompt's intake priced").
+            # Ruled out by the prompt it must take in, not by its drafts: a re-check would measure nothing.
             recheck = state.schedule.choose(self._rates(state, acceptance, catch_up), ramp) == 0
         if limit > 0 and not k and recheck and self._could_pay(state, limit):
             return Plan(min(limit, PROBE_LENGTH), rates[k], probe=True)
         return Plan(state.schedule.explore(k, len(rates) - 1), rates[k])  # the rate: the estimates' choice's
 
     def _intake_per_token(self, state: KeyState, owed_prompt: int, available: int) -> float:
-        """Seconds of taking in `owed_prompt` tokens, spread over the tokens the source's drafts are
-        expected to yield in the rest of the reply: the mean of what the last MEMORY replies
-        before it still had at this length, where some went on past it, else all the reply may have."""
+        """Seconds of taking in `owed_prompt` tokens, spread over the tokens the source is expected to
+        yield in the rest of the reply (what the last MEMORY replies still had at this length)."""
         done = self.reply_tokens
         longer = [length - done for length in self.reply_lengths if length > done]
         remaining = min(available + 1, sum(longer) / len(longer)) if longer else available + 1
@@ -291,15 +273,14 @@ class AutoK:
         return state.cost.taking_in(owed_prompt) * self.verify.level / max(1.0, remaining * share)
 
     def _recheck_affordable(self, state: KeyState, catch_up: int, intake_per_token: float = 0.0) -> bool:
-        """A source measured before is re-checked where taking in what it skipped, and its 2 tokens' share
-        of a prompt it has yet to take in (see `_intake_per_token`), is cheap (a catch-up would cost more
-        than its 2 tokens tell); one never measured is tried where first asked."""
-        intake = intake_per_token * (PROBE_LENGTH + 1)  # as `_rates` charges a step of 2 tokens, all kept
+        """A source measured before is re-checked where taking in what it skipped (and its probe's share
+        of a prompt owed) costs at most RAMP_LOSS plain steps; one never measured is tried when asked."""
+        intake = intake_per_token * (PROBE_LENGTH + 1)  # as `_rates` charges a probe, all kept
         cheap = state.cost.taking_in(catch_up) * self.verify.level + intake <= RAMP_LOSS * self.verify(1)
         return not state.acceptance.judged_at or cheap
 
     def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
-        # A re-check is there to measure the key: it does not stop on the draft's own doubts.
+        # A re-check measures the key: it does not stop on the draft's own doubts.
         if plan.probe or key not in self.keys or confidence() >= UNSURE:
             return True
         state = self.keys[key]
@@ -320,29 +301,22 @@ class AutoK:
                 if asked.plan.probe:
                     state.acceptance.fade(RECHECK_CARRY)
                 state.schedule.asked(asked.plan.k)
-        if first is None:
-            self._judge_unverified(draft, yielded)
-            return
-        if step.drafted:
-            if first.plan.probe:
-                self.reply.rechecks += 1
-            else:
-                self.reply.chosen += 1
-        own = len(first.tokens)
-        # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
-        # them all, while its acceptance counts its own tokens only.
-        self._learn(first, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
-        if draft.catch_up_tokens:
-            self._state(first.key).cost.learn_catch_up(draft.catch_up_tokens, step.catch_up_seconds, self.verify.level)
-        taken_over = draft.continuation
-        if taken_over is not None and step.accepted >= own:  # judged only where every token before it was kept
-            self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
-        self._judge_unverified(draft, yielded)
-
-    def _judge_unverified(self, draft: Draft, yielded: Sequence[int]) -> None:
-        """Proposed with certainty, a token is kept with the probability that the target yields it there
-        (p(x)), so comparing it with what the step yielded judges it as verifying would (RESULTS.md)."""
+        if first is not None:
+            if step.drafted:
+                self.reply.rechecks += first.plan.probe
+                self.reply.chosen += not first.plan.probe
+            own = len(first.tokens)
+            # A draft taken over after `own` tokens led to every token the step kept: its ramp grows by
+            # them all, while its acceptance counts its own tokens only.
+            self._learn(first, min(step.accepted, own), step.draft_seconds - step.catch_up_seconds, step.accepted)
+            if draft.catch_up_tokens:
+                self._state(first.key).cost.learn_catch_up(draft.catch_up_tokens, step.catch_up_seconds, self.verify.level)
+            taken_over = draft.continuation
+            if taken_over is not None and step.accepted >= own:  # judged only where every token before was kept
+                self._learn(taken_over, step.accepted - own, 0.0, step.accepted - own)
         if draft.judged is not None:
+            # Proposed with certainty, a token is kept with probability p(x), that of the target yielding
+            # it there: comparing it with what the step yielded judges it as verifying would.
             judged = draft.judged
             compared = min(len(judged.tokens), len(yielded))
             self._judge(self._state(judged.key), compared, common_prefix_length(judged.tokens, yielded))
@@ -351,8 +325,8 @@ class AutoK:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
         if not segment.key:
             return
-        # A token decoded but withheld (the source was unsure) counts as drafted and, where every token
-        # before it was kept, as rejected: that is what stopping there yielded, and what it cost.
+        # A token decoded but withheld (the source was unsure) counts as drafted and, after a kept
+        # prefix, as rejected: that is what stopping there yielded, and what it cost.
         drafted = len(segment.tokens) + segment.withheld
         if not drafted:
             return
@@ -378,8 +352,7 @@ class AutoK:
         self, state: KeyState, acceptance: list[float], catch_up: int = 0, intake_per_token: float = 0.0
     ) -> list[float]:
         """Expected tokens per second of each draft length, 0 (a plain step) included; `intake_per_token`:
-        seconds of a prompt to take in first, charged per token the step yields (`_intake_per_token`)."""
-        # drafting(k, m) read as k tokens and one catch-up, priced once each rather than per length.
+        seconds of a prompt to take in first, charged per token the step yields."""
         verify, level = self.verify.curve(len(acceptance) + 1), self.verify.level
         token, catch_up_seconds = state.cost.drafting(1, 0) * level, state.cost.taking_in(catch_up) * level
         rates, tokens, kept_so_far = [1.0 / verify[0]], 1.0, 1.0
@@ -394,8 +367,7 @@ class AutoK:
         return fastest(self._rates(state, [acceptance] * limit)) > 0
 
     def price_ramps(self) -> None:
-        """A lookup's ramp start and floor, and its ramps by what its copy kept, at the costs measured now
-        (see RAMP_LOSS)."""
+        """A lookup's ramp start and floor, and its ramps by what its copy kept (see RAMP_LOSS)."""
         start = min(RAMP_START, self.max_k)
         self.lookup_ramps = [max(start, self._loss_bound(RAMP_LOSS + copied)) for copied in range(self.max_k + 1)]
 

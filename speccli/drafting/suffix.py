@@ -1,23 +1,18 @@
 """Drafts from earlier replies as well as the context: the lookup (ngram.py), and the same lookup in a
-store of what the target said before, its match's continuation walked as in a suffix tree
-(SuffixDecoding); docs/drafting.md, *Earlier replies*.
-
-The store is filled only with tokens the target kept, after they were kept, so a draft depends on the
-past alone; its tokens are proposed with certainty and verified by the lookup's rule. Where it lives
-(a chat session, a serve process, a file with `--remember`: speccli/remembered/stores.py) is the caller's.
+store of what the target said before, its continuation walked as in a suffix tree (SuffixDecoding;
+docs/drafting.md, *Earlier replies*). The store holds only tokens the target kept, after they were
+kept, so a draft depends on the past alone; where it lives (a chat, a serve process, a file with
+`--remember`: speccli/remembered/stores.py) is the caller's.
 """
 from __future__ import annotations
 
 from array import array
 from collections import Counter
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from speccli.drafting.ngram import JUDGED_TOKENS, MAX_MATCH, Match, NgramLookup, longest_matches
-
-if TYPE_CHECKING:
-    from speccli.drafting.registry import DraftInputs
 
 SEPARATOR = -1  # between replies in the store: no token matches it, so no match spans two replies
 HEAD_TOKENS = 16  # prompt tokens kept before each reply
@@ -60,9 +55,8 @@ class SuffixStore:
 
     def match(self, context: Sequence[int], limit: int) -> Match | None:
         """The longest match of the context's end among the replies, and up to `limit` tokens of what
-        followed it: of the occurrences that match, the token most of them went on with (of equals the
-        most recent), then the same among those it followed, while the share that went that way,
-        multiplied along the walk, stays at least MIN_SHARE; None where nothing followed."""
+        followed it: the token most matching occurrences went on with (of equals the most recent), then
+        the same among those, while the share that went that way stays at least MIN_SHARE."""
         if context[-1] not in self._positions:
             return None
         tokens = np.frombuffer(self._tokens, dtype=np.int32)
@@ -138,10 +132,6 @@ class SuffixLookup(NgramLookup):
         self._head: list[int] = []  # the prompt's last tokens, until the reply's first kept token begins an entry
         self._in_reply = False
 
-    @classmethod
-    def from_inputs(cls, inputs: DraftInputs) -> SuffixLookup:
-        return cls(inputs.store)
-
     def sync(self, context: Sequence[int]) -> None:
         super().sync(context)
         self._head, self._in_reply = list(context[-HEAD_TOKENS:]), False
@@ -155,12 +145,10 @@ class SuffixLookup(NgramLookup):
 
     @staticmethod
     def store_drafts(here: Match, earlier: Match) -> bool:
-        """Whether the store's match drafts rather than the context's: the longer (a tie is the context's,
-        this text's own; the rules tried against it: tests/benchmarks/suffix_replay.py)."""
+        """The store's match drafts where longer (a tie is this text's own; tests/benchmarks/suffix_replay.py)."""
         return earlier.length > here.length
 
     def kept(self, tokens: Sequence[int]) -> None:
-        """Only tokens the target kept, after it kept them, enter the store (the module docstring)."""
         if not self._in_reply:
             self.store.begin(self._head)
             self._in_reply = True

@@ -1,10 +1,7 @@
 """A draft model of another vocabulary: its drafted text, re-tokenized by the target, is the proposal
-(string-level drafting, SLEM; or, sampling where the vocabularies share enough tokens, token-level
-intersection, TLI). docs/drafting.md, *A draft of another vocabulary*, says how each works and when.
-
-Text proposals carry no q: they are verified as a lookup's are (x kept with probability p(x), else a
-draw from p without x), exact for any proposal made from the past and the draft's own randomness. A
-TLI token's q is the draft's distribution restricted to the shared tokens, verified by the usual rule.
+(SLEM; or, sampling where the vocabularies share enough tokens, token-level intersection, TLI:
+docs/drafting.md, *A draft of another vocabulary*). Text proposals carry no q and are verified as a
+lookup's are; a TLI token's q is the draft's distribution restricted to the shared tokens.
 """
 from __future__ import annotations
 
@@ -17,17 +14,16 @@ from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distr
 from speccli.core.seam import DraftCosts
 from speccli.drafting.model import Intake, timed_costs
 from speccli.vocab.shared import SharedTokens, SharedVocabulary, on_shared_tokens
+from speccli.vocab.translate import translate
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
     from speccli.llama.model import Model
     from speccli.llama.tokenizer import Tokenizer
 
-WINDOW = 4  # target tokens of context re-tokenized with the drafted text, to find where the proposal starts
-
 
 class TranslatedDrafter:
-    """Drafts with a draft `Model` whose vocabulary is not the target's (`target_vocabulary`): a block of
-    tokens at a time, re-tokenized as a whole, so the planner neither stops it early nor hands it over."""
+    """Drafts with a `Model` of another vocabulary a block at a time, re-tokenized as a whole: the
+    planner neither stops it early nor hands it over."""
 
     name = "model"
     drafts_by_token = False
@@ -43,8 +39,7 @@ class TranslatedDrafter:
         self._q_row = RowBuffer()
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
-        """As a same-vocabulary draft model's (`ModelDrafter.catch_up_tokens`), counted in target tokens:
-        the draft's own count is known only once the context is re-tokenized."""
+        """As `ModelDrafter.catch_up_tokens`, in target tokens (the draft's are known once re-tokenized)."""
         pending = len(context) - self._covered
         return pending - 1 if pending > 2 else 0
 
@@ -83,14 +78,13 @@ class TranslatedDrafter:
             if i + 1 < k:
                 logits = model.decode([token], n_logit_rows=1)
                 self._held.append(token)
-        proposal = self._translate(context, model.tokenizer.detokenize(drafted))[:limit]
+        proposal = translate(self.target, context, model.tokenizer.detokenize(drafted))[:limit]
         self._covered = len(context) + len(proposal)
         return proposal, None, intake
 
     def _draft_shared_tokens(self, logits: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None]:
-        """Token-level intersection (TLI), when sampling: each token drawn from the draft's distribution
-        restricted to the tokens both vocabularies spell alike, renormalised, on the target's ids; the
-        distribution it was drawn from is its q."""
+        """TLI, when sampling: each token drawn from the draft's distribution restricted to the tokens both
+        vocabularies spell alike, renormalised, on the target's ids (its q)."""
         model, shared = self.model, self.shared
         proposal: list[int] = []
         drawn_from: list[Distribution] = []
@@ -109,11 +103,9 @@ class TranslatedDrafter:
         return proposal, drawn_from or None
 
     def _read(self, context: Sequence[int], catching_up: bool = False) -> tuple[np.ndarray, int, float] | None:
-        """The draft's logits after the context, read as text; None where they do not fit its window.
-        Re-tokenizing the context and taking in what changed is part of every step's drafting (the new
-        text may re-tokenize what the cache held); where the draft skipped steps (`catching_up`), all
-        but the last token it takes in are a catch-up, decoded and timed apart as a same-vocabulary
-        draft's are: how many draft tokens, and its seconds, come back with the logits."""
+        """The draft's logits after the context, read as text (the new text may re-tokenize what the cache
+        held), with the catch-up's tokens and seconds: where it skipped steps (`catching_up`), all but the
+        last token taken in, timed apart; None where the context does not fit its window."""
         text = self.target.detokenize(context, special=True)
         ids = self.model.tokenizer.tokenize(text, add_special=True, parse_special=True)
         if len(ids) >= self.model.n_ctx:
@@ -137,19 +129,6 @@ class TranslatedDrafter:
         self._held = list(ids)
         return logits, catch_up, catch_up_seconds
 
-    def _translate(self, context: Sequence[int], drafted_text: bytes) -> list[int]:
-        """Target ids of `drafted_text` as it follows the context; [] where they cannot be told apart."""
-        drafted_text = whole_words(drafted_text)
-        if not drafted_text:
-            return []
-        for size in (WINDOW, 1):
-            window = list(context[-size:])
-            ids = self.target.tokenize(self.target.detokenize(window, special=True) + drafted_text,
-                                       add_special=False, parse_special=True)
-            if ids[:len(window)] == window:
-                return ids[len(window):]
-        return []
-
     def sync(self, context: Sequence[int]) -> None:
         """Read the prompt before the first step, as a same-vocabulary draft takes it in: not a catch-up."""
         if len(context) > 1 and self._read(context[:-1]) is not None:
@@ -168,17 +147,3 @@ class TranslatedDrafter:
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {self.name: timed_costs(self.model, [0])}
 
-
-def whole_words(text: bytes) -> bytes:
-    """`text` without the word it may end in the middle of (the text after it could have made that word
-    other tokens), and the space before that word (tokenizers join a space to the word after it)."""
-    end = len(text)
-    while end and _in_word(text[end - 1]):
-        end -= 1
-    if end == len(text):
-        return text
-    return text[:end - 1] if text[end - 1:end] == b" " else text[:end]
-
-
-def _in_word(byte: int) -> bool:
-    return byte >= 0x80 or chr(byte).isalnum() or byte == ord("_")  # UTF-8 beyond ASCII counts as letters

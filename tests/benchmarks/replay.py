@@ -53,8 +53,8 @@ from speccli.core.seam import CostProfile, Draft, DraftCosts
 from speccli.drafting.planner import Planner
 from speccli.drafting.model import CATCH_UP_SIZES, ModelDrafter
 from speccli.drafting.policy import AUTO_MAX_K, PROFILED_SIZES, VerifyCosts
-from speccli.drafting.registry import SPECS, DraftInputs, make_source, source_named, uses_draft_model
-from speccli.drafting.specs import make_policy
+from speccli.drafting.registry import LOOKUPS, SPECS, uses_draft_model
+from speccli.drafting.specs import make_lookup, make_policy
 from speccli.llama.model import LoadOptions, Model
 from speccli.util.sequences import common_prefix_length
 from speccli.validation import AUTO_K, K, parse_k
@@ -234,9 +234,7 @@ def replay(
         return catch_up[0] + catch_up[1] * tokens if tokens else 0.0
 
     # The real sources, the draft model's over the stand-in (the lookups need no model).
-    inputs = DraftInputs(draft_model=None, target=None)  # type: ignore[arg-type]
-    names = spec.split("+")
-    lookup = next((make_source(name, inputs) for name in names if not source_named(name).uses_draft_model), None)
+    lookup = next((make_lookup(name) for name in spec.split("+") if name in LOOKUPS), None)
     drafter = Planner(lookup, ModelDrafter(model) if uses_draft_model(spec) else None)
     policy = make_policy(k)
     catch_up_seconds = {n: catch_up_decodes(n) * c * UNIT for n in CATCH_UP_SIZES}
