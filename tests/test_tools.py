@@ -168,6 +168,11 @@ def test_a_hermes_reply_reads_back_as_content_and_calls():
     assert style.read("It is sunny.") == ("It is sunny.", [])
     cut = "Sure.\n" + hermes(PARIS)[:30]  # max_tokens ended it inside a call: all of it is content
     assert style.read(cut) == (cut, [])
+    unclosed = hermes(PARIS).removesuffix("\n</tool_call>")  # cut after the JSON, before its end marker
+    assert style.read(unclosed) == (unclosed, [])
+    # A marker inside an argument's string is the string's (the call's JSON is read whole).
+    note = ("note", {"text": "ends with </tool_call> then <tool_call>\n{"})
+    assert [json.loads(call["function"]["arguments"]) for call in style.read(hermes(note, SUM))[1]] == [note[1], SUM[1]]
     # Streamed: the text up to where a call may begin, whitespace held back (it may lead into one).
     assert [style.shown_so_far(text) for text in ("Sure", "Sure \n", "Sure <tool", "Sure.\n<tool_call>\n{", "a < b")] == \
         ["Sure", "Sure", "Sure", "Sure.", "a < b"]
@@ -315,6 +320,7 @@ def streamed_calls(chunks) -> list[tuple[str, str, int]]:
 
 @pytest.mark.parametrize("style, text", [
     ("hermes", "Let me look.\n" + hermes(PARIS, ("book", {"src": "Paris", "dst": "Rome}{\"[]"}))),
+    ("hermes", hermes(("note", {"text": "</tool_call>\n<tool_call>\n{\"name\": \"x\", \"arguments\": {"}), SUM)),
     ("json", json.dumps({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "}"}]}}, {"name": "now", "arguments": {}}]})),
     ("json", json.dumps({"tool_call": {"name": "get_weather", "arguments": {"city": "Pa\\ris\"", "unit": "celsius"}}}, indent=2)),
 ])

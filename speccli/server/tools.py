@@ -152,14 +152,20 @@ class ToolStyle:
                     response = reply["response"]
                     return (response if answered_in_text else json.dumps(response, ensure_ascii=False)), []
                 return None, [_call(c) for c in (reply["tool_calls"] if "tool_calls" in reply else [reply["tool_call"]])]
-            before, _, rest = text.partition(OPEN)
-            if not rest:
+            before, marker, _ = text.partition(OPEN)
+            if not marker:
                 call = loose_call(text) if offered is not None else None
                 return (None, [_call(call)]) if call is not None and offered(call) else (text, [])
-            blocks = [block.partition(CLOSE) for block in (OPEN + rest).split(OPEN)[1:]]
-            if any(not close for _, close, _ in blocks):
-                return text, []
-            return before.rstrip() or None, [_call(json.loads(body)) for body, _, _ in blocks]
+            # Each call's JSON read whole, so that a marker inside an argument's string is the string's.
+            calls, at = [], len(before)
+            while at >= 0:
+                body, end = _DECODER.raw_decode(text, _SPACE.match(text, at + len(OPEN)).end())
+                closed = _SPACE.match(text, end).end()
+                if not text.startswith(CLOSE, closed):
+                    return text, []
+                calls.append(_call(body))
+                at = text.find(OPEN, closed + len(CLOSE))
+            return before.rstrip() or None, calls
         except (ValueError, KeyError, TypeError):
             return text, []
 
@@ -284,6 +290,8 @@ _JSON_CALLS = re.compile(r'\s*\{\s*"tool_calls?"\s*:\s*\[?')
 _NEXT_CALL = re.compile(r'\s*\}\s*,')
 _TEXT_ANSWER = re.compile(r'\s*\{\s*"response"\s*:\s*"')  # a json reply's text answer begins
 _ANSWER_CHARS = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*')  # its string's whole characters
+_SPACE = re.compile(r"\s*")
+_DECODER = json.JSONDecoder()
 _JSON_PART = re.compile(r'["{}\[\]]')  # a string's opening quote, or a bracket
 _STRING_REST = re.compile(r'(?:[^"\\]|\\.)*(")?', re.S)  # a string's characters, and its closing quote if written
 
