@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -129,9 +131,24 @@ def run(server: Server, extra: dict, prompts: list[list[int]], clients: int, arg
         stream_one(client, model, long_prompt, args, 0, extra)
     [thread.join() for thread in threads]
     wall = time.perf_counter() - started
+    rows = rows_per_decode(server.port)
+    if rows is not None:
+        print(f"    target rows per decode (the warm-up and prompts included): {rows:.1f}", file=sys.stderr)
     gaps = sorted(b - a for _, times, _ in done for a, b in zip(times[1:], times[2:]))
     p95 = gaps[int(0.95 * (len(gaps) - 1))] if gaps else float("nan")
     return sum(tokens for tokens, _, _ in done) / wall, p95, [texts[i] for i in range(len(prompts))]
+
+
+def rows_per_decode(port: int) -> float | None:
+    """speccli's /metrics: the target's rows per llama_decode so far (None from another server)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    totals = {name: float(value) for name, value in re.findall(r'^speccli_(llama_decode\w*_total)\{model="target"\} (\S+)$', text, re.M)}
+    decodes = totals.get("llama_decodes_total")
+    return totals["llama_decode_rows_total"] / decodes if decodes else None
 
 
 def main() -> None:
