@@ -79,8 +79,9 @@ class ModelDrafter:
 
     def catch_up_tokens(self, context: Sequence[int]) -> int:
         """Tokens taken in as one decode before drafting at the end of `context`, where it grew without
-        this model by more than the two a drafting step leaves behind; all but the last, decoded with the
-        first draft token. The prompt it owes is counted apart (`owed_prompt_tokens`)."""
+        this model by more than the two a drafting step leaves behind (the pending token, and the bonus
+        token if the draft never decoded it); all but the last, decoded with the first draft token. The
+        prompt it owes is counted apart (`owed_prompt_tokens`)."""
         pending = len(context) - max(self.model.n_past, self._prompt_end)
         return pending - 1 if pending > 2 else 0
 
@@ -123,12 +124,14 @@ class ModelDrafter:
         return NextToken(sample(q, rng), q, values, row)
 
     def take(self, *tokens: int) -> None:
-        """The planner keeps `tokens` (drafted, or forced by a grammar): the next decode takes them in."""
+        """The planner keeps `tokens` (drafted, or forced by a grammar): the next decode takes them in. A
+        draft's last tokens are never decoded here; if all pass, the next step catches up."""
         self._pending += self.visible(tokens)
 
     def visible(self, tokens: Sequence[int]) -> list[int]:
         """Tokens as the draft can take them: a target's ids past a smaller draft's vocabulary (padding
-        check-vocab tolerates) read as token 0, which changes what it proposes, never the output's law."""
+        check-vocab tolerates) read as token 0. That changes what it proposes, never the output's law:
+        verification uses the q it sampled."""
         return [token if token < self.model.n_vocab else 0 for token in tokens]
 
     def forget(self, n_tokens: int) -> None:

@@ -20,7 +20,7 @@ MATCH_LENGTHS = ((12, "12+"), (6, "6-11"), (3, "3-5"), (1, "1-2"))  # a key's ma
 MAX_MATCH = 64  # a match is followed back at most this far: longer ones all get the longest key
 NARROWING_STEP = 8  # positions compared per numpy pass once the candidates are few
 MANY_CANDIDATES = 64  # more than this: narrowed one position per pass
-JUDGED_TOKENS = 25  # of a proposal not drafted, judged against what the step yields: a 24-token step's
+JUDGED_TOKENS = 25  # of a proposal not drafted, judged against what the step yields: as many as auto's longest (24) yields
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ def longest_matches(
 
 
 class NgramLookup:
-    """The lookup in the context. Passive: the planner asks it for a match."""
+    """The lookup in the context. Passive: the planner asks it for a match and tells it where the context
+    was cut back."""
 
     name = "ngram"
 

@@ -10,8 +10,9 @@
 a_j per proposal key (acceptance.py); d, C(m), V(n) measured per pair, refreshed by every step
 (costs.py); C(P), a draft model's one-time intake of the prompt, spread over the N tokens it is expected
 to yield. The rules on top (ramps, re-checks, the stop at unsure tokens, the reply's lookup scale) are
-docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md. `plan` changes nothing; `observe` is
-the one place the policy learns, after the verdict, so the output distribution stays the target's.
+docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md. `plan` changes nothing and reads only
+what is known before the step's verification, so the output distribution stays the target's; `observe`
+is the one place the policy learns.
 """
 from __future__ import annotations
 

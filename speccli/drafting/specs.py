@@ -32,7 +32,8 @@ def make_drafter(spec: str, draft_model: Model | None, target: Model, store: Suf
 
 
 def make_lookup(name: str, store: SuffixStore | None = None) -> Lookup:
-    return SuffixLookup(store) if name == "suffix" else NgramLookup()
+    """One of registry.LOOKUPS (a name missing here is a KeyError, never another lookup)."""
+    return {"ngram": NgramLookup, "suffix": lambda: SuffixLookup(store)}[name]()
 
 
 def model_source(draft: Model, target: Model) -> DraftModel:

@@ -56,7 +56,8 @@ class SuffixStore:
     def match(self, context: Sequence[int], limit: int) -> Match | None:
         """The longest match of the context's end among the replies, and up to `limit` tokens of what
         followed it: the token most matching occurrences went on with (of equals the most recent), then
-        the same among those, while the share that went that way stays at least MIN_SHARE."""
+        the same among those, while the share that went that way, multiplied along the walk, stays at
+        least MIN_SHARE; None where nothing followed."""
         if context[-1] not in self._positions:
             return None
         tokens = np.frombuffer(self._tokens, dtype=np.int32)

@@ -146,4 +146,3 @@ class TranslatedDrafter:
 
     def costs(self, context: Sequence[int]) -> dict[str, DraftCosts]:
         return {self.name: timed_costs(self.model, [0])}
-
