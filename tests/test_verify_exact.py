@@ -10,7 +10,8 @@ middle, all probes of a cell must give one verdict, and the cell's probability g
 verdict's tokens. So both the acceptance thresholds and the widths of every token's interval in the
 residual and bonus draws are the rule's own, to 1e-12 (negative controls: a looser acceptance, one
 uniform shared by all positions, two residuals of the right tokens with other widths, a bonus row a
-little off; a probe in each interval's middle alone passed the residuals). The probes rely on the
+little off; a probe in each interval's middle alone passed the residuals). The same holds for a draft
+whose vocabulary is the target's first ids (control: a residual without the ids it lacks). The probes rely on the
 rule being a threshold on each acceptance uniform and an inverse-CDF draw (monotone in its uniform).
 """
 from __future__ import annotations
@@ -165,6 +166,7 @@ def reference_emission(drafted, q_rows, p_rows, n_accepted: int) -> np.ndarray:
         return p_rows[k]
     p = p_rows[n_accepted]
     q = q_rows[n_accepted] if n_accepted < drawn else np.eye(len(p))[drafted[n_accepted]]
+    q = np.r_[q, np.zeros(len(p) - len(q))]  # a draft of a smaller vocabulary: 0 on the ids it lacks
     residual = np.maximum(p - q, 0)
     return residual / residual.sum() if residual.sum() > 0 else p
 
@@ -261,9 +263,12 @@ def target_sequences(target: TinyLanguageModel, prefix: tuple[int, ...], length:
 STEP_CASES = [(1, 4, 0), (2, 3, 1), (3, 3, 2), (2, 4, 3)]  # (k, vocab, seed)
 
 
-def assert_step_is_exact(k: int, vocab: int, seed: int, sparsity: float, verify=verify_sampled) -> None:
+def assert_step_is_exact(k: int, vocab: int, seed: int, sparsity: float, verify=verify_sampled,
+                         draft_vocab: int | None = None) -> None:
+    """`draft_vocab`: a draft whose vocabulary is the target's first ids (the target's others it never
+    proposes: a head cut to the frequent ids, or a target padded past it)."""
     target = TinyLanguageModel(seed, vocab, sparsity)
-    draft = TinyLanguageModel(seed + 100, vocab, sparsity)
+    draft = TinyLanguageModel(seed + 100, draft_vocab or vocab, sparsity)
     speculative = speculative_then_target(target, draft, k, verify)
     exact = dict(target_sequences(target, (), k + 1))
     assert set(speculative) <= set(exact)
@@ -275,6 +280,30 @@ def assert_step_is_exact(k: int, vocab: int, seed: int, sparsity: float, verify=
 @pytest.mark.parametrize("sparsity", [0.0, 0.5])
 def test_a_whole_step_with_its_bonus_token_is_exact(k: int, vocab: int, seed: int, sparsity: float) -> None:
     assert_step_is_exact(k, vocab, seed, sparsity)
+
+
+NARROW_DRAFT_CASES = [(1, 4, 0, 3), (2, 4, 3, 2), (3, 3, 2, 2)]  # (k, vocab, seed, the draft's vocabulary)
+
+
+@pytest.mark.parametrize("k, vocab, seed, draft_vocab", NARROW_DRAFT_CASES)
+def test_a_step_with_a_draft_of_the_targets_first_ids_is_exact(k, vocab, seed, draft_vocab) -> None:
+    assert_step_is_exact(k, vocab, seed, 0.0, draft_vocab=draft_vocab)
+
+
+def residual_on_the_drafts_ids(p: Distribution, q: Distribution) -> Distribution:
+    """norm(max(0, p - q)) over the draft's ids alone: the target's others dropped from the residual."""
+    residual = np.maximum(p.dense(p.size)[: q.size] - q.dense(q.size), 0)
+    if not residual.sum():  # as the rule's own: p where rounding leaves no residual
+        return p
+    return Distribution.on_support(np.r_[residual, np.zeros(p.size - q.size)] / residual.sum())
+
+
+@pytest.mark.parametrize("k, vocab, seed, draft_vocab", NARROW_DRAFT_CASES)
+def test_the_enumeration_detects_a_residual_without_the_ids_the_draft_lacks(k, vocab, seed, draft_vocab, monkeypatch) -> None:
+    """Negative control for the narrower draft: a rejection must be able to emit what it cannot propose."""
+    monkeypatch.setattr(verify_module, "residual_distribution", residual_on_the_drafts_ids)
+    with pytest.raises(AssertionError):
+        assert_step_is_exact(k, vocab, seed, 0.0, draft_vocab=draft_vocab)
 
 
 def residual_with_a_floor(p: np.ndarray, q: np.ndarray) -> np.ndarray:
