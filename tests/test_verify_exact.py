@@ -11,8 +11,9 @@ verdict's tokens. So both the acceptance thresholds and the widths of every toke
 residual and bonus draws are the rule's own, to 1e-12 (negative controls: a looser acceptance, one
 uniform shared by all positions, two residuals of the right tokens with other widths, a bonus row a
 little off; a probe in each interval's middle alone passed the residuals). The same holds for a draft
-whose vocabulary is the target's first ids (control: a residual without the ids it lacks). The probes rely on the
-rule being a threshold on each acceptance uniform and an inverse-CDF draw (monotone in its uniform).
+whose vocabulary is the target's first ids (control: a residual without the ids it lacks). The probes
+rely on the rule being a threshold on each acceptance uniform and an inverse-CDF draw (monotone in its
+uniform).
 """
 from __future__ import annotations
 
@@ -265,8 +266,8 @@ STEP_CASES = [(1, 4, 0), (2, 3, 1), (3, 3, 2), (2, 4, 3)]  # (k, vocab, seed)
 
 def assert_step_is_exact(k: int, vocab: int, seed: int, sparsity: float, verify=verify_sampled,
                          draft_vocab: int | None = None) -> None:
-    """`draft_vocab`: a draft whose vocabulary is the target's first ids (the target's others it never
-    proposes: a head cut to the frequent ids, or a target padded past it)."""
+    """`draft_vocab`: a draft whose vocabulary is the target's first ids, which never proposes the others
+    (a target padded past its draft's vocabulary, as check-vocab tolerates)."""
     target = TinyLanguageModel(seed, vocab, sparsity)
     draft = TinyLanguageModel(seed + 100, draft_vocab or vocab, sparsity)
     speculative = speculative_then_target(target, draft, k, verify)
