@@ -74,7 +74,6 @@ SLOW_TESTS = frozenset({
     "tests/test_cli_errors.py::test_a_reader_that_went_away_is_exit_141_without_a_word",  # 6.1 s
     "tests/test_cli_errors.py::test_debug_adds_the_traceback_and_changes_no_exit_code",  # 3.7 s
     "tests/test_engine_distribution.py::test_a_taken_over_draft_verified_without_removing_a_rejected_lookup_token_is_detected",  # 15.5 s
-    "tests/test_engine_distribution.py::test_drafts_stopped_on_the_drafts_own_confidence_match_the_target_distribution",  # 18.0 s
     "tests/test_engine_distribution.py::test_model_drafts_a_lookup_takes_over_match_the_target_distribution",  # 14.2 s
     "tests/test_engine_distribution.py::test_ngram_and_model_under_auto_k_match_the_target_distribution",  # 14.7 s
     "tests/test_engine_distribution.py::test_ngram_drafts_match_the_target_distribution",  # 15.7 s

@@ -16,7 +16,7 @@ from speccli.core.sampling import SamplingParams
 from speccli.core.stats import StepEvent
 from speccli.core.seam import NO_PLAN, CostProfile, Draft, DraftCosts, Plan, Segment
 from speccli.drafting.planner import Planner
-from speccli.drafting.model import CATCH_UP_SIZES, Intake, ModelDrafter, NextToken
+from speccli.drafting.model import CATCH_UP_SIZES, Intake, ModelDrafter
 from speccli.drafting.ngram import Match, NgramLookup
 from speccli.drafting.policy import (
     FIRST_PROBE_AFTER, LONG_RECENCY, RAMP_START, AutoK, FixedK,
@@ -34,20 +34,17 @@ GREEDY = SamplingParams(temperature=0)
 
 class Answers:
     """A K policy that answers as told: `length_for` and `best_rate` give a plan's k and rate (None: no
-    estimates, as a fixed K), `keep_drafting` whether to go on at a token of this confidence."""
+    estimates, as a fixed K)."""
 
     name, needs_costs, profiled_sizes, reply = "answers", False, (), None
 
-    def __init__(self, length_for, best_rate, keep_drafting) -> None:
-        self.length_for, self.best_rate, self.keep = length_for, best_rate, keep_drafting
+    def __init__(self, length_for, best_rate) -> None:
+        self.length_for, self.best_rate = length_for, best_rate
         self.owed_prompts: list[int] = []  # as each plan was told
 
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         self.owed_prompts.append(owed_prompt)
         return Plan(self.length_for(key, available, catch_up), self.best_rate(key, available, catch_up))
-
-    def keep_drafting(self, key: str, plan: Plan, confidence) -> bool:
-        return self.keep(key, confidence)
 
 
 @dataclass
@@ -62,9 +59,8 @@ def request(
     limit=16,
     length_for=lambda key, available, catch_up: available,
     best_rate=lambda key, available, catch_up: None,
-    keep_drafting=lambda key, confidence: True,
 ) -> Request:
-    return Request(list(context), limit, Answers(length_for, best_rate, keep_drafting))
+    return Request(list(context), limit, Answers(length_for, best_rate))
 
 
 def propose(drafting, asked: Request) -> Draft:
@@ -269,29 +265,6 @@ def test_model_drafter_times_a_token_and_catch_ups_and_leaves_its_cache_as_it_wa
     assert sorted(costs.catch_up_seconds) == list(CATCH_UP_SIZES) and all(s > 0 for s in costs.catch_up_seconds.values())
 
 
-def test_model_drafter_stops_at_the_first_token_it_is_too_unsure_of(tiny_pair) -> None:
-    prompt = list(range(3, 40))
-    confidences = []
-
-    def record(key, confidence):
-        confidences.append(confidence())
-        return True
-
-    with Model(tiny_pair.draft, LoadOptions(n_ctx=256, n_threads=1)) as model:
-        drafter = ModelDrafter(model)
-        drafter.sync(prompt)
-        full = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=record))
-        assert len(full.tokens) == 6 and len(confidences) == 6 and all(0 < c <= 1 for c in confidences)
-        cut = sorted(confidences)[3]  # a floor some of the six fall below
-        first_below = next(i for i, c in enumerate(confidences) if c < cut)
-        drafter.forget(len(prompt) - 1)
-        short = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: c() >= cut))
-        drafter.forget(len(prompt) - 1)
-        nothing = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: 6, keep_drafting=lambda key, c: False))
-    assert short.tokens == full.tokens[:first_below]
-    assert nothing.tokens == [] and key_of(nothing) == "model" and nothing.source == ""  # the policy still learns
-
-
 def test_the_planner_hands_a_model_draft_over_to_the_lookup_where_it_is_expected_to_pay_more(tiny_pair) -> None:
     """After each model token the lookup is asked to go on from there; its index is cut back after each look."""
     prompt = list(range(3, 40))
@@ -307,61 +280,6 @@ def test_the_planner_hands_a_model_draft_over_to_the_lookup_where_it_is_expected
     assert lookup.asked == [len(prompt), len(prompt) + 1, len(prompt) + 2] and lookup.forgotten == [len(prompt)] * 2
     assert handed.tokens == full.tokens[:2] + [90, 91] and handed.continuation.tokens == [90, 91]
     assert handed.segments[0].tokens == full.tokens[:2] and handed.source == "model"
-
-
-def unsure_draft_steps(policy: AutoK, kept: bool, times: int) -> None:
-    """`times` steps asking the draft model for a token it is unsure of (top probability 0.4)."""
-    for _ in range(times):
-        plan = policy.plan("model", 8)
-        drafted = int(policy.keep_drafting("model", plan, lambda: 0.4))
-        draft = drafted_by("model", drafted, plan, confidences=(0.4,) * drafted, withheld=not drafted)
-        observe(policy, draft, step(drafted, drafted * int(kept), 0.0075, policy.verify(drafted + 1)))
-
-
-def keeps_unsure_tokens(policy: AutoK) -> bool:
-    return policy.keep_drafting("model", policy.plan("model", 8), lambda: 0.4)
-
-
-def test_auto_stops_at_unsure_draft_tokens_only_where_such_tokens_are_mostly_rejected_and_would_not_pay() -> None:
-    smaller_model = calibrated(COMPUTE_BOUND, {"model": 0.3})
-    unsure_draft_steps(smaller_model, kept=False, times=2)
-    plan = smaller_model.plan("model", 8)
-    assert smaller_model.keep_drafting("model", plan, lambda: 0.9) and not keeps_unsure_tokens(smaller_model)
-    stopped_steps = 1
-    while not keeps_unsure_tokens(smaller_model) and stopped_steps < 100:  # the evidence fades...
-        withheld = drafted_by("model", 1, smaller_model.plan("model", 8), withheld=True)
-        observe(smaller_model, withheld, step(1, 1, 0.0075, smaller_model.verify(2)))
-        stopped_steps += 1
-    assert 3 <= stopped_steps <= 15  # ...and unsure tokens are drafted again, to be measured anew
-    quantized_copy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    unsure_draft_steps(quantized_copy, kept=True, times=10)  # Gemma's Q4_K_M: kept though unsure
-    assert keeps_unsure_tokens(quantized_copy)
-    # Where drafting is cheap (a GPU), tokens kept a third of the time still pay: no stop.
-    cheap = calibrated({1: 1.0, 2: 1.01, 4: 1.03, 8: 1.07, 16: 1.15, 32: 1.31}, {"model": 0.05})
-    unsure_draft_steps(cheap, kept=False, times=2)
-    assert cheap.keys["model"].acceptance.unsure_rate() < 0.5 and keeps_unsure_tokens(cheap)
-
-
-def test_a_re_check_does_not_stop_on_the_drafts_own_doubts() -> None:
-    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    unsure_draft_steps(policy, kept=False, times=4)
-    assert not policy.keep_drafting("model", Plan(2), lambda: 0.4)
-    assert policy.keep_drafting("model", Plan(2, probe=True), lambda: 0.4)
-
-
-def test_auto_counts_a_withheld_token_as_rejected_only_where_every_token_before_it_was_kept() -> None:
-    policy = calibrated(MEMORY_BOUND, {"model": 0.3})
-    acceptance = policy.keys["model"].acceptance
-    acceptance.unsure_judged = 20.0  # unsure tokens of this draft were all rejected
-    plan = policy.plan("model", 8)
-    assert plan.k > 2
-    assert policy.keep_drafting("model", plan, lambda: 0.9) and not policy.keep_drafting("model", plan, lambda: 0.4)
-    stopped_after_two = drafted_by("model", 2, plan, confidences=(0.9, 0.9), withheld=True)
-    observe(policy, stopped_after_two, step(2, 2, 0.015, policy.verify(3)))  # both kept
-    assert acceptance.judged_at == [1, 1, 1] and acceptance.kept_at == [1, 1, 0]
-    observe(policy, stopped_after_two, step(2, 0, 0.015, policy.verify(3)))  # the first rejected
-    r = acceptance.recency  # what the second draft weighs the first by
-    assert acceptance.judged_at == pytest.approx([1 + r, r, r]) and acceptance.kept_at == pytest.approx([r, r, 0])
 
 
 def test_auto_learns_a_taken_over_draft_by_source_and_ramps_by_every_token_it_led_to() -> None:
@@ -441,9 +359,9 @@ class ScriptedModel:
         self.drawn = 0
         return Intake()
 
-    def next(self, sampling, rng, constraint=None) -> NextToken:
+    def next(self, sampling, rng, constraint=None) -> tuple[int, None]:
         self.drawn += 1
-        return NextToken(self.tokens[self.drawn - 1], None, np.zeros(4, dtype=np.float32), np.empty(4, dtype=np.float32))
+        return self.tokens[self.drawn - 1], None
 
     def take(self, *tokens: int) -> None:
         pass
@@ -970,7 +888,6 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
             {"model": DraftCosts(0.025 * 0.3, {2: 0.025 * 2 * catch_up_token_cost, 24: 0.025 * 24 * catch_up_token_cost})},
         ))
         learn(policy, "model", 4, 0, 30, token_cost=0.3)
-        policy.keys["model"].acceptance.unsure_judged = 20.0  # its unsure tokens were all rejected, too
         found = []
         for reply in range(40):
             policy.begin_reply()
@@ -978,7 +895,6 @@ def test_auto_re_checks_a_ruled_out_draft_model_where_what_it_skipped_is_cheap_t
                 plan = policy.plan("model", 16, index)  # it has skipped every token of the reply so far
                 if plan.k:
                     found.append((reply, index))
-                    assert policy.keep_drafting("model", plan, lambda: 0.1)  # a re-check measures: no unsure stop
                 ask(policy, "model", 16, token_cost=0.3, catch_up=index)  # the re-check fails
         return found
 

@@ -20,7 +20,7 @@ from speccli.core.stats import StepEvent
 from speccli.drafting.model import ModelDrafter
 from speccli.drafting.planner import Planner
 from speccli.drafting.policy import AutoK
-from speccli.remembered.learnt import COLD_START, LearntFile, learnt_path, policy_state, recall_state
+from speccli.remembered.learnt import COLD_START, FORMAT, LearntFile, learnt_path, policy_state, recall_state
 from tests.conftest import MemoryBoundAutoK
 from tests.standin import stand_in_pair
 from tests.test_drafting import MEMORY_BOUND, calibrated, learn
@@ -158,20 +158,20 @@ def test_the_file_is_keyed_by_pair_regime_and_threads_and_cold_start_neither_rea
 
 @pytest.mark.parametrize("content, why", [
     (b"{not json", "damaged (not a policy file's JSON)"),
-    (b'{"format": 2, "learnt": {}}', "not a speccli policy file of this version"),
-    (json.dumps({"format": 1, "learnt": {"keys": {"model": {"model": True, "schedule": {"idle_steps": "x"},
+    (b'{"format": 1, "learnt": {}}', "not a speccli policy file of this version"),
+    (json.dumps({"format": 2, "learnt": {"keys": {"model": {"model": True, "schedule": {"idle_steps": "x"},
                                                               "acceptance": {}, "cost": {}}},
                                          "reply_lengths": [], "reply_tokens": 0}}).encode(), "idle_steps is 'x'"),
-    (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [-3], "reply_tokens": 0}}).encode(), "reply lengths are not counts"),
-    (json.dumps({"format": 1, "learnt": {"keys": {"model": {"model": True, "schedule": {"last_kept": 2.5},
+    (json.dumps({"format": 2, "learnt": {"keys": {}, "reply_lengths": [-3], "reply_tokens": 0}}).encode(), "reply lengths are not counts"),
+    (json.dumps({"format": 2, "learnt": {"keys": {"model": {"model": True, "schedule": {"last_kept": 2.5},
                                                               "acceptance": {"judged_at": [1e999]}, "cost": {}}},
                                          "reply_lengths": [], "reply_tokens": 0}}).encode(), "last_kept is 2.5"),
     (b"\xff\xfe", "damaged (not a policy file's JSON)"),
-    (b'{"format": 1}', "damaged (KeyError: 'learnt')"),
-    (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
+    (b'{"format": 2}', "damaged (KeyError: 'learnt')"),
+    (json.dumps({"format": 2, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
                  "costs": {"decode_seconds": [[2, 0.1]], "sample_seconds": 0, "draft_costs": {}, "asked": [2]}}).encode(),
      "the profile has no one-row decode"),
-    (json.dumps({"format": 1, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
+    (json.dumps({"format": 2, "learnt": {"keys": {}, "reply_lengths": [], "reply_tokens": 0},
                  "costs": {"decode_seconds": [[1, -0.1]], "sample_seconds": 0, "draft_costs": {}, "asked": [1]}}).encode(),
      "-0.1 is not seconds"),
 ])
@@ -249,7 +249,7 @@ def test_a_one_shot_chat_keeps_what_auto_learnt_and_the_next_takes_it_up(cache, 
     second = chat(tiny_pair, "-p", "hello", "-n", "12", "--seed", "1", "--k", "auto")
     assert second.exit_code == 0 and second.stdout
     assert f"warning: {kept}: damaged (not a policy file's JSON); `auto` starts from its priors" in second.stderr.splitlines()
-    assert json.loads(kept.read_text())["format"] == 1
+    assert json.loads(kept.read_text())["format"] == FORMAT
 
 
 def test_a_restarted_server_takes_up_the_profile_and_times_none(cache, tmp_path, monkeypatch) -> None:

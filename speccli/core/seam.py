@@ -13,7 +13,7 @@ keeps the output distribution the target's (docs/exactness.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -46,10 +46,6 @@ class Segment:
     key: str  # what the K policy learns from: the source, refined (e.g. "ngram:12+/same")
     tokens: list[int]
     plan: Plan = NO_PLAN
-    # A draft model's confidence in each token it drafted, where the policy read it, and whether it
-    # then withheld the next token it decoded (unsure of it): the policy learns how unsure tokens fare.
-    confidences: tuple[float, ...] = ()
-    withheld: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,10 +121,6 @@ class KPolicy(Protocol):
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         """Tokens to draft of `available` for a proposal of kind `key`, where the source must first take
         in `catch_up` skipped tokens and, once in the reply, `owed_prompt` tokens of its prompt. No side effects."""
-
-    def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
-        """Whether a source drafting on `plan`, this sure of its next token (`confidence()`, computed
-        only if needed), should still propose it. No side effects."""
 
     def calibrate(self, costs: CostProfile) -> None:
         """The pair's measured costs: a target decode by logit rows, and each key's drafting costs."""

@@ -17,11 +17,6 @@ RECENCY = 0.9
 # The same memory in replies: those whose lengths spread a draft model's prompt intake, and the most
 # between re-checks of a draft model ruled out (2 to 32 and 8 to unbounded replay alike: RESULTS.md).
 MEMORY = round(1 / (1 - RECENCY))
-# Even odds, twice. A draft's token is unsure where its top probability is below UNSURE (llama.cpp's
-# p_min, 0.75 by default; 0.5 to 0.9 replay alike). A quantized copy of the target agrees with it even
-# there (Gemma: 0.99 kept), a smaller model often does not: a key stops at unsure tokens only while
-# their measured rate is below UNSURE and tokens kept at that rate would not pay (RESULTS.md).
-UNSURE = 0.5
 
 
 def shrunk(kept: float, judged: float, prior: float) -> float:
@@ -32,17 +27,14 @@ def shrunk(kept: float, judged: float, prior: float) -> float:
 @dataclass
 class Acceptance:
     """Per position j: drafts that judged position j+1 (drafted it, kept 1..j), and drafts that kept
-    it; and the unsure tokens judged and kept. All weighted by recency."""
+    it, weighted by recency."""
 
     judged_at: list[float] = field(default_factory=list)
     kept_at: list[float] = field(default_factory=list)
-    unsure_judged: float = 0.0
-    unsure_kept: float = 0.0
     recency: float = RECENCY  # what each judged draft weighs the earlier ones by
 
-    def add(self, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
-        """One draft: `drafted` tokens (a withheld one included), the first `accepted` kept;
-        `confidences` of its tokens where the source gave them."""
+    def add(self, drafted: int, accepted: int) -> None:
+        """One draft: `drafted` tokens, the first `accepted` kept."""
         judged = min(drafted, accepted + 1)
         self.fade(self.recency)
         while len(self.judged_at) < judged:
@@ -51,20 +43,11 @@ class Acceptance:
         for position in range(judged):
             self.judged_at[position] += 1
             self.kept_at[position] += position < accepted
-        for position, confidence in enumerate(confidences[:judged]):  # a withheld token has none
-            if confidence < UNSURE:
-                self.unsure_judged += 1
-                self.unsure_kept += position < accepted
 
     def fade(self, weight: float) -> None:
         """Weigh everything counted so far by `weight`: what comes next counts for more."""
         self.judged_at = [weight * count for count in self.judged_at]
         self.kept_at = [weight * count for count in self.kept_at]
-        self.unsure_judged *= weight
-        self.unsure_kept *= weight
-
-    def unsure_rate(self) -> float:
-        return shrunk(self.unsure_kept, self.unsure_judged, PRIOR_ACCEPTANCE)
 
     def rates(self, positions: int) -> list[float]:
         """a_1 .. a_positions: each judged position's rate, shrunk towards the one before it (the first

@@ -13,9 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from speccli.core.constraint import Constraint
-from speccli.core.sampling import (
-    Distribution, RowBuffer, SamplingParams, distribution_among, greedy_token, sample, top_probability,
-)
+from speccli.core.sampling import Distribution, RowBuffer, SamplingParams, distribution_among, greedy_token, sample
 from speccli.core.seam import DraftCosts
 
 if TYPE_CHECKING:  # annotations only: llama_cpp is speccli.llama's alone to import
@@ -33,21 +31,6 @@ class Intake:
     prompt_tokens: int = 0
     catch_up_seconds: float = 0.0
     catch_up_tokens: int = 0
-
-
-class NextToken:
-    """A drafted token, the q it was drawn from (None when greedy), and the draft's confidence in it,
-    computed only where asked (a fixed K never asks)."""
-
-    def __init__(self, token: int, q: Distribution | None, logits: np.ndarray, scratch: np.ndarray) -> None:
-        self.token, self.q = token, q
-        self._logits, self._scratch = logits, scratch
-        self.confidence_read: float | None = None
-
-    def confidence(self) -> float:
-        if self.confidence_read is None:
-            self.confidence_read = float(self.q.max()) if self.q is not None else top_probability(self._logits, out=self._scratch)
-        return self.confidence_read
 
 
 class ModelDrafter:
@@ -110,18 +93,19 @@ class ModelDrafter:
         self._drawn = 0
         return Intake(prompt_seconds, prompt_tokens, catch_up_seconds, catch_up)
 
-    def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken:
-        """Decode what is pending and draw the next token (the argmax when greedy), through the grammar's
-        mask where the reply has one."""
+    def next(self, sampling: SamplingParams, rng: np.random.Generator,
+             constraint: Constraint | None = None) -> tuple[int, Distribution | None]:
+        """Decode what is pending and draw the next token (the argmax when greedy: q None), through the
+        grammar's mask where the reply has one."""
         logits = self.model.decode(self._pending, n_logit_rows=1)[0]
         self._pending = []
         ids, values = (None, logits) if constraint is None else constraint.read(logits)
+        if sampling.greedy:
+            return greedy_token(values, ids), None  # a NaN row is refused by name
         row = self._rows[self._drawn][: len(values)]
         self._drawn += 1
-        if sampling.greedy:
-            return NextToken(greedy_token(values, ids), None, values, row)  # a NaN row is refused by name
         q = distribution_among(ids, values, sampling, len(logits), out=row)
-        return NextToken(sample(q, rng), q, values, row)
+        return sample(q, rng), q
 
     def take(self, *tokens: int) -> None:
         """The planner keeps `tokens` (drafted, or forced by a grammar): the next decode takes them in. A

@@ -3,7 +3,7 @@
 The order it asks them in (the grammar's forced tokens, the lookup, which source drafts, the draft
 model token by token with its stop and the lookup's take-over, then `observe`) is docs/drafting.md's
 *One step, as the planner runs it*; the numbers in `_draft` follow it. Sources never see the policy: a
-lookup returns a `Match`, a draft model a `NextToken` (or, of another vocabulary, a block of tokens).
+lookup returns a `Match`, a draft model its next token and q (or, of another vocabulary, a block of tokens).
 Under a fixed K (`Plan.rate` None) the first source that proposes drafts all K tokens.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from speccli.core.constraint import Constraint
 from speccli.core.sampling import Distribution, SamplingParams
 from speccli.core.seam import Draft, DraftCosts, KPolicy, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.model import Intake, NextToken
+from speccli.drafting.model import Intake
 from speccli.drafting.ngram import JUDGED_TOKENS, Match
 
 
@@ -44,7 +44,8 @@ class DraftModel(Protocol):
     def catch_up_tokens(self, context: Sequence[int]) -> int: ...
     def owed_prompt_tokens(self) -> int: ...
     def begin(self, context: Sequence[int], k: int) -> Intake: ...
-    def next(self, sampling: SamplingParams, rng: np.random.Generator, constraint: Constraint | None = None) -> NextToken: ...
+    def next(self, sampling: SamplingParams, rng: np.random.Generator,
+             constraint: Constraint | None = None) -> tuple[int, Distribution | None]: ...
     def take(self, *tokens: int) -> None: ...
     def draft_block(self, context: Sequence[int], k: int, limit: int, sampling: SamplingParams,
                     rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None, Intake]: ...
@@ -144,14 +145,10 @@ class Planner:
         intake = model.begin(context, plan.k)
         tokens: list[int] = []
         q: list[Distribution | None] = []
-        confidences: list[float] = []  # each drafted token's, where the policy read it
-        withheld = False
         continuation = None
         while len(tokens) < plan.k:
             if constraint is not None and (forced := constraint.forced(plan.k - len(tokens))):
                 # Forced tokens are certain: drafted without the model's steps, verified as certain.
-                if len(confidences) == len(tokens):
-                    confidences += [1.0] * len(forced)
                 tokens += forced
                 q += [None] * len(forced)
                 model.take(*forced)
@@ -159,25 +156,19 @@ class Planner:
                 if constraint.stopped:
                     break
                 continue
-            proposed = model.next(sampling, rng, constraint)
-            # Stopping on the draft's own confidence uses nothing the target has said: still exact.
-            if not policy.keep_drafting(model.name, plan, proposed.confidence):
-                withheld = True
-                break
-            if proposed.confidence_read is not None:
-                confidences.append(proposed.confidence_read)
-            tokens.append(proposed.token)
-            q.append(proposed.q)
-            model.take(proposed.token)
+            token, drawn_from = model.next(sampling, rng, constraint)
+            tokens.append(token)
+            q.append(drawn_from)
+            model.take(token)
             if constraint is not None:
-                constraint.push([proposed.token])
+                constraint.push([token])
                 if constraint.stopped:  # complete, or ended: nothing but an end of generation may follow
                     break
             if len(tokens) < plan.k and may_take_over:
                 continuation = self._take_over(context, tokens, limit, policy)
                 if continuation is not None:
                     break
-        own = Segment(model.name, model.name, tokens, plan, tuple(confidences), withheld)
+        own = Segment(model.name, model.name, tokens, plan)
         segments = (own,) if continuation is None else (own, continuation)
         drawn = any(row is not None for row in q)  # greedy drafts, or the grammar's alone: all certain
         return _with_intake(Draft(segments, q if drawn and tokens else None), intake)

@@ -9,7 +9,7 @@
 
 a_j per proposal key (acceptance.py); d, C(m), V(n) measured per pair, refreshed by every step
 (costs.py); C(P), a draft model's one-time intake of the prompt, spread over the N tokens it is expected
-to yield. The rules on top (ramps, re-checks, the stop at unsure tokens, the reply's lookup scale) are
+to yield. The rules on top (ramps, re-checks, the reply's lookup scale) are
 docs/drafting.md's, each measured in tests/benchmarks/RESULTS.md. `plan` changes nothing and reads only
 what is known before the step's verification, so the output distribution stays the target's; `observe`
 is the one place the policy learns.
@@ -17,11 +17,11 @@ is the one place the policy learns.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from speccli.core.seam import CostProfile, Draft, NO_PLAN, Plan, ReplyDrafting, Segment
 from speccli.core.stats import StepEvent
-from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENCY, UNSURE, Acceptance
+from speccli.drafting.acceptance import MEMORY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT, RECENCY, Acceptance
 from speccli.drafting.costs import DraftCost, VerifyCosts
 from speccli.util.sequences import common_prefix_length
 
@@ -54,9 +54,6 @@ class FixedK:
 
     def plan(self, key: str, available: int, catch_up: int = 0, owed_prompt: int = 0) -> Plan:
         return Plan(min(self.k, available))
-
-    def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
-        return True  # K tokens, as asked: the confidence is never computed
 
     def calibrate(self, costs: CostProfile) -> None:
         pass
@@ -280,14 +277,6 @@ class AutoK:
         cheap = state.cost.taking_in(catch_up) * self.verify.level + intake <= RAMP_LOSS * self.verify(1)
         return not state.acceptance.judged_at or cheap
 
-    def keep_drafting(self, key: str, plan: Plan, confidence: Callable[[], float]) -> bool:
-        # A re-check measures the key: it does not stop on the draft's own doubts.
-        if plan.probe or key not in self.keys or confidence() >= UNSURE:
-            return True
-        state = self.keys[key]
-        unsure = state.acceptance.unsure_rate()
-        return unsure >= UNSURE or self._could_pay(state, max(plan.k, 1), unsure)
-
     def observe(self, draft: Draft, step: StepEvent, yielded: Sequence[int]) -> None:
         # every row verified, and those of the slots beside it in the same decode
         self.verify.update(step.forced + step.drafted + 1, step.target_seconds, step.other_seconds, step.companion_rows)
@@ -326,13 +315,11 @@ class AutoK:
         """One source's share of a step: its tokens drafted in `seconds`, the first `accepted` kept."""
         if not segment.key:
             return
-        # A token decoded but withheld (the source was unsure) counts as drafted and, after a kept
-        # prefix, as rejected: that is what stopping there yielded, and what it cost.
-        drafted = len(segment.tokens) + segment.withheld
+        drafted = len(segment.tokens)
         if not drafted:
             return
         state = self._state(segment.key)
-        self._judge(state, drafted, accepted, segment.confidences)
+        self._judge(state, drafted, accepted)
         state.schedule.kept(kept_run, kept_run >= drafted, drafted)
         state.cost.learn_token(seconds / drafted / self.verify.level)
         if segment.plan.probe:
@@ -340,11 +327,11 @@ class AutoK:
             pays = state.schedule.choose(rates, state.schedule.ramp(self.lookup_ramps)) > 0
             state.schedule.failed_probes = 0 if pays else state.schedule.failed_probes + 1
 
-    def _judge(self, state: KeyState, drafted: int, accepted: int, confidences: tuple[float, ...] = ()) -> None:
+    def _judge(self, state: KeyState, drafted: int, accepted: int) -> None:
         if isinstance(state.schedule, LookupSchedule) and drafted:  # its first token judged
             self.lookup_expected += state.acceptance.rates(1)[0]
             self.lookup_kept += accepted > 0
-        state.acceptance.add(drafted, accepted, confidences)
+        state.acceptance.add(drafted, accepted)
 
     def _state(self, key: str) -> KeyState:
         return self.keys.setdefault(key, KeyState(LookupSchedule()))
@@ -363,9 +350,9 @@ class AutoK:
             rates.append(tokens / (k * token + catch_up_seconds + verify[k] + intake_per_token * tokens))
         return rates
 
-    def _could_pay(self, state: KeyState, limit: int, acceptance: float = 1.0) -> bool:
-        """Whether drafting could pay at all at these costs, were each token kept at `acceptance`."""
-        return fastest(self._rates(state, [acceptance] * limit)) > 0
+    def _could_pay(self, state: KeyState, limit: int) -> bool:
+        """Whether drafting could pay at all at these costs, were every token kept."""
+        return fastest(self._rates(state, [1.0] * limit)) > 0
 
     def price_ramps(self) -> None:
         """A lookup's ramp start and floor, and its ramps by what its copy kept (see RAMP_LOSS)."""

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from speccli.core.generator import PairCosts
     from speccli.llama.model import Model
 
-FORMAT = 1
+FORMAT = 2
 MAX_BYTES = 4 * 2**20  # a policy's state is a few KB; a file past this is not one
 COLD_START = "SPECCLI_COLD_START"
 

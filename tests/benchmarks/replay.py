@@ -127,7 +127,7 @@ class RecordedDraftModel:
         self.held: list[int] = []
         self.reply: Reply | None = None
         self.context_length = 0
-        self.decodes = 0  # decodes with logits since `step_from`: draft tokens, a withheld one's included
+        self.decodes = 0  # decodes with logits since `step_from`: draft tokens
         self.caught_up = 0  # tokens decoded without logits since `step_from`: a catch-up
 
     @property
