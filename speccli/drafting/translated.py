@@ -33,7 +33,6 @@ class TranslatedDrafter:
         self.target = target_vocabulary
         # Given: token-level intersection (below); None: the drafted text, re-tokenized.
         self.shared = None if shared is None else SharedTokens(shared, target_vocabulary.n_vocab)
-        self.mode = "text" if shared is None else "shared tokens"
         self._held: list[int] = []  # the draft ids its cache holds
         self._covered = 0  # target tokens of context its cache holds, as of its last proposal
         self._q_row = RowBuffer()
@@ -60,47 +59,37 @@ class TranslatedDrafter:
             return [], None, Intake()
         logits, catch_up, catch_up_seconds = read
         intake = Intake(catch_up_seconds=catch_up_seconds, catch_up_tokens=catch_up)
+        # TLI when sampling: each token drawn from the draft's distribution restricted to the tokens both
+        # vocabularies spell alike, on the target's ids (its q). Greedy, text is kept more (docs/drafting.md).
+        shared = self.shared if not sampling.greedy else None
         # Each drafted token but the last is decoded: k - 1 decodes must fit the draft's window.
-        k = min(k, model.n_ctx - model.n_past + 1)
-        if self.shared is not None and not sampling.greedy:  # greedy, text is kept more (docs/drafting.md)
-            proposal, q = self._draft_shared_tokens(logits, min(k, limit), sampling, rng)
-            self._covered = len(context) + len(proposal)
-            return proposal, q, intake
+        k = min(k, model.n_ctx - model.n_past + 1, limit if shared else k)
         drafted: list[int] = []
+        proposal: list[int] = []  # TLI's, as target ids
+        drawn_from: list[Distribution] = []
         for i in range(k):
             if sampling.greedy:
                 token = greedy_token(logits[0])
             else:
-                token = sample(distribution(logits[0], sampling, out=self._q_row.take(1, model.n_vocab)[0]), rng)
-            if model.tokenizer.is_end_of_generation(token):
+                q = distribution(logits[0], sampling, out=self._q_row.take(1, model.n_vocab)[0])
+                if shared is None:
+                    token = sample(q, rng)
+                elif (restricted := on_shared_tokens(q, shared)) is None:  # no mass on the shared tokens
+                    break
+                else:
+                    proposal.append(sample(restricted, rng))
+                    drawn_from.append(restricted)
+                    token = shared.draft_of_target[proposal[-1]]
+            if shared is None and model.tokenizer.is_end_of_generation(token):
                 break
             drafted.append(token)
             if i + 1 < k:
                 logits = model.decode([token], n_logit_rows=1)
                 self._held.append(token)
-        proposal = translate(self.target, context, model.tokenizer.detokenize(drafted))[:limit]
+        if shared is None:
+            proposal = translate(self.target, context, model.tokenizer.detokenize(drafted))[:limit]
         self._covered = len(context) + len(proposal)
-        return proposal, None, intake
-
-    def _draft_shared_tokens(self, logits: np.ndarray, k: int, sampling: SamplingParams, rng: np.random.Generator) -> tuple[list[int], list[Distribution] | None]:
-        """TLI, when sampling: each token drawn from the draft's distribution restricted to the tokens both
-        vocabularies spell alike, renormalised, on the target's ids (its q)."""
-        model, shared = self.model, self.shared
-        proposal: list[int] = []
-        drawn_from: list[Distribution] = []
-        for i in range(k):
-            restricted = on_shared_tokens(distribution(logits[0], sampling, out=self._q_row.take(1, model.n_vocab)[0]),
-                                          shared)
-            if restricted is None:  # the draft gives the shared tokens nothing: no proposal to make
-                break
-            chosen = sample(restricted, rng)
-            proposal.append(chosen)
-            drawn_from.append(restricted)
-            if i + 1 < k:
-                token = shared.draft_of_target[chosen]
-                logits = model.decode([token], n_logit_rows=1)
-                self._held.append(token)
-        return proposal, drawn_from or None
+        return proposal, drawn_from or None, intake
 
     def _read(self, context: Sequence[int], catching_up: bool = False) -> tuple[np.ndarray, int, float] | None:
         """The draft's logits after the context, read as text (the new text may re-tokenize what the cache
