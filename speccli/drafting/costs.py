@@ -100,11 +100,6 @@ class DraftCost:
     catch_up_fixed: float = 0.0
     catch_up_per_token: float = 0.0
 
-    def drafting(self, k: int, catch_up: int) -> float:
-        """Seconds (at level 1) to draft k tokens after taking in `catch_up` skipped ones."""
-        # A source that drafts must first take in what it skipped (RESULTS.md).
-        return k * (self.token_seconds or 0.0) + (self.taking_in(catch_up) if k else 0.0)
-
     def taking_in(self, catch_up: int) -> float:
         """Seconds (at level 1) to take in `catch_up` skipped tokens before drafting."""
         return self.catch_up_fixed + self.catch_up_per_token * catch_up if catch_up else 0.0

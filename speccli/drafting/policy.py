@@ -342,7 +342,7 @@ class AutoK:
         """Expected tokens per second of each draft length, 0 (a plain step) included; `intake_per_token`:
         seconds of a prompt to take in first, charged per token the step yields."""
         verify, level = self.verify.curve(len(acceptance) + 1), self.verify.level
-        token, catch_up_seconds = state.cost.drafting(1, 0) * level, state.cost.taking_in(catch_up) * level
+        token, catch_up_seconds = (state.cost.token_seconds or 0.0) * level, state.cost.taking_in(catch_up) * level
         rates, tokens, kept_so_far = [1.0 / verify[0]], 1.0, 1.0
         for k, accepted in enumerate(acceptance, 1):
             kept_so_far *= accepted
