@@ -226,6 +226,7 @@ def test_model_drafter_takes_in_its_prompt_at_its_first_draft_reported_as_the_pr
         drafter.sync(prompt)
         declined = propose(drafter, asking := request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 0))
         assert model.n_past == 0 and declined.prompt_tokens == 0
+        assert declined.tokens == [] and key_of(declined) == "model" and declined.source == ""  # still learnt from
         deferred = propose(drafter, request(prompt, length_for=lambda key, available, catch_up: asked.append(catch_up) or 3))
         after = propose(drafter, telling := request(prompt + deferred.tokens + [5], length_for=lambda key, available, catch_up: 0))
         assert asking.policy.owed_prompts == [len(prompt) - 1] and telling.policy.owed_prompts == [0]
