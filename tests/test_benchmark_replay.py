@@ -192,3 +192,17 @@ def test_the_judges_replay_each_recording_at_its_costs_and_compare_with_a_saved_
     assert saved["gemma48 gemma cpu model auto"]["tasks"] == {task: pytest.approx(np.mean(values)) for task, values in direct.items()}
     again = [line for line in run("--against", str(tmp_path / "first.json")) if line.startswith("gemma48")]
     assert len(again) == len(saved) and all("(+0.00%" in line for line in again)
+
+
+def test_each_rule_removed_by_the_benchmark_is_found_once_in_todays_code() -> None:
+    """rules_removed.py patches a copy of the package: each patch's text must still name one place, or its
+    row of RESULTS.md's table would judge code that no longer exists."""
+    from tests.benchmarks.rules_removed import REPO, RULES, patched
+
+    for rule, patches in RULES.items():
+        for file, old, new in patches:
+            source = (REPO / "speccli" / file).read_text()
+            assert source.count(old) == 1, rule
+            assert patched(source, old, new, rule) != source
+    with pytest.raises(SystemExit, match="no longer applies"):
+        patched("x = 1\n", "y = 2", "y = 3", "a rule whose code went")
