@@ -22,6 +22,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Iterator, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from replay import Reply, parse_costs, replay  # noqa: E402
@@ -49,6 +50,38 @@ JUDGES = {
 SPECS = ("suffix+model", "model", "ngram")
 
 
+class Judge(NamedTuple):
+    """One recording at one judge's costs: replay's arguments but the spec and K."""
+
+    recording: str
+    cost: str
+    replies: list[Reply]
+    n_predict: int
+    rounds: int
+    warmup: int
+    remember: bool
+    c: float
+    verify: object  # parse_costs's curve
+    catch_up: tuple[float, float]
+    host: tuple[float, float]
+    draft_first: float
+
+
+def judges(recordings: Path) -> Iterator[Judge]:
+    """Each recording in the folder at each of its judges' costs; one missing is said once and left out."""
+    for recording, (costs, n_predict, rounds, warmup, remember) in JUDGES.items():
+        path = recordings / f"{recording}.json"
+        if not path.exists():
+            print(f"{path}: missing, left out (replay.py makes it: see this file's docstring)")
+            continue
+        replies = [Reply(**fields) for fields in json.loads(path.read_text())]
+        for cost in costs:
+            verify_costs, catch_up, host, draft_first = COSTS[cost]
+            c, verify = parse_costs(verify_costs)
+            yield Judge(recording, cost, replies, n_predict, rounds, warmup, remember, c, verify, catch_up, host,
+                        draft_first)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recordings", type=Path, required=True, help="folder of replay.py's recordings")
@@ -58,23 +91,16 @@ def main() -> None:
     args = parser.parse_args()
     before = json.loads(args.against.read_text()) if args.against else {}
     figures = {}
-    for recording, (costs, n_predict, rounds, warmup, remember) in JUDGES.items():
-        path = args.recordings / f"{recording}.json"
-        if not path.exists():
-            print(f"{path}: missing, left out (replay.py makes it: see this file's docstring)")
-            continue
-        replies = [Reply(**fields) for fields in json.loads(path.read_text())]
-        for cost in costs:
-            verify_costs, catch_up, host, draft_first = COSTS[cost]
-            c, verify = parse_costs(verify_costs)
-            for spec in SPECS:
-                for k in args.k.split(","):
-                    speedups = replay(replies, spec, parse_k(k), rounds, c, verify, (), catch_up, warmup, host,
-                                      remember, draft_first, n_predict)
-                    tasks = {task: statistics.mean(values) for task, values in speedups.items()}
-                    name = f"{recording} {cost} {spec} {k}"
-                    figures[name] = {"geomean": statistics.geometric_mean(tasks.values()), "tasks": tasks}
-                    print(describe(name, figures[name], before.get(name)))
+    for judge in judges(args.recordings):
+        for spec in SPECS:
+            for k in args.k.split(","):
+                speedups = replay(judge.replies, spec, parse_k(k), judge.rounds, judge.c, judge.verify, (),
+                                  judge.catch_up, judge.warmup, judge.host, judge.remember, judge.draft_first,
+                                  judge.n_predict)
+                tasks = {task: statistics.mean(values) for task, values in speedups.items()}
+                name = f"{judge.recording} {judge.cost} {spec} {k}"
+                figures[name] = {"geomean": statistics.geometric_mean(tasks.values()), "tasks": tasks}
+                print(describe(name, figures[name], before.get(name)))
     if args.save:
         args.save.write_text(json.dumps(figures, indent=1))
 

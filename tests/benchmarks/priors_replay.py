@@ -12,14 +12,13 @@ alone, with nothing timed (docs/results.md, the priors row).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from judges import COSTS, JUDGES, SPECS  # noqa: E402
-from replay import Reply, parse_costs, replay  # noqa: E402
+from judges import SPECS, judges  # noqa: E402
+from replay import replay  # noqa: E402
 
 from speccli.validation import AUTO_K  # noqa: E402
 
@@ -28,23 +27,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recordings", type=Path, required=True, help="folder of replay.py's recordings")
     args = parser.parse_args()
-    for recording, (costs, n_predict, _, _, _) in JUDGES.items():
-        path = args.recordings / f"{recording}.json"
-        if not path.exists():
-            print(f"{path}: missing, left out")
-            continue
-        replies = [Reply(**fields) for fields in json.loads(path.read_text())]
-        for cost in costs:
-            verify_costs, catch_up, host, draft_first = COSTS[cost]
-            c, verify = parse_costs(verify_costs)
-            for spec in SPECS:
-                ratios = []
-                for reply in replies:
-                    cold, warm = (replay([reply], spec, AUTO_K, 1, c, verify, (), catch_up, warmup, host, False,
-                                         draft_first, n_predict)[reply.task][0] for warmup in (0, 1))
-                    ratios.append(cold / warm)
-                print(f"{recording} {cost} {spec}: from the priors {statistics.median(ratios):.3f} of warm "
-                      f"(median over {len(ratios)} tasks; lowest {min(ratios):.3f})", flush=True)
+    for judge in judges(args.recordings):
+        for spec in SPECS:
+            ratios = []
+            for reply in judge.replies:
+                cold, warm = (replay([reply], spec, AUTO_K, 1, judge.c, judge.verify, (), judge.catch_up, warmup,
+                                     judge.host, False, judge.draft_first, judge.n_predict)[reply.task][0]
+                              for warmup in (0, 1))
+                ratios.append(cold / warm)
+            print(f"{judge.recording} {judge.cost} {spec}: from the priors {statistics.median(ratios):.3f} of warm "
+                  f"(median over {len(ratios)} tasks; lowest {min(ratios):.3f})", flush=True)
 
 
 if __name__ == "__main__":
